@@ -1,0 +1,65 @@
+package backstop
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors callers branch on with errors.Is.
+var (
+	// ErrUnauthorized: the platform refused the API key (HTTP 401).
+	ErrUnauthorized = errors.New("backstop: unauthorized: the API key was refused")
+	// ErrInvalidCursor: the platform could not read a saved cursor (HTTP 400
+	// invalid_cursor). The cursor is never reset silently.
+	ErrInvalidCursor = errors.New("backstop: invalid cursor")
+	// ErrNotFound: the object does not exist (HTTP 404).
+	ErrNotFound = errors.New("backstop: not found")
+	// ErrUnavailable: the platform kept failing (5xx or network errors)
+	// beyond the retry budget.
+	ErrUnavailable = errors.New("backstop: platform unavailable")
+	// ErrRateLimited: the platform kept answering 429 beyond the retry budget.
+	ErrRateLimited = errors.New("backstop: rate limited")
+)
+
+// APIError describes a failed call to the platform. It wraps one of the
+// sentinel errors so errors.Is works, and names what was asked for.
+type APIError struct {
+	Resource Resource
+	Cursor   string // the cursor sent, for list calls
+	ID       string // the object id, for get calls
+	Status   int    // last HTTP status, 0 for a network error
+	Code     string // the platform's error code, if any
+	Message  string // the platform's message or the transport error
+	Err      error  // one of the sentinel errors
+}
+
+// Error names the resource, the cursor or id, and the cause.
+func (e *APIError) Error() string {
+	what := string(e.Resource)
+	switch {
+	case e.ID != "":
+		what += " " + e.ID
+	case e.Cursor != "":
+		what += fmt.Sprintf(" at cursor %q", e.Cursor)
+	}
+	msg := e.Err.Error()
+	if e.Status != 0 {
+		msg += fmt.Sprintf(" (HTTP %d", e.Status)
+		if e.Code != "" {
+			msg += " " + e.Code
+		}
+		msg += ")"
+	}
+	if e.Message != "" {
+		msg += ": " + e.Message
+	}
+	return what + ": " + msg
+}
+
+// Unwrap returns the sentinel error.
+func (e *APIError) Unwrap() error { return e.Err }
+
+// Retryable reports whether trying the same call later may succeed.
+func (e *APIError) Retryable() bool {
+	return errors.Is(e.Err, ErrUnavailable) || errors.Is(e.Err, ErrRateLimited)
+}

@@ -1,0 +1,31 @@
+package backstop
+
+import (
+	"fmt"
+	"time"
+)
+
+// canonicalLayout has a fixed width, so that canonical times sort as text in
+// time order (SQLite's ORDER BY on a TEXT column is then time order).
+const canonicalLayout = "2006-01-02T15:04:05.000000000Z"
+
+// CanonicalTime writes t in the one form used for storage and dedup keys:
+// UTC, nanoseconds, fixed width. Two instants that are equal give equal
+// strings, whatever form they arrived in.
+func CanonicalTime(t time.Time) string { return t.UTC().Format(canonicalLayout) }
+
+// ParseTime parses an RFC 3339 timestamp with or without fractional seconds.
+func ParseTime(s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("invalid timestamp %q: want RFC 3339", s)
+	}
+	return t.UTC(), nil
+}
+
+// DedupKey is the identity of one version of one object:
+// "{resource}:{id}:{canonical updated_at}". It is the same whether the event
+// came from a webhook, a sync page or reconciliation.
+func DedupKey(r Resource, id string, updatedAt time.Time) string {
+	return string(r) + ":" + id + ":" + CanonicalTime(updatedAt)
+}
