@@ -1,0 +1,346 @@
+// Package config loads schedules.yaml, backstop's configuration file.
+//
+// Loading is strict: unknown keys, wrong types, bad durations, bad cron
+// expressions and duplicate keys are errors of type *Error that name the
+// file, the line and the full key path. ${VAR} in scalar values expands from
+// the environment, so secrets never have to live in the file; values of type
+// Secret never appear in errors, fmt or slog output.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// Config is the whole of schedules.yaml. Missing sections and keys hold the
+// defaults documented on each field.
+type Config struct {
+	Source    Source    `yaml:"source"`
+	Store     Store     `yaml:"store"`
+	Governor  Governor  `yaml:"governor"`
+	Intake    Intake    `yaml:"intake"`
+	Targets   []Target  `yaml:"targets"`
+	Jobs      []Job     `yaml:"jobs"`
+	Dashboard Dashboard `yaml:"dashboard"`
+
+	// meta remembers where values came from, for the errors of Validate.
+	// A pointer, so that fmt prints an address rather than its maps.
+	meta *meta
+}
+
+// Source configures the platform API client.
+type Source struct {
+	BaseURL   string          `yaml:"base_url"`   // required, http or https
+	APIKey    Secret          `yaml:"api_key"`    // required
+	PageSize  int             `yaml:"page_size"`  // cursor_limit, 1..200, default 200
+	RateLimit SourceRateLimit `yaml:"rate_limit"` // the tariff the governor starts from
+	RetryMax  int             `yaml:"retry_max"`  // retries of 5xx and network errors, default 5
+	Timeout   Duration        `yaml:"timeout"`    // per request, default 30s
+}
+
+// SourceRateLimit seeds the rate-limit governor before the platform's first
+// X-RateLimit-* headers arrive.
+type SourceRateLimit struct {
+	PerMinute int      `yaml:"per_minute"` // > 0, default 30 (the trial tariff)
+	Reserve   int      `yaml:"reserve"`    // requests kept back, 0..per_minute-1, default 5
+	Window    Duration `yaml:"window"`     // default 1m
+}
+
+// Store configures the SQLite database.
+type Store struct {
+	// Path of the database, default ./backstop.db. Parse resolves a relative
+	// path against the directory of the config file.
+	Path        string `yaml:"path"`
+	Synchronous string `yaml:"synchronous"` // NORMAL or FULL, default NORMAL
+}
+
+// Governor configures how the rate-limit budget is shared.
+type Governor struct {
+	// Redis, when set (redis:// or rediss:// URL), shares one budget across
+	// processes. Empty keeps the budget in the process.
+	Redis string `yaml:"redis"`
+}
+
+// Intake configures the webhook endpoint.
+type Intake struct {
+	Listen      string   `yaml:"listen"`      // host:port, default 127.0.0.1:8080
+	Path        string   `yaml:"path"`        // default /webhooks/botix
+	Scheme      string   `yaml:"scheme"`      // botix | standard-webhooks | github | stripe, default botix
+	Secret      Secret   `yaml:"secret"`      // the shared signing secret
+	Secrets     []Secret `yaml:"secrets"`     // more secrets, accepted during rotation
+	Tolerance   Duration `yaml:"tolerance"`   // timestamp tolerance, default 5m
+	Synchronous string   `yaml:"synchronous"` // NORMAL or FULL for intake commits, default FULL
+}
+
+// AllSecrets returns Secret followed by Secrets, leaving out empty ones.
+func (in Intake) AllSecrets() []Secret {
+	var out []Secret
+	for _, s := range append([]Secret{in.Secret}, in.Secrets...) {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Target is one downstream HTTP endpoint events are delivered to.
+type Target struct {
+	Name   string   `yaml:"name"`   // required, unique; letters, digits, '.', '_', '-'
+	URL    string   `yaml:"url"`    // required, http or https
+	Secret Secret   `yaml:"secret"` // signs deliveries (Standard Webhooks)
+	Events []string `yaml:"events"` // event-type globs (path.Match), default ["*"]
+	// Headers are added to every delivery. Values are secrets because they
+	// usually carry credentials (Authorization).
+	Headers        map[string]Secret `yaml:"headers"`
+	ConnectTimeout Duration          `yaml:"connect_timeout"` // default 10s
+	Timeout        Duration          `yaml:"timeout"`         // response timeout, default 30s
+	// RetrySchedule is the delay before each retry, default [1m, 10m, 1h, 24h];
+	// an empty list means no retries.
+	RetrySchedule []Duration      `yaml:"retry_schedule"`
+	MaxPayload    int             `yaml:"max_payload"`   // bytes, default 65536
+	AllowPrivate  bool            `yaml:"allow_private"` // let the SSRF guard dial private addresses
+	RateLimit     TargetRateLimit `yaml:"rate_limit"`
+}
+
+// TargetRateLimit caps deliveries to one target; zero means no cap.
+type TargetRateLimit struct {
+	PerSecond int `yaml:"per_second"`
+	PerMinute int `yaml:"per_minute"`
+}
+
+// Job kinds.
+const (
+	KindSync        = "sync"
+	KindReconcile   = "reconcile"
+	KindBackfill    = "backfill"
+	KindMaintenance = "maintenance"
+)
+
+// Job is one scheduled run of the engine. Exactly one of Cron and Every is set.
+type Job struct {
+	Name string `yaml:"name"` // required, unique; letters, digits, '.', '_', '-'
+	Kind string `yaml:"kind"` // sync | reconcile | backfill | maintenance
+	// Resources the job works on; empty means every resource. Maintenance
+	// jobs take none.
+	Resources []backstop.Resource `yaml:"resources"`
+	Cron      string              `yaml:"cron"`     // 5-field cron expression (or @hourly, @daily, ...)
+	Every     Duration            `yaml:"every"`    // fixed interval, > 0
+	Lookback  Duration            `yaml:"lookback"` // reconcile window overlap, default 10m
+	Full      bool                `yaml:"full"`     // reconcile everything, not a window
+	Emit      bool                `yaml:"emit"`     // backfill emits events
+}
+
+// Dashboard configures the web dashboard.
+type Dashboard struct {
+	Token Secret `yaml:"token"` // bearer token for /ui
+}
+
+// Default returns a configuration holding every default. It does not pass
+// Validate: source.base_url and source.api_key have no default.
+func Default() *Config {
+	return &Config{
+		Source: Source{
+			PageSize: 200,
+			RateLimit: SourceRateLimit{
+				PerMinute: 30,
+				Reserve:   5,
+				Window:    Duration(time.Minute),
+			},
+			RetryMax: 5,
+			Timeout:  Duration(30 * time.Second),
+		},
+		Store: Store{Path: "./backstop.db", Synchronous: "NORMAL"},
+		Intake: Intake{
+			Listen:      "127.0.0.1:8080",
+			Path:        "/webhooks/botix",
+			Scheme:      "botix",
+			Tolerance:   Duration(5 * time.Minute),
+			Synchronous: "FULL",
+		},
+	}
+}
+
+// setDefaults fills a target that is about to be decoded.
+func (t *Target) setDefaults() {
+	*t = Target{
+		Events:         []string{"*"},
+		ConnectTimeout: Duration(10 * time.Second),
+		Timeout:        Duration(30 * time.Second),
+		RetrySchedule: []Duration{
+			Duration(time.Minute), Duration(10 * time.Minute),
+			Duration(time.Hour), Duration(24 * time.Hour),
+		},
+		MaxPayload: 65536,
+	}
+}
+
+// setDefaults fills a job that is about to be decoded.
+func (j *Job) setDefaults() {
+	*j = Job{Lookback: Duration(10 * time.Minute)}
+}
+
+// Error is a problem in a configuration file. Line is 0 when unknown; Key is
+// the full path of the value, such as "jobs[1].cron" or
+// "targets[0].retry_schedule[2]", or empty for the file as a whole.
+type Error struct {
+	File string
+	Line int
+	Key  string
+	Msg  string
+}
+
+// Error renders "file:line: key: msg", leaving out what is unknown. A message
+// that reads as a predicate ("is required") follows the key without a colon.
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+	}
+	if e.Line > 0 {
+		if b.Len() > 0 {
+			b.WriteByte(':')
+		}
+		b.WriteString(strconv.Itoa(e.Line))
+	}
+	if b.Len() > 0 {
+		b.WriteString(": ")
+	}
+	if e.Key != "" {
+		b.WriteString(e.Key)
+		if strings.HasPrefix(e.Msg, "is ") {
+			b.WriteByte(' ')
+		} else {
+			b.WriteString(": ")
+		}
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// meta records, per key path, the line of its value and the environment
+// variables its value was expanded from.
+type meta struct {
+	file  string
+	lines map[string]int
+	vars  map[string][]string
+}
+
+// line returns the line of key, or of its nearest ancestor that has one.
+func (m *meta) line(key string) int {
+	if m == nil {
+		return 0
+	}
+	for key != "" {
+		if l, ok := m.lines[key]; ok {
+			return l
+		}
+		key = key[:max(strings.LastIndexByte(key, '.'), strings.LastIndexByte(key, '['), 0)]
+	}
+	return 0
+}
+
+// Load reads and parses the file at path with the process environment; see
+// Parse. A missing file is an error that names the path and wraps
+// fs.ErrNotExist.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("config file %s not found: %w", path, fs.ErrNotExist)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(path, data, os.LookupEnv)
+}
+
+// Parse decodes data, the contents of the config file named file, expands
+// ${VAR} in scalar values with lookupEnv (os.LookupEnv when nil; an unset
+// variable expands to ""; $$ is a literal $), applies defaults, resolves a
+// relative store.path against the directory of file, and validates the
+// result. Every problem is returned as an *Error.
+func Parse(file string, data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
+	if lookupEnv == nil {
+		lookupEnv = os.LookupEnv
+	}
+	cfg := Default()
+	cfg.meta = &meta{file: file, lines: map[string]int{}, vars: map[string][]string{}}
+
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, syntaxError(file, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, &Error{File: file, Line: extra.Line, Msg: "want one YAML document, found more"}
+	} else if !errors.Is(err, io.EOF) {
+		return nil, syntaxError(file, err)
+	}
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) > 0 {
+		d := decoder{meta: cfg.meta, lookupEnv: lookupEnv}
+		if err := d.decode(doc.Content[0], reflect.ValueOf(cfg).Elem(), ""); err != nil {
+			return nil, err
+		}
+	}
+	cfg.Store.Path = resolvePath(filepath.Dir(file), cfg.Store.Path)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// resolvePath joins a relative database path to dir. SQLite's special names
+// are left alone.
+func resolvePath(dir, p string) string {
+	if p == "" || p == ":memory:" || strings.HasPrefix(p, "file:") || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(dir, p)
+}
+
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// parserProblems are the messages of yaml/v3's parser (as opposed to its
+// scanner). For these it reports 0-based lines, and no line for the first
+// one; scanner errors are 1-based.
+var parserProblems = map[string]bool{
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected <document start>": true,
+	"did not find expected <stream-start>":   true,
+	"did not find expected key":              true,
+	"did not find expected node content":     true,
+	"found duplicate %TAG directive":         true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found undefined tag handle":             true,
+}
+
+// syntaxError turns a YAML parser error into an *Error with its line.
+func syntaxError(file string, err error) *Error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := 0
+	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+		line, _ = strconv.Atoi(m[1])
+		msg = m[2]
+	}
+	if parserProblems[msg] {
+		line++
+	}
+	return &Error{File: file, Line: line, Msg: msg}
+}

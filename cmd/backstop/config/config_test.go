@@ -1,0 +1,587 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// env returns a lookupEnv over m.
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := m[k]
+		return v, ok
+	}
+}
+
+// base is a valid source section; lines 1-3, so a case's own lines start at 4.
+const base = "source:\n  base_url: https://api.example.com\n  api_key: key\n"
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		env  map[string]string
+		want string // the whole error message
+		line int
+		key  string
+	}{
+		{"unknown key", base + "  pagesize: 10\n",
+			nil, `schedules.yaml:4: source.pagesize: unknown key (did you mean page_size?)`, 4, "source.pagesize"},
+		{"unknown key no suggestion", base + "  colour: red\n",
+			nil, `schedules.yaml:4: source.colour: unknown key`, 4, "source.colour"},
+		{"unknown section", "sources:\n  base_url: x\n",
+			nil, `schedules.yaml:1: sources: unknown key (did you mean source?)`, 1, "sources"},
+		{"unknown nested key", base + "  rate_limit: {per_minute: 30, reserv: 5}\n",
+			nil, `schedules.yaml:4: source.rate_limit.reserv: unknown key (did you mean reserve?)`, 4, "source.rate_limit.reserv"},
+		{"string for int", base + "  page_size: abc\n",
+			nil, `schedules.yaml:4: source.page_size: want an integer, got "abc"`, 4, "source.page_size"},
+		{"float for int", base + "  page_size: 1.5\n",
+			nil, `schedules.yaml:4: source.page_size: want an integer, got "1.5"`, 4, "source.page_size"},
+		{"env value for int", base + "  page_size: ${PS}\n", map[string]string{"PS": "abc"},
+			`schedules.yaml:4: source.page_size: want an integer, got "abc" (from ${PS})`, 4, "source.page_size"},
+		{"mapping for int", base + "  page_size: {a: 1}\n",
+			nil, `schedules.yaml:4: source.page_size: want an integer, got a mapping`, 4, "source.page_size"},
+		{"list for string", base + "  timeout: 1s\nstore:\n  path: [a, b]\n",
+			nil, `schedules.yaml:6: store.path: want a string, got a list`, 6, "store.path"},
+		{"scalar for section", base + "store: ./x.db\n",
+			nil, `schedules.yaml:4: store: want a mapping, got "./x.db"`, 4, "store"},
+		{"mapping for list", base + "targets:\n  name: x\n",
+			nil, `schedules.yaml:4: targets: want a list, got a mapping`, 4, "targets"},
+		{"string for list", base + "targets:\n  - name: a\n    url: https://a.example.com\n    events: payment.*\n",
+			nil, `schedules.yaml:7: targets[0].events: want a list, got "payment.*"`, 7, "targets[0].events"},
+		{"bad bool", base + "targets:\n  - name: a\n    url: https://a.example.com\n    allow_private: yes\n",
+			nil, `schedules.yaml:7: targets[0].allow_private: want true or false, got "yes"`, 7, "targets[0].allow_private"},
+		{"bad duration", base + "  timeout: 10 minutes\n",
+			nil, `schedules.yaml:4: source.timeout: want a duration like 30s, 10m, 1h30m or 14d, got "10 minutes"`, 4, "source.timeout"},
+		{"duration without unit", base + "  timeout: 30\n",
+			nil, `schedules.yaml:4: source.timeout: want a duration like 30s, 10m, 1h30m or 14d, got "30"`, 4, "source.timeout"},
+		{"bad duration in list", base + "targets:\n  - name: a\n    url: https://a.example.com\n    retry_schedule:\n      - 1m\n      - 10m\n      - 1x\n",
+			nil, `schedules.yaml:10: targets[0].retry_schedule[2]: want a duration like 30s, 10m, 1h30m or 14d, got "1x"`, 10, "targets[0].retry_schedule[2]"},
+		{"duplicate key", base + "  page_size: 10\n  page_size: 20\n",
+			nil, `schedules.yaml:5: source.page_size: duplicate key (first at line 4)`, 5, "source.page_size"},
+		{"duplicate section", base + "source:\n  page_size: 10\n",
+			nil, `schedules.yaml:4: source: duplicate key (first at line 1)`, 4, "source"},
+		{"duplicate header", base + "targets:\n  - name: a\n    url: https://a.example.com\n    headers:\n      X-A: b\n      X-A: c\n",
+			nil, `schedules.yaml:9: targets[0].headers.X-A: duplicate key (first at line 8)`, 9, "targets[0].headers.X-A"},
+		{"merge key", base + "  <<: {page_size: 10}\n",
+			nil, `schedules.yaml:4: source.<<: merge keys (<<) are not supported`, 4, "source.<<"},
+		{"top level list", "- a\n",
+			nil, `schedules.yaml:1: want a mapping, got a list`, 1, ""},
+		{"syntax error", base + "  page_size: [1\n",
+			nil, `schedules.yaml:4: did not find expected ',' or ']'`, 4, ""},
+		{"scanner error", base + "  page_size: 1: 2\n",
+			nil, `schedules.yaml:4: mapping values are not allowed in this context`, 4, ""},
+		{"parser error", base + "store:\n  path: a\n - b\n",
+			nil, `schedules.yaml:6: did not find expected key`, 6, ""},
+		{"two documents", base + "---\nstore: {}\n",
+			nil, `schedules.yaml:4: want one YAML document, found more`, 4, ""},
+		{"unterminated variable", base + "dashboard:\n  token: ${TOKEN\n",
+			nil, `schedules.yaml:5: dashboard.token: unterminated "${" (write $$ for a literal $)`, 5, "dashboard.token"},
+		{"bad variable name", base + "dashboard:\n  token: ${1X}\n",
+			nil, `schedules.yaml:5: dashboard.token: bad variable name "1X" in ${...}`, 5, "dashboard.token"},
+
+		// Validate.
+		{"empty file", "",
+			nil, `schedules.yaml: source.base_url is required`, 0, "source.base_url"},
+		{"api key from unset variable", "source:\n  base_url: https://api.example.com\n  api_key: ${BOTIX_API_KEY}\n",
+			nil, `schedules.yaml:3: source.api_key is empty: set BOTIX_API_KEY`, 3, "source.api_key"},
+		{"api key missing", "source:\n  base_url: https://api.example.com\n",
+			nil, `schedules.yaml:1: source.api_key is required`, 1, "source.api_key"},
+		{"base url scheme", "source:\n  base_url: ftp://api.example.com\n  api_key: k\n",
+			nil, `schedules.yaml:2: source.base_url: want a http or https URL, got scheme "ftp"`, 2, "source.base_url"},
+		{"base url relative", "source:\n  base_url: api.example.com\n  api_key: k\n",
+			nil, `schedules.yaml:2: source.base_url: want an absolute http:// URL with a host`, 2, "source.base_url"},
+		{"page size range", base + "  page_size: 500\n",
+			nil, `schedules.yaml:4: source.page_size: want 1..200, got 500`, 4, "source.page_size"},
+		{"reserve above budget", base + "  rate_limit: {per_minute: 5, reserve: 5}\n",
+			nil, `schedules.yaml:4: source.rate_limit.reserve: want 0..4 (less than per_minute), got 5`, 4, "source.rate_limit.reserve"},
+		{"zero timeout", base + "  timeout: 0s\n",
+			nil, `schedules.yaml:4: source.timeout: want a duration above 0, got 0s`, 4, "source.timeout"},
+		{"synchronous", base + "store:\n  synchronous: OFF\n",
+			nil, `schedules.yaml:5: store.synchronous: want one of NORMAL, FULL, got "OFF"`, 5, "store.synchronous"},
+		{"redis scheme", base + "governor:\n  redis: http://127.0.0.1:6379\n",
+			nil, `schedules.yaml:5: governor.redis: want a redis or rediss URL, got scheme "http"`, 5, "governor.redis"},
+		{"listen", base + "intake:\n  listen: 8080\n",
+			nil, `schedules.yaml:5: intake.listen: want host:port, got "8080"`, 5, "intake.listen"},
+		{"scheme", base + "intake:\n  scheme: svix\n",
+			nil, `schedules.yaml:5: intake.scheme: want one of botix, standard-webhooks, github, stripe, got "svix"`, 5, "intake.scheme"},
+		{"target name missing", base + "targets:\n  - url: https://a.example.com\n",
+			nil, `schedules.yaml:5: targets[0].name is required`, 5, "targets[0].name"},
+		{"target url missing", base + "targets:\n  - name: crm\n",
+			nil, `schedules.yaml:5: targets[0].url is required`, 5, "targets[0].url"},
+		{"target names unique", base + "targets:\n  - {name: crm, url: https://a.example.com}\n  - {name: crm, url: https://b.example.com}\n",
+			nil, `schedules.yaml:6: targets[1].name: "crm" is already the name of targets[0]`, 6, "targets[1].name"},
+		{"target name characters", base + "targets:\n  - {name: my crm, url: https://a.example.com}\n",
+			nil, `schedules.yaml:5: targets[0].name: want letters, digits, '.', '_' or '-' (starting with a letter or digit), got "my crm"`, 5, "targets[0].name"},
+		{"target events glob", base + "targets:\n  - name: a\n    url: https://a.example.com\n    events: [\"payment.[\"]\n",
+			nil, `schedules.yaml:7: targets[0].events[0]: want an event type or glob like payment.*, got "payment.["`, 7, "targets[0].events[0]"},
+		{"target retry delay", base + "targets:\n  - name: a\n    url: https://a.example.com\n    retry_schedule: [1m, 0s]\n",
+			nil, `schedules.yaml:7: targets[0].retry_schedule[1]: want a duration above 0, got 0s`, 7, "targets[0].retry_schedule[1]"},
+		{"target max payload", base + "targets:\n  - name: a\n    url: https://a.example.com\n    max_payload: 0\n",
+			nil, `schedules.yaml:7: targets[0].max_payload: want more than 0 bytes, got 0`, 7, "targets[0].max_payload"},
+		{"header name", base + "targets:\n  - name: a\n    url: https://a.example.com\n    headers: {\"X A\": b}\n",
+			nil, `schedules.yaml:7: targets[0].headers.X A: want an HTTP header name, got "X A"`, 7, "targets[0].headers.X A"},
+		{"bad cron", base + "jobs:\n  - name: a\n    kind: sync\n    cron: \"61 * * * *\"\n",
+			nil, `schedules.yaml:7: jobs[0].cron: minute field "61": 61 is out of range 0-59`, 7, "jobs[0].cron"},
+		{"cron fields", base + "jobs:\n  - {name: a, kind: sync, cron: \"0 3 * *\"}\n",
+			nil, `schedules.yaml:5: jobs[0].cron: want 5 fields (minute hour day-of-month month day-of-week), got 4 in "0 3 * *"`, 5, "jobs[0].cron"},
+		{"cron and every", base + "jobs:\n  - name: a\n    kind: sync\n    cron: \"0 * * * *\"\n    every: 1h\n",
+			nil, `schedules.yaml:8: jobs[0].every: set either cron or every, not both`, 8, "jobs[0].every"},
+		{"no schedule", base + "jobs:\n  - name: a\n    kind: sync\n",
+			nil, `schedules.yaml:5: jobs[0]: needs a schedule: set cron or every`, 5, "jobs[0]"},
+		{"negative every", base + "jobs:\n  - {name: a, kind: sync, every: -1m}\n",
+			nil, `schedules.yaml:5: jobs[0].every: want a duration above 0, got -1m0s`, 5, "jobs[0].every"},
+		{"job kind", base + "jobs:\n  - {name: a, kind: mirror, every: 1h}\n",
+			nil, `schedules.yaml:5: jobs[0].kind: want one of sync, reconcile, backfill, maintenance, got "mirror"`, 5, "jobs[0].kind"},
+		{"job kind missing", base + "jobs:\n  - {name: a, every: 1h}\n",
+			nil, `schedules.yaml:5: jobs[0].kind is required`, 5, "jobs[0].kind"},
+		{"job resource", base + "jobs:\n  - name: a\n    kind: sync\n    every: 1h\n    resources:\n      - contacts\n      - invoices\n",
+			nil, `schedules.yaml:10: jobs[0].resources[1]: want contacts, chats, messages or payments, got "invoices"`, 10, "jobs[0].resources[1]"},
+		{"job resource twice", base + "jobs:\n  - {name: a, kind: sync, every: 1h, resources: [chats, chats]}\n",
+			nil, `schedules.yaml:5: jobs[0].resources[1]: chats is listed twice`, 5, "jobs[0].resources[1]"},
+		{"maintenance resources", base + "jobs:\n  - {name: a, kind: maintenance, every: 1h, resources: [chats]}\n",
+			nil, `schedules.yaml:5: jobs[0].resources: maintenance jobs take no resources`, 5, "jobs[0].resources"},
+		{"job names unique", base + "jobs:\n  - {name: a, kind: sync, every: 1h}\n  - {name: b, kind: sync, every: 1h}\n  - {name: a, kind: sync, every: 1h}\n",
+			nil, `schedules.yaml:7: jobs[2].name: "a" is already the name of jobs[0]`, 7, "jobs[2].name"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse("schedules.yaml", []byte(tt.yaml), env(tt.env))
+			if err == nil {
+				t.Fatalf("Parse succeeded with %+v, want error %q", cfg, tt.want)
+			}
+			if err.Error() != tt.want {
+				t.Errorf("error\n got %s\nwant %s", err, tt.want)
+			}
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("error %T is not *Error", err)
+			}
+			if e.File != "schedules.yaml" || e.Line != tt.line || e.Key != tt.key {
+				t.Errorf("Error{File: %q, Line: %d, Key: %q}, want {schedules.yaml, %d, %q}", e.File, e.Line, e.Key, tt.line, tt.key)
+			}
+		})
+	}
+}
+
+func TestExpand(t *testing.T) {
+	lookup := env(map[string]string{"A": "alpha", "B_2": "beta", "EMPTY": ""})
+	tests := []struct {
+		in, want string
+		vars     []string
+		err      bool
+	}{
+		{in: "plain", want: "plain"},
+		{in: "${A}", want: "alpha", vars: []string{"A"}},
+		{in: "x-${A}-${B_2}-y", want: "x-alpha-beta-y", vars: []string{"A", "B_2"}},
+		{in: "${UNSET}", want: "", vars: []string{"UNSET"}},
+		{in: "${EMPTY}", want: "", vars: []string{"EMPTY"}},
+		{in: "$$", want: "$"},
+		{in: "$${A}", want: "${A}"},
+		{in: "$$$${A}", want: "$${A}"},
+		{in: "$A stays", want: "$A stays"},
+		{in: "cost: 5$", want: "cost: 5$"},
+		{in: "${A", err: true},
+		{in: "${}", err: true},
+		{in: "${A-B}", err: true},
+	}
+	for _, tt := range tests {
+		got, vars, err := expand(tt.in, lookup)
+		if (err != nil) != tt.err {
+			t.Errorf("expand(%q) error %v, want error %t", tt.in, err, tt.err)
+			continue
+		}
+		if got != tt.want || !reflect.DeepEqual(vars, tt.vars) {
+			t.Errorf("expand(%q) = %q, %q; want %q, %q", tt.in, got, vars, tt.want, tt.vars)
+		}
+	}
+}
+
+func TestParseExpandsVariables(t *testing.T) {
+	data := "source:\n  base_url: ${BASE}/v1\n  api_key: ${KEY}\n  page_size: ${PS}\n" +
+		"intake:\n  path: /hooks/$${literal}\n  secrets: [\"${OLD}\", \"${NEW}\"]\n"
+	cfg, err := Parse("schedules.yaml", []byte(data), env(map[string]string{
+		"BASE": "https://api.example.com", "KEY": "k-123", "PS": "50", "OLD": "o", "NEW": "n",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Source.BaseURL != "https://api.example.com/v1" || cfg.Source.APIKey.Value() != "k-123" ||
+		cfg.Source.PageSize != 50 || cfg.Intake.Path != "/hooks/${literal}" {
+		t.Errorf("source/intake = %+v / %+v", cfg.Source, cfg.Intake)
+	}
+	if got := cfg.Intake.AllSecrets(); len(got) != 2 || got[0].Value() != "o" || got[1].Value() != "n" {
+		t.Errorf("AllSecrets() = %d secrets", len(got))
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	data := base + "  page_size: ~\n" + // null keeps the default
+		"targets:\n  - {name: crm, url: https://crm.example.com}\n" +
+		"jobs:\n  - {name: nightly, kind: sync, cron: \"0 3 * * *\"}\n"
+	cfg, err := Parse("/etc/backstop/schedules.yaml", []byte(data), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Default()
+	want.Source.BaseURL = "https://api.example.com"
+	want.Source.APIKey = "key"
+	want.Store.Path = "/etc/backstop/backstop.db"
+	want.Targets = []Target{{
+		Name:           "crm",
+		URL:            "https://crm.example.com",
+		Events:         []string{"*"},
+		ConnectTimeout: Duration(10 * time.Second),
+		Timeout:        Duration(30 * time.Second),
+		RetrySchedule: []Duration{
+			Duration(time.Minute), Duration(10 * time.Minute), Duration(time.Hour), Duration(24 * time.Hour),
+		},
+		MaxPayload: 65536,
+	}}
+	want.Jobs = []Job{{Name: "nightly", Kind: KindSync, Cron: "0 3 * * *", Lookback: Duration(10 * time.Minute)}}
+	cfg.meta = nil
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("Parse =\n%+v\nwant\n%+v", cfg, want)
+	}
+	// Spot-check Default itself, so the comparison above cannot pass vacuously.
+	d := Default()
+	if d.Source.PageSize != 200 || d.Source.RateLimit != (SourceRateLimit{30, 5, Duration(time.Minute)}) ||
+		d.Source.RetryMax != 5 || d.Source.Timeout.Std() != 30*time.Second ||
+		d.Store != (Store{"./backstop.db", "NORMAL"}) || d.Intake.Listen != "127.0.0.1:8080" ||
+		d.Intake.Path != "/webhooks/botix" || d.Intake.Scheme != "botix" ||
+		d.Intake.Tolerance.Std() != 5*time.Minute || d.Intake.Synchronous != "FULL" {
+		t.Errorf("Default() = %+v", d)
+	}
+}
+
+func TestListsReplaceDefaults(t *testing.T) {
+	data := base + "targets:\n  - name: a\n    url: https://a.example.com\n    retry_schedule: []\n    events: [\"payment.*\", contact.created]\n"
+	cfg, err := Parse("schedules.yaml", []byte(data), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := cfg.Targets[0]
+	if len(tg.RetrySchedule) != 0 || !reflect.DeepEqual(tg.Events, []string{"payment.*", "contact.created"}) {
+		t.Errorf("target = %+v", tg)
+	}
+}
+
+func TestStorePath(t *testing.T) {
+	abs := filepath.Join(t.TempDir(), "state.db")
+	tests := []struct {
+		file, store, want string
+	}{
+		{"/etc/backstop/schedules.yaml", "", "/etc/backstop/backstop.db"},
+		{"/etc/backstop/schedules.yaml", "data/b.db", "/etc/backstop/data/b.db"},
+		{"/etc/backstop/schedules.yaml", "../b.db", "/etc/b.db"},
+		{"/etc/backstop/schedules.yaml", abs, abs},
+		{"/etc/backstop/schedules.yaml", ":memory:", ":memory:"},
+		{"conf/schedules.yaml", "./b.db", "conf/b.db"},
+		{"schedules.yaml", "", "backstop.db"},
+	}
+	for _, tt := range tests {
+		data := base
+		if tt.store != "" {
+			data += "store:\n  path: \"" + tt.store + "\"\n"
+		}
+		cfg, err := Parse(tt.file, []byte(data), env(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Store.Path != filepath.FromSlash(tt.want) {
+			t.Errorf("file %s, store.path %q: got %q, want %q", tt.file, tt.store, cfg.Store.Path, tt.want)
+		}
+	}
+}
+
+// exampleEnv sets the variables the DESIGN.md sample refers to.
+var exampleEnv = map[string]string{
+	"BOTIX_API_KEY":            "sk_live_apikey_0001",
+	"BOTIX_WEBHOOK_SECRET":     "intake_secret_0002",
+	"BILLING_WHSEC":            "whsec_billingsecret0003",
+	"BACKSTOP_DASHBOARD_TOKEN": "dash_token_0004",
+}
+
+func TestLoadExample(t *testing.T) {
+	for k, v := range exampleEnv {
+		t.Setenv(k, v)
+	}
+	cfg, err := Load("testdata/schedules.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Source.BaseURL != "https://api.botix.pro" || cfg.Source.APIKey.Value() != "sk_live_apikey_0001" ||
+		cfg.Source.PageSize != 200 || cfg.Source.RateLimit.PerMinute != 30 || cfg.Source.RateLimit.Reserve != 5 {
+		t.Errorf("source = %+v", cfg.Source)
+	}
+	if cfg.Store.Path != filepath.Join("testdata", "backstop.db") || cfg.Governor.Redis != "" {
+		t.Errorf("store = %+v, governor = %+v", cfg.Store, cfg.Governor)
+	}
+	if cfg.Intake.Scheme != "botix" || cfg.Intake.Secret.Value() != "intake_secret_0002" || cfg.Intake.Listen != "127.0.0.1:8080" {
+		t.Errorf("intake = %+v", cfg.Intake)
+	}
+	if len(cfg.Targets) != 1 {
+		t.Fatalf("targets = %+v", cfg.Targets)
+	}
+	tg := cfg.Targets[0]
+	if tg.Name != "billing" || tg.Secret.Value() != "whsec_billingsecret0003" || !reflect.DeepEqual(tg.Events, []string{"payment.*"}) ||
+		len(tg.RetrySchedule) != 4 || tg.RetrySchedule[3].Std() != 24*time.Hour || tg.AllowPrivate {
+		t.Errorf("target = %+v", tg)
+	}
+	wantJobs := []Job{
+		{Name: "crm-nightly", Kind: KindSync, Resources: []backstop.Resource{backstop.Contacts}, Cron: "0 3 * * *", Lookback: Duration(10 * time.Minute)},
+		{Name: "payments-hourly", Kind: KindReconcile, Resources: []backstop.Resource{backstop.Payments}, Cron: "0 * * * *", Lookback: Duration(10 * time.Minute)},
+		{Name: "prune", Kind: KindMaintenance, Cron: "30 4 * * *", Lookback: Duration(10 * time.Minute)},
+	}
+	if !reflect.DeepEqual(cfg.Jobs, wantJobs) {
+		t.Errorf("jobs = %+v\nwant %+v", cfg.Jobs, wantJobs)
+	}
+	if cfg.Dashboard.Token.Value() != "dash_token_0004" {
+		t.Errorf("dashboard token not expanded")
+	}
+}
+
+func TestLoadExampleWithoutEnv(t *testing.T) {
+	t.Setenv("BOTIX_API_KEY", "")
+	_, err := Load("testdata/schedules.example.yaml")
+	want := "testdata/schedules.example.yaml:3: source.api_key is empty: set BOTIX_API_KEY"
+	if err == nil || err.Error() != want {
+		t.Errorf("Load error = %v, want %s", err, want)
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nope.yaml")
+	_, err := Load(path)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), path) {
+		t.Errorf("Load(%s) error = %v, want one naming the path and wrapping fs.ErrNotExist", path, err)
+	}
+}
+
+func TestSecretsRedacted(t *testing.T) {
+	e := map[string]string{"AUTH": "Bearer hdr_secret_0005", "OLD": "old_secret_0006"}
+	for k, v := range exampleEnv {
+		e[k] = v
+	}
+	data := strings.Replace(readExample(t), "intake:\n",
+		"intake:\n  secrets: [\"${OLD}\"]\n", 1)
+	data = strings.Replace(data, "    allow_private: false",
+		"    allow_private: false\n    headers: {Authorization: \"${AUTH}\"}", 1)
+	cfg, err := Parse("schedules.yaml", []byte(data), env(e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Targets[0].Headers["Authorization"].Value() != "Bearer hdr_secret_0005" || len(cfg.Intake.AllSecrets()) != 2 {
+		t.Fatalf("secrets not decoded: %+v", cfg)
+	}
+
+	var outputs []string
+	for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%q", "%x"} {
+		outputs = append(outputs, fmt.Sprintf(verb, cfg), fmt.Sprintf(verb, *cfg))
+	}
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outputs = append(outputs, string(js))
+	var jsonLog, textLog bytes.Buffer
+	slog.New(slog.NewJSONHandler(&jsonLog, nil)).Info("config", "cfg", cfg, "key", cfg.Source.APIKey)
+	slog.New(slog.NewTextHandler(&textLog, nil)).Info("config", "cfg", cfg, "key", cfg.Source.APIKey)
+	outputs = append(outputs, jsonLog.String(), textLog.String())
+
+	for _, out := range outputs {
+		for _, secret := range e {
+			if strings.Contains(out, secret) || strings.Contains(out, fmt.Sprintf("%x", secret)) {
+				t.Errorf("output contains secret %q:\n%s", secret, out)
+			}
+		}
+		if !strings.Contains(out, redacted) && !strings.Contains(out, fmt.Sprintf("%x", redacted)) {
+			t.Errorf("output does not show %s:\n%s", redacted, out)
+		}
+	}
+
+	if s := Secret(""); s.String() != "" || s.GoString() != `""` {
+		t.Errorf("empty secret renders %q / %s", s.String(), s.GoString())
+	}
+	if b, _ := Secret("x").MarshalText(); string(b) != redacted {
+		t.Errorf("MarshalText = %s", b)
+	}
+	if b, _ := json.Marshal(Secret("")); string(b) != `""` {
+		t.Errorf("empty secret marshals to %s", b)
+	}
+}
+
+func TestErrorsDoNotLeakSecrets(t *testing.T) {
+	const secret = "sk_live_leak_0007"
+	tests := []string{
+		base + "intake:\n  secrets: " + secret + "\n",
+		base + "intake:\n  secrets: ${S}\n",
+		base + "dashboard:\n  token: [" + secret + "]\n",
+		base + "targets:\n  - name: a\n    url: https://a.example.com\n    headers: " + secret + "\n",
+		"source:\n  base_url: https://user:" + secret + "@api.example.com\n  api_key: ${S}x\n  page_size: 0\n",
+		"source:\n  base_url: ftp://user:" + secret + "@api.example.com\n  api_key: k\n",
+		"source:\n  base_url: \"https://" + secret + "%zz\"\n  api_key: k\n",
+		base + "governor:\n  redis: http://:" + secret + "@localhost:6379\n",
+	}
+	for _, data := range tests {
+		_, err := Parse("schedules.yaml", []byte(data), env(map[string]string{"S": secret}))
+		if err == nil {
+			t.Errorf("Parse(%q) succeeded, want an error", data)
+			continue
+		}
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("error leaks the secret: %v", err)
+		}
+	}
+}
+
+func readExample(t *testing.T) string {
+	t.Helper()
+	cfg, err := os.ReadFile("testdata/schedules.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(cfg)
+}
+
+func TestValidateWithoutFile(t *testing.T) {
+	cfg := Default()
+	cfg.Source.BaseURL = "https://api.example.com"
+	cfg.Source.APIKey = "k"
+	cfg.Jobs = []Job{{Name: "a", Kind: KindSync, Every: Duration(time.Hour)}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate() = %v", err)
+	}
+	cfg.Jobs[0].Every = 0
+	if err := cfg.Validate(); err == nil || err.Error() != "jobs[0]: needs a schedule: set cron or every" {
+		t.Errorf("Validate() = %v", err)
+	}
+	cfg.Jobs[0].Every, cfg.Store.Synchronous = Duration(time.Hour), "full"
+	if err := cfg.Validate(); err != nil || cfg.Store.Synchronous != "FULL" {
+		t.Errorf("Validate() = %v, synchronous %q; want nil, FULL", err, cfg.Store.Synchronous)
+	}
+}
+
+func TestCheckCron(t *testing.T) {
+	valid := []string{
+		"0 3 * * *", "*/15 * * * *", "0 9-17 * * MON-FRI", "0 0 1,15 * *",
+		"30 4 * JAN,jul sun", "5/10 * * * *", "0-30/5 0 1 1 0", "59 23 31 12 6",
+		"@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually", "@midnight",
+		"  0   3 * * *  ",
+	}
+	for _, expr := range valid {
+		if err := checkCron(expr); err != nil {
+			t.Errorf("checkCron(%q) = %v, want nil", expr, err)
+		}
+	}
+	invalid := map[string]string{
+		"":                      "want 5 fields",
+		"0 3 * * * *":           "want 5 fields",
+		"60 * * * *":            `minute field "60": 60 is out of range 0-59`,
+		"* 24 * * *":            `hour field "24": 24 is out of range 0-23`,
+		"* * 0 * *":             `day-of-month field "0": 0 is out of range 1-31`,
+		"* * * 13 *":            `month field "13": 13 is out of range 1-12`,
+		"* * * * 7":             `day-of-week field "7": 7 is out of range 0-6`,
+		"* * * FOO *":           `month field "FOO": bad value "FOO"`,
+		"* * * * MON-SUN":       `day-of-week field "MON-SUN": range MON-SUN goes backwards`,
+		"*/0 * * * *":           `minute field "*/0": bad step "0"`,
+		"*/x * * * *":           `minute field "*/x": bad step "x"`,
+		"1,,2 * * * *":          `minute field "1,,2": bad value ""`,
+		"-5 * * * *":            `minute field "-5": bad value ""`,
+		"+5 * * * *":            `minute field "+5": bad value "+5"`,
+		"? * * * *":             `minute field "?": bad value "?"`,
+		"* * * JAN-MON *":       `month field "JAN-MON": bad value "MON"`,
+		"@every 5m":             "use every:",
+		"@often":                `unknown descriptor "@often"`,
+		"30-10 * * * *":         `range 30-10 goes backwards`,
+		"CRON_TZ=UTC 0 3 * * *": "want 5 fields",
+	}
+	for expr, want := range invalid {
+		err := checkCron(expr)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("checkCron(%q) = %v, want error containing %q", expr, err, want)
+		}
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	tests := []struct {
+		in   string
+		want time.Duration
+		err  bool
+	}{
+		{in: "500ms", want: 500 * time.Millisecond},
+		{in: "10m", want: 10 * time.Minute},
+		{in: "1h30m", want: 90 * time.Minute},
+		{in: "0", want: 0},
+		{in: "-1m", want: -time.Minute},
+		{in: "14d", want: 14 * 24 * time.Hour},
+		{in: "1d12h", want: 36 * time.Hour},
+		{in: "0d", want: 0},
+		{in: "30", err: true},
+		{in: "d", err: true},
+		{in: "1.5d", err: true},
+		{in: "-1d", err: true},
+		{in: "1d-1h", err: true},
+		{in: "1d2d", err: true},
+		{in: "999999d", err: true},
+		{in: "", err: true},
+	}
+	for _, tt := range tests {
+		got, err := ParseDuration(tt.in)
+		if (err != nil) != tt.err || !tt.err && got.Std() != tt.want {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v, error %t", tt.in, got, err, tt.want, tt.err)
+		}
+	}
+	var d Duration
+	if err := d.UnmarshalText([]byte("2d")); err != nil || d.Std() != 48*time.Hour {
+		t.Errorf("UnmarshalText(2d) = %v, %v", d, err)
+	}
+	if b, _ := d.MarshalText(); string(b) != "48h0m0s" {
+		t.Errorf("MarshalText = %s", b)
+	}
+}
+
+func TestSuggest(t *testing.T) {
+	fields := fieldsOf(reflect.TypeFor[Target]())
+	tests := map[string]string{
+		"retry-schedule": "retry_schedule",
+		"retrySchedule":  "retry_schedule",
+		"RetrySchedule":  "retry_schedule",
+		"conect_timeout": "connect_timeout",
+		"event":          "events",
+		"uri":            "url",
+		"colour":         "",
+		"x":              "",
+	}
+	for in, want := range tests {
+		if got := suggest(in, fields); got != want {
+			t.Errorf("suggest(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestAliases(t *testing.T) {
+	data := base + "targets:\n  - {name: a, url: https://a.example.com, retry_schedule: &slow [1h, 1d]}\n" +
+		"  - {name: b, url: https://b.example.com, retry_schedule: *slow}\n"
+	cfg, err := Parse("schedules.yaml", []byte(data), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Duration{Duration(time.Hour), Duration(24 * time.Hour)}
+	if !reflect.DeepEqual(cfg.Targets[1].RetrySchedule, want) {
+		t.Errorf("aliased retry_schedule = %v, want %v", cfg.Targets[1].RetrySchedule, want)
+	}
+}
