@@ -1,0 +1,165 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// cursorColumns are the columns of cursors in the order cursorRow lists them.
+const cursorColumns = `resource, kind, value, pos_updated_at, pos_id, done, updated_at`
+
+// saveCursorSQL saves a cursor unconditionally.
+const saveCursorSQL = `INSERT INTO cursors (` + cursorColumns + `) VALUES (?, ?, ?, ?, ?, ?, ?)
+	ON CONFLICT (resource, kind) DO UPDATE SET
+		value = excluded.value,
+		pos_updated_at = excluded.pos_updated_at,
+		pos_id = excluded.pos_id,
+		done = excluded.done,
+		updated_at = excluded.updated_at`
+
+// advanceCursorSQL saves a cursor only when none is saved or the saved
+// position is before the new one. Canonical times are fixed width, so the
+// row-value comparison of text is the feed order (updated_at, then id).
+const advanceCursorSQL = saveCursorSQL + `
+	WHERE (excluded.pos_updated_at, excluded.pos_id) > (cursors.pos_updated_at, cursors.pos_id)`
+
+// cursorRow is one row of cursors.
+type cursorRow struct {
+	Resource     string `db:"resource"`
+	Kind         string `db:"kind"`
+	Value        string `db:"value"`
+	PosUpdatedAt string `db:"pos_updated_at"`
+	PosID        string `db:"pos_id"`
+	Done         bool   `db:"done"`
+	UpdatedAt    string `db:"updated_at"`
+}
+
+func newCursorRow(c backstop.Cursor, now time.Time) cursorRow {
+	return cursorRow{
+		Resource:     string(c.Resource),
+		Kind:         string(c.Kind),
+		Value:        c.Value,
+		PosUpdatedAt: backstop.CanonicalTime(c.Position.UpdatedAt),
+		PosID:        c.Position.ID,
+		Done:         c.Done,
+		UpdatedAt:    backstop.CanonicalTime(now),
+	}
+}
+
+func (row cursorRow) cursor() (backstop.Cursor, error) {
+	pos, err := backstop.ParseTime(row.PosUpdatedAt)
+	if err != nil {
+		return backstop.Cursor{}, fmt.Errorf("cursor %s/%s: position: %w", row.Resource, row.Kind, err)
+	}
+	upd, err := backstop.ParseTime(row.UpdatedAt)
+	if err != nil {
+		return backstop.Cursor{}, fmt.Errorf("cursor %s/%s: updated_at: %w", row.Resource, row.Kind, err)
+	}
+	return backstop.Cursor{
+		Resource:  backstop.Resource(row.Resource),
+		Kind:      backstop.CursorKind(row.Kind),
+		Value:     row.Value,
+		Position:  backstop.Position{UpdatedAt: pos, ID: row.PosID},
+		Done:      row.Done,
+		UpdatedAt: upd,
+	}, nil
+}
+
+// checkKind rejects a cursor kind other than CursorSync and CursorBackfill.
+func checkKind(k backstop.CursorKind) error {
+	switch k {
+	case backstop.CursorSync, backstop.CursorBackfill:
+		return nil
+	}
+	return fmt.Errorf("unknown cursor kind %q", k)
+}
+
+// checkCursor rejects a cursor of an unknown resource or kind.
+func checkCursor(c backstop.Cursor) error {
+	if _, err := tableFor(c.Resource); err != nil {
+		return fmt.Errorf("cursor: %w", err)
+	}
+	if err := checkKind(c.Kind); err != nil {
+		return fmt.Errorf("cursor: %w", err)
+	}
+	return nil
+}
+
+// Cursor returns the saved cursor of r and kind, or ok=false when none is
+// saved. The returned UpdatedAt is when it was saved.
+func (db *DB) Cursor(ctx context.Context, r backstop.Resource, kind backstop.CursorKind) (backstop.Cursor, bool, error) {
+	if err := checkCursor(backstop.Cursor{Resource: r, Kind: kind}); err != nil {
+		return backstop.Cursor{}, false, fmt.Errorf("read %w", err)
+	}
+	var row cursorRow
+	err := db.r.GetContext(ctx, &row, `SELECT `+cursorColumns+` FROM cursors WHERE resource = ? AND kind = ?`,
+		string(r), string(kind))
+	if errors.Is(err, sql.ErrNoRows) {
+		return backstop.Cursor{}, false, nil
+	}
+	if err != nil {
+		return backstop.Cursor{}, false, fmt.Errorf("read cursor %s/%s: %w", r, kind, err)
+	}
+	c, err := row.cursor()
+	if err != nil {
+		return backstop.Cursor{}, false, fmt.Errorf("read %w", err)
+	}
+	return c, true, nil
+}
+
+// Cursors returns every saved cursor, ordered by resource, then kind.
+func (db *DB) Cursors(ctx context.Context) ([]backstop.Cursor, error) {
+	var rows []cursorRow
+	if err := db.r.SelectContext(ctx, &rows,
+		`SELECT `+cursorColumns+` FROM cursors ORDER BY resource, kind`); err != nil {
+		return nil, fmt.Errorf("list cursors: %w", err)
+	}
+	out := make([]backstop.Cursor, len(rows))
+	for i, row := range rows {
+		c, err := row.cursor()
+		if err != nil {
+			return nil, fmt.Errorf("list cursors: %w", err)
+		}
+		out[i] = c
+	}
+	return out, nil
+}
+
+// AdvanceCursor saves cur only when no cursor of its resource and kind is
+// saved or the saved one's Position is before cur.Position; a cursor is
+// never moved back or re-saved at the same position. It reports whether it
+// saved. It fails on an unknown resource or kind.
+func (db *DB) AdvanceCursor(ctx context.Context, cur backstop.Cursor) (bool, error) {
+	if err := checkCursor(cur); err != nil {
+		return false, fmt.Errorf("advance %w", err)
+	}
+	row := newCursorRow(cur, db.now())
+	res, err := db.w.ExecContext(ctx, advanceCursorSQL,
+		row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt)
+	if err != nil {
+		return false, fmt.Errorf("advance cursor %s/%s: %w", cur.Resource, cur.Kind, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("advance cursor %s/%s: %w", cur.Resource, cur.Kind, err)
+	}
+	return n > 0, nil
+}
+
+// ResetCursors deletes both cursors (sync and backfill) of r, so the next
+// sync and backfill start from the beginning. Deleting cursors that do not
+// exist is not an error.
+func (db *DB) ResetCursors(ctx context.Context, r backstop.Resource) error {
+	if _, err := tableFor(r); err != nil {
+		return fmt.Errorf("reset cursors: %w", err)
+	}
+	if _, err := db.w.ExecContext(ctx, `DELETE FROM cursors WHERE resource = ?`, string(r)); err != nil {
+		return fmt.Errorf("reset cursors %s: %w", r, err)
+	}
+	return nil
+}

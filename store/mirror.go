@@ -1,0 +1,362 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// table is the mirror table of one resource and the SQL that touches it.
+// Table names come only from this fixed set, never from input.
+type table struct {
+	name      string
+	upsertSQL string // one object, written only when newer
+	existSQL  string // "... WHERE id IN (" + placeholders + ")"
+}
+
+// tables maps each resource to its mirror table.
+var tables = func() map[backstop.Resource]*table {
+	m := make(map[backstop.Resource]*table, len(backstop.Resources))
+	for _, r := range backstop.Resources {
+		n := string(r)
+		m[r] = &table{
+			name: n,
+			upsertSQL: `INSERT INTO ` + n + ` (id, updated_at, data, synced_at) VALUES (?, ?, ?, ?)
+				ON CONFLICT (id) DO UPDATE SET
+					updated_at = excluded.updated_at,
+					data = excluded.data,
+					synced_at = excluded.synced_at
+				WHERE excluded.updated_at > ` + n + `.updated_at`,
+			existSQL: `SELECT id, updated_at FROM ` + n + ` WHERE id IN (`,
+		}
+	}
+	return m
+}()
+
+// tableFor returns the mirror table of r, or an error for an unknown resource.
+func tableFor(r backstop.Resource) (*table, error) {
+	t, ok := tables[r]
+	if !ok {
+		return nil, fmt.Errorf("unknown resource %q", r)
+	}
+	return t, nil
+}
+
+// objectRow is one row of a mirror table as read back.
+type objectRow struct {
+	ID        string `db:"id"`
+	UpdatedAt string `db:"updated_at"`
+	Data      string `db:"data"`
+}
+
+func (row objectRow) object(r backstop.Resource) (backstop.Object, error) {
+	t, err := backstop.ParseTime(row.UpdatedAt)
+	if err != nil {
+		return backstop.Object{}, fmt.Errorf("%s %s: updated_at: %w", r, row.ID, err)
+	}
+	return backstop.Object{Resource: r, ID: row.ID, UpdatedAt: t, Data: json.RawMessage(row.Data)}, nil
+}
+
+// versionRow is the stored version of one object.
+type versionRow struct {
+	ID        string `db:"id"`
+	UpdatedAt string `db:"updated_at"`
+}
+
+// group is the objects of one resource within a page, in page order.
+type group struct {
+	resource backstop.Resource
+	objs     []backstop.Object
+}
+
+// groupByResource splits objs by resource, keeping the order of first
+// appearance; a page of one resource is one group without copying.
+func groupByResource(objs []backstop.Object) []group {
+	if len(objs) == 0 {
+		return nil
+	}
+	first := objs[0].Resource
+	same := true
+	for _, o := range objs[1:] {
+		if o.Resource != first {
+			same = false
+			break
+		}
+	}
+	if same {
+		return []group{{resource: first, objs: objs}}
+	}
+	var gs []group
+	idx := make(map[backstop.Resource]int)
+	for _, o := range objs {
+		i, ok := idx[o.Resource]
+		if !ok {
+			i = len(gs)
+			idx[o.Resource] = i
+			gs = append(gs, group{resource: o.Resource})
+		}
+		gs[i].objs = append(gs[i].objs, o)
+	}
+	return gs
+}
+
+// checkObject rejects an object that cannot be stored.
+func checkObject(o backstop.Object) error {
+	if o.ID == "" {
+		return fmt.Errorf("%s object without id", o.Resource)
+	}
+	if len(o.Data) == 0 {
+		return fmt.Errorf("%s %s: empty data", o.Resource, o.ID)
+	}
+	return nil
+}
+
+// ApplyPage writes objs to the mirror and saves cur, in one transaction:
+// either all of it is committed or none of it, so the saved cursor is never
+// ahead of the mirror. An object is written only when its updated_at is newer
+// than the stored version's; an equal or older version counts as Unchanged
+// and leaves the stored one in place. Objects may belong to several
+// resources. With no objects only the cursor is saved. It fails on an
+// unknown resource, an object without id or data, or an invalid cursor.
+func (db *DB) ApplyPage(ctx context.Context, objs []backstop.Object, cur backstop.Cursor) (backstop.ApplyResult, error) {
+	res, err := db.applyPage(ctx, objs, cur)
+	if err != nil {
+		return backstop.ApplyResult{}, fmt.Errorf("apply %s page: %w", cur.Resource, err)
+	}
+	return res, nil
+}
+
+func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backstop.Cursor) (backstop.ApplyResult, error) {
+	var res backstop.ApplyResult
+	if err := checkCursor(cur); err != nil {
+		return res, err
+	}
+	now := db.now()
+	synced := backstop.CanonicalTime(now)
+
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return res, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+
+	for _, g := range groupByResource(objs) {
+		t, err := tableFor(g.resource)
+		if err != nil {
+			return res, err
+		}
+		stored, err := storedVersions(ctx, tx, t, g.objs)
+		if err != nil {
+			return res, err
+		}
+		upsert := tx.StmtxContext(ctx, db.upsert[g.resource])
+		for _, o := range g.objs {
+			if err := checkObject(o); err != nil {
+				return res, err
+			}
+			v := backstop.CanonicalTime(o.UpdatedAt)
+			old, ok := stored[o.ID]
+			switch {
+			case !ok:
+				res.New++
+			case v > old:
+				res.Updated++
+			default:
+				res.Unchanged++
+				continue
+			}
+			if _, err := upsert.ExecContext(ctx, o.ID, v, string(o.Data), synced); err != nil {
+				return res, fmt.Errorf("write %s %s: %w", g.resource, o.ID, err)
+			}
+			stored[o.ID] = v // a later copy in the same page compares with this one
+		}
+	}
+
+	row := newCursorRow(cur, now)
+	if _, err := tx.StmtxContext(ctx, db.saveCursor).ExecContext(ctx,
+		row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt); err != nil {
+		return res, fmt.Errorf("save cursor: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return res, fmt.Errorf("commit: %w", err)
+	}
+	return res, nil
+}
+
+// maxIn bounds the ids in one IN list, well under SQLite's variable limit.
+const maxIn = 500
+
+// storedVersions returns the stored canonical updated_at of those of objs
+// that are in t, keyed by id.
+func storedVersions(ctx context.Context, tx *sqlx.Tx, t *table, objs []backstop.Object) (map[string]string, error) {
+	stored := make(map[string]string, len(objs))
+	for start := 0; start < len(objs); start += maxIn {
+		chunk := objs[start:min(start+maxIn, len(objs))]
+		args := make([]any, len(chunk))
+		for i, o := range chunk {
+			args[i] = o.ID
+		}
+		q := t.existSQL + placeholders(len(chunk)) + ")"
+		rows, err := tx.QueryxContext(ctx, q, args...)
+		if err != nil {
+			return nil, fmt.Errorf("read %s versions: %w", t.name, err)
+		}
+		for rows.Next() {
+			var v versionRow
+			if err := rows.StructScan(&v); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("read %s versions: %w", t.name, err)
+			}
+			stored[v.ID] = v.UpdatedAt
+		}
+		if err := rows.Close(); err != nil {
+			return nil, fmt.Errorf("read %s versions: %w", t.name, err)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("read %s versions: %w", t.name, err)
+		}
+	}
+	return stored, nil
+}
+
+// placeholders returns n comma-separated "?".
+func placeholders(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return strings.Repeat("?, ", n-1) + "?"
+}
+
+// Objects returns every stored object of r, ordered by (updated_at, id).
+func (db *DB) Objects(ctx context.Context, r backstop.Resource) ([]backstop.Object, error) {
+	t, err := tableFor(r)
+	if err != nil {
+		return nil, fmt.Errorf("list objects: %w", err)
+	}
+	var rows []objectRow
+	if err := db.r.SelectContext(ctx, &rows,
+		`SELECT id, updated_at, data FROM `+t.name+` ORDER BY updated_at, id`); err != nil {
+		return nil, fmt.Errorf("list %s: %w", r, err)
+	}
+	out := make([]backstop.Object, len(rows))
+	for i, row := range rows {
+		if out[i], err = row.object(r); err != nil {
+			return nil, fmt.Errorf("list %s: %w", r, err)
+		}
+	}
+	return out, nil
+}
+
+// Count returns how many objects of r are stored.
+func (db *DB) Count(ctx context.Context, r backstop.Resource) (int, error) {
+	t, err := tableFor(r)
+	if err != nil {
+		return 0, fmt.Errorf("count objects: %w", err)
+	}
+	var n int
+	if err := db.r.GetContext(ctx, &n, `SELECT count(*) FROM `+t.name); err != nil {
+		return 0, fmt.Errorf("count %s: %w", r, err)
+	}
+	return n, nil
+}
+
+// Get returns the stored object r/id, or ok=false when it is not stored.
+func (db *DB) Get(ctx context.Context, r backstop.Resource, id string) (backstop.Object, bool, error) {
+	t, err := tableFor(r)
+	if err != nil {
+		return backstop.Object{}, false, fmt.Errorf("get object: %w", err)
+	}
+	var row objectRow
+	err = db.r.GetContext(ctx, &row, `SELECT id, updated_at, data FROM `+t.name+` WHERE id = ?`, id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return backstop.Object{}, false, nil
+	}
+	if err != nil {
+		return backstop.Object{}, false, fmt.Errorf("get %s %s: %w", r, id, err)
+	}
+	o, err := row.object(r)
+	if err != nil {
+		return backstop.Object{}, false, fmt.Errorf("get %s %s: %w", r, id, err)
+	}
+	return o, true, nil
+}
+
+// insertBatchRows is how many objects one multi-row INSERT of InsertBatch
+// carries (4 variables each).
+const insertBatchRows = 200
+
+// InsertBatch writes objs with plain multi-row INSERT OR REPLACE statements
+// in one transaction: no version check, no counting, no cursor. It is the
+// raw-ingest ceiling that ApplyPage is measured against (same tables, same
+// columns), not a way to keep the mirror: it can move an object back in time.
+func (db *DB) InsertBatch(ctx context.Context, objs []backstop.Object) error {
+	if err := db.insertBatch(ctx, objs); err != nil {
+		return fmt.Errorf("insert batch: %w", err)
+	}
+	return nil
+}
+
+func (db *DB) insertBatch(ctx context.Context, objs []backstop.Object) error {
+	synced := backstop.CanonicalTime(db.now())
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+
+	for _, g := range groupByResource(objs) {
+		t, err := tableFor(g.resource)
+		if err != nil {
+			return err
+		}
+		var full *sqlx.Stmt // the statement for a full chunk, prepared once
+		args := make([]any, 0, 4*insertBatchRows)
+		for start := 0; start < len(g.objs); start += insertBatchRows {
+			chunk := g.objs[start:min(start+insertBatchRows, len(g.objs))]
+			args = args[:0]
+			for _, o := range chunk {
+				if err := checkObject(o); err != nil {
+					return err
+				}
+				args = append(args, o.ID, backstop.CanonicalTime(o.UpdatedAt), string(o.Data), synced)
+			}
+			if len(chunk) == insertBatchRows && full == nil {
+				if full, err = tx.PreparexContext(ctx, insertSQL(t, insertBatchRows)); err != nil {
+					return fmt.Errorf("prepare %s insert: %w", t.name, err)
+				}
+			}
+			if len(chunk) == insertBatchRows {
+				_, err = full.ExecContext(ctx, args...)
+			} else {
+				_, err = tx.ExecContext(ctx, insertSQL(t, len(chunk)), args...)
+			}
+			if err != nil {
+				return fmt.Errorf("insert %s: %w", t.name, err)
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// insertSQL is a multi-row INSERT OR REPLACE of n objects into t.
+func insertSQL(t *table, n int) string {
+	var b strings.Builder
+	b.WriteString(`INSERT OR REPLACE INTO ` + t.name + ` (id, updated_at, data, synced_at) VALUES `)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?, ?, ?)")
+	}
+	return b.String()
+}

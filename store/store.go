@@ -1,0 +1,288 @@
+// Package store keeps backstop's state in SQLite (modernc.org/sqlite through
+// sqlx): the mirror of the platform's objects and the sync cursors. All of the
+// project's SQL lives in this package.
+//
+// A DB holds one writer connection, through which every write goes, and a
+// separate pool of read-only connections. The database runs in WAL mode, so
+// readers never wait for the writer. Each public method owns its transaction.
+package store
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+
+	"github.com/backstop-sync/backstop"
+)
+
+// driverName is the database/sql name modernc.org/sqlite registers.
+const driverName = "sqlite"
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Options tunes Open. The zero value is ready to use.
+type Options struct {
+	// Synchronous is SQLite's synchronous setting: "NORMAL" (the default, a
+	// commit survives a process crash) or "FULL" (a commit also survives a
+	// power loss; the webhook path, which answers 2xx only after a commit,
+	// uses it). "OFF" and "EXTRA" are accepted too.
+	Synchronous string
+	// BusyTimeout is how long a connection waits for a lock another process
+	// holds before failing. Zero means 10s.
+	BusyTimeout time.Duration
+	// Now stamps synced_at and cursors' UpdatedAt. Nil means time.Now.
+	Now func() time.Time
+}
+
+// DB is a backstop store in one SQLite file. It is safe for concurrent use.
+type DB struct {
+	path string
+	now  func() time.Time
+
+	w *sqlx.DB // the one writer connection
+	r *sqlx.DB // read-only pool
+
+	// Statements prepared once on the writer connection and bound to each
+	// write transaction with tx.Stmtx, so a page does not re-prepare them.
+	upsert     map[backstop.Resource]*sqlx.Stmt
+	saveCursor *sqlx.Stmt
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ backstop.Mirror = (*DB)(nil)
+
+// Open opens the store at path, creating the file when it does not exist, and
+// brings its schema up to date by running the embedded migrations that have
+// not run yet. Errors name the path. The directory must exist.
+func Open(ctx context.Context, path string, opts Options) (*DB, error) {
+	db, err := open(ctx, path, opts)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	return db, nil
+}
+
+func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
+	if path == "" {
+		return nil, errors.New("empty path")
+	}
+	if strings.ContainsAny(path, "?#") || strings.HasPrefix(path, "file:") {
+		return nil, errors.New("path must be a plain file name (no '?', '#' or file: prefix)")
+	}
+	syncMode := strings.ToUpper(strings.TrimSpace(opts.Synchronous))
+	switch syncMode {
+	case "":
+		syncMode = "NORMAL"
+	case "OFF", "NORMAL", "FULL", "EXTRA":
+	default:
+		return nil, fmt.Errorf("synchronous %q: want NORMAL or FULL", opts.Synchronous)
+	}
+	busy := opts.BusyTimeout
+	if busy <= 0 {
+		busy = 10 * time.Second
+	}
+	db := &DB{path: path, now: opts.Now}
+	if db.now == nil {
+		db.now = time.Now
+	}
+	defer func() {
+		if err != nil {
+			db.Close()
+		}
+	}()
+
+	busyMS := strconv.FormatInt(busy.Milliseconds(), 10)
+	db.w, err = sqlx.Open(driverName, path+"?_txlock=immediate"+
+		"&_pragma=busy_timeout("+busyMS+")"+
+		"&_pragma=journal_mode(WAL)"+
+		"&_pragma=foreign_keys(1)"+
+		"&_pragma=synchronous("+syncMode+")")
+	if err != nil {
+		return nil, err
+	}
+	db.w.SetMaxOpenConns(1)
+	db.w.SetMaxIdleConns(1)
+	db.w.SetConnMaxLifetime(0)
+	db.w.SetConnMaxIdleTime(0)
+	if err := db.w.PingContext(ctx); err != nil {
+		return nil, err
+	}
+	if err := db.migrate(ctx); err != nil {
+		return nil, err
+	}
+
+	// journal_mode is a property of the file, set above by the writer; the
+	// readers only need to wait on locks and refuse to write.
+	db.r, err = sqlx.Open(driverName, path+"?_pragma=busy_timeout("+busyMS+")"+
+		"&_pragma=foreign_keys(1)"+
+		"&_pragma=query_only(1)")
+	if err != nil {
+		return nil, err
+	}
+	readers := max(4, runtime.GOMAXPROCS(0))
+	db.r.SetMaxOpenConns(readers)
+	db.r.SetMaxIdleConns(readers)
+	if err := db.r.PingContext(ctx); err != nil {
+		return nil, err
+	}
+
+	if err := db.prepare(ctx); err != nil {
+		return nil, err
+	}
+	return db, nil
+}
+
+// prepare prepares the statements every write transaction uses.
+func (db *DB) prepare(ctx context.Context) error {
+	db.upsert = make(map[backstop.Resource]*sqlx.Stmt, len(backstop.Resources))
+	for _, r := range backstop.Resources {
+		t, err := tableFor(r)
+		if err != nil {
+			return err
+		}
+		st, err := db.w.PreparexContext(ctx, t.upsertSQL)
+		if err != nil {
+			return fmt.Errorf("prepare %s upsert: %w", t.name, err)
+		}
+		db.upsert[r] = st
+	}
+	st, err := db.w.PreparexContext(ctx, saveCursorSQL)
+	if err != nil {
+		return fmt.Errorf("prepare cursor save: %w", err)
+	}
+	db.saveCursor = st
+	return nil
+}
+
+// Close closes the store. Methods called after Close return errors. Close is
+// safe to call more than once.
+func (db *DB) Close() error {
+	db.closeOnce.Do(func() {
+		var errs []error
+		for _, st := range db.upsert {
+			errs = append(errs, st.Close())
+		}
+		if db.saveCursor != nil {
+			errs = append(errs, db.saveCursor.Close())
+		}
+		if db.r != nil {
+			errs = append(errs, db.r.Close())
+		}
+		if db.w != nil {
+			errs = append(errs, db.w.Close())
+		}
+		if err := errors.Join(errs...); err != nil {
+			db.closeErr = fmt.Errorf("close store %s: %w", db.path, err)
+		}
+	})
+	return db.closeErr
+}
+
+// Path returns the file name the store was opened with.
+func (db *DB) Path() string { return db.path }
+
+// migration is one embedded schema change, applied once, in version order.
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations returns the embedded migrations in version order. File names
+// are "NNNN_description.sql"; versions must be unique.
+func migrations() ([]migration, error) {
+	names, err := fs.Glob(migrationFS, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []migration
+	seen := make(map[int]string)
+	for _, name := range names {
+		base := path.Base(name)
+		num, _, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("migration %s: name must start with a positive version and '_'", base)
+		}
+		if prev, dup := seen[v]; dup {
+			return nil, fmt.Errorf("migrations %s and %s share version %d", prev, base, v)
+		}
+		seen[v] = base
+		body, err := migrationFS.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, migration{version: v, name: base, sql: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out, nil
+}
+
+// migrate applies, in order, each embedded migration that schema_migrations
+// does not list, each in its own immediate transaction, so that two processes
+// opening one new file do not both apply it.
+func (db *DB) migrate(ctx context.Context) error {
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	if _, err := db.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    INTEGER NOT NULL PRIMARY KEY,
+		name       TEXT NOT NULL,
+		applied_at TEXT NOT NULL
+	)`); err != nil {
+		return fmt.Errorf("create schema_migrations: %w", err)
+	}
+	var latest int
+	if err := db.w.GetContext(ctx, &latest, `SELECT coalesce(max(version), 0) FROM schema_migrations`); err != nil {
+		return fmt.Errorf("read schema version: %w", err)
+	}
+	if n := len(ms); n > 0 && latest > ms[n-1].version {
+		return fmt.Errorf("schema version %d is newer than this binary's %d", latest, ms[n-1].version)
+	}
+	for _, m := range ms {
+		if err := db.apply(ctx, m); err != nil {
+			return fmt.Errorf("migration %s: %w", m.name, err)
+		}
+	}
+	return nil
+}
+
+// apply runs m unless it has already run.
+func (db *DB) apply(ctx context.Context, m migration) error {
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var n int
+	if err := tx.GetContext(ctx, &n, `SELECT count(*) FROM schema_migrations WHERE version = ?`, m.version); err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
+		m.version, m.name, backstop.CanonicalTime(db.now())); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
