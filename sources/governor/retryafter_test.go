@@ -1,0 +1,44 @@
+package governor
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestParseRetryAfter(t *testing.T) {
+	// Dates in the three forms of RFC 9110 §5.6.7, all naming the same instant.
+	now := time.Date(1994, time.November, 6, 8, 49, 0, 0, time.UTC)
+	tests := []struct {
+		name   string
+		in     string
+		want   time.Duration
+		wantOK bool
+	}{
+		{"delta", "120", 120 * time.Second, true},
+		{"delta zero", "0", 0, true},
+		{"delta surrounded by whitespace", "  7\t", 7 * time.Second, true},
+		{"IMF-fixdate", "Sun, 06 Nov 1994 08:49:37 GMT", 37 * time.Second, true},
+		{"RFC 850", "Sunday, 06-Nov-94 08:49:37 GMT", 37 * time.Second, true},
+		{"asctime", "Sun Nov  6 08:49:37 1994", 37 * time.Second, true},
+		{"date in the past", "Sun, 06 Nov 1994 08:48:00 GMT", 0, true},
+		{"date now", "Sun, 06 Nov 1994 08:49:00 GMT", 0, true},
+		{"huge delta", "99999999999999999999999", time.Duration(math.MaxInt64), true},
+		{"delta beyond Duration", "9223372037", time.Duration(math.MaxInt64), true},
+		{"negative", "-5", 0, false},
+		{"plus sign", "+5", 0, false},
+		{"fraction", "1.5", 0, false},
+		{"garbage", "soon", 0, false},
+		{"empty", "", 0, false},
+		{"whitespace only", " \t ", 0, false},
+		{"date without zone", "Sun, 06 Nov 1994 08:49:37", 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := ParseRetryAfter(tt.in, now)
+			if got != tt.want || ok != tt.wantOK {
+				t.Errorf("ParseRetryAfter(%q) = %v, %v; want %v, %v", tt.in, got, ok, tt.want, tt.wantOK)
+			}
+		})
+	}
+}
