@@ -1,0 +1,36 @@
+# backstop — run `make help` for the targets.
+GO      ?= go
+BIN     ?= bin/backstop
+PKGS    ?= ./...
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## build bin/backstop
+	$(GO) build -o $(BIN) ./cmd/backstop
+
+.PHONY: test
+test: lint ## what CI runs: go vet, gofmt check, then every test with -race
+	$(GO) test -race -count=1 -timeout 45m $(PKGS)
+
+.PHONY: race
+race: ## every test with the race detector, without the lint step
+	$(GO) test -race -count=1 -timeout 45m $(PKGS)
+
+.PHONY: lint
+lint: ## go vet and a gofmt check
+	$(GO) vet $(PKGS)
+	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+.PHONY: bench
+bench: ## run the benchmarks; each prints one BENCH line
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 $(PKGS) | tee bench.out | grep -E '^(BENCH|ok|FAIL|---)'
+
+.PHONY: demo
+demo: build ## start a local simulator, backfill the mirror from it, then sync
+	./scripts/demo.sh $(BIN)

@@ -1,0 +1,105 @@
+package backstop
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDedupKeyIsCanonical(t *testing.T) {
+	cases := []struct{ a, b string }{
+		{"2026-03-01T10:00:00Z", "2026-03-01T10:00:00.000000Z"},
+		{"2026-03-01T10:00:00.5Z", "2026-03-01T10:00:00.500000000Z"},
+		{"2026-03-01T12:00:00+02:00", "2026-03-01T10:00:00Z"},
+	}
+	for _, c := range cases {
+		ta, err := ParseTime(c.a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb, err := ParseTime(c.b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ka, kb := DedupKey(Payments, "pay_1", ta), DedupKey(Payments, "pay_1", tb); ka != kb {
+			t.Errorf("%s and %s give different keys %q and %q", c.a, c.b, ka, kb)
+		}
+	}
+	if got := DedupKey(Payments, "pay_1", time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)); got != "payments:pay_1:2026-03-01T10:00:00.000000000Z" {
+		t.Errorf("DedupKey = %q", got)
+	}
+}
+
+func TestCanonicalTimeSortsAsTime(t *testing.T) {
+	in := []string{"2026-01-01T00:00:00Z", "2026-01-01T00:00:00.1Z", "2026-01-01T00:00:00.123456Z", "2026-01-01T00:00:01Z", "2026-01-01T01:00:00+00:30"}
+	var prev string
+	for i, s := range in {
+		tm, err := ParseTime(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := CanonicalTime(tm)
+		if i > 0 && c <= prev {
+			t.Errorf("%q sorts before the earlier %q", c, prev)
+		}
+		prev = c
+	}
+}
+
+func TestPositionCompare(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cases := []struct {
+		p, q Position
+		want int
+	}{
+		{Position{}, Position{t0, "a"}, -1},
+		{Position{t0, "a"}, Position{t0, "b"}, -1},
+		{Position{t0, "b"}, Position{t0.Add(time.Microsecond), "a"}, -1},
+		{Position{t0, "a"}, Position{t0, "a"}, 0},
+		{Position{t0.Add(time.Second), "a"}, Position{t0, "z"}, 1},
+	}
+	for _, c := range cases {
+		if got := c.p.Compare(c.q); got != c.want {
+			t.Errorf("%v.Compare(%v) = %d, want %d", c.p, c.q, got, c.want)
+		}
+	}
+}
+
+func TestDecodeObject(t *testing.T) {
+	o, err := DecodeObject(Chats, []byte(`{"id":"chat_1","updated_at":"2026-02-03T04:05:06.789Z","status":"opened"}`))
+	if err != nil || o.ID != "chat_1" || o.UpdatedAt.Nanosecond() != 789000000 {
+		t.Fatalf("DecodeObject = %+v, %v", o, err)
+	}
+	for _, bad := range []string{`{"updated_at":"2026-02-03T04:05:06Z"}`, `{"id":"x","updated_at":"yesterday"}`, `[1]`} {
+		if _, err := DecodeObject(Chats, []byte(bad)); err == nil {
+			t.Errorf("DecodeObject(%s) accepted", bad)
+		}
+	}
+}
+
+func TestAPIErrorNamesWhatFailed(t *testing.T) {
+	err := error(&APIError{Resource: Payments, Cursor: "abc", Status: 400, Code: "invalid_cursor", Message: "cannot read", Err: ErrInvalidCursor})
+	if !errors.Is(err, ErrInvalidCursor) {
+		t.Error("errors.Is does not see the sentinel")
+	}
+	for _, want := range []string{"payments", `"abc"`, "400", "invalid_cursor", "cannot read"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not contain %q", err, want)
+		}
+	}
+}
+
+func TestParseResources(t *testing.T) {
+	rs, err := ParseResources(nil)
+	if err != nil || len(rs) != 4 {
+		t.Fatalf("default resources: %v %v", rs, err)
+	}
+	rs, err = ParseResources([]string{"Payments", "payments", "chats"})
+	if err != nil || len(rs) != 2 || rs[0] != Payments {
+		t.Fatalf("ParseResources = %v, %v", rs, err)
+	}
+	if _, err := ParseResources([]string{"invoices"}); err == nil || !strings.Contains(err.Error(), "invoices") {
+		t.Errorf("unknown resource error: %v", err)
+	}
+}

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/backstop-sync/backstop/sources/sim"
+)
+
+func TestConfigErrorsNameFileLineAndKey(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
+	cases := []struct {
+		name, yaml, want string
+	}{
+		{"unknown key", "source:\n  base_url: http://x\n  api_key: k\n  page_sise: 10\n", ":4: source.page_sise"},
+		{"wrong type", "source:\n  base_url: http://x\n  api_key: k\n  page_size: many\n", ":4: source.page_size"},
+		{"bad duration", "source:\n  base_url: http://x\n  api_key: k\n  rate_limit:\n    window: soon\n", ":5: source.rate_limit.window"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e.writeConfig(c.yaml)
+			code, _, stderr := e.run(context.Background(), "sync")
+			if code != 2 {
+				t.Fatalf("exit %d, want 2\n%s", code, stderr)
+			}
+			if !strings.Contains(stderr, "schedules.yaml"+c.want) {
+				t.Errorf("error does not name file, line and key %q:\n%s", c.want, stderr)
+			}
+		})
+	}
+}
+
+func TestMissingConfigIsAUsageError(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
+	code, _, stderr := e.run(context.Background(), "--config", e.dir+"/nope.yaml", "sync")
+	if code != 2 || !strings.Contains(stderr, "nope.yaml") {
+		t.Fatalf("exit %d, want 2 naming the file\n%s", code, stderr)
+	}
+}
+
+func TestBadUsageExits2(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
+	for _, args := range [][]string{{"sync", "invoices"}, {"backfill", "--frobnicate"}, {"cursors", "reset"}} {
+		code, _, stderr := e.run(context.Background(), args...)
+		if code != 2 {
+			t.Errorf("%v: exit %d, want 2\n%s", args, code, stderr)
+		}
+	}
+}
+
+func TestCursorsListAndReset(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 60}})
+	if code, _, stderr := e.run(context.Background(), "backfill", "payments"); code != 0 {
+		t.Fatalf("backfill exit %d\n%s", code, stderr)
+	}
+	code, stdout, _ := e.run(context.Background(), "cursors", "--json")
+	if code != 0 {
+		t.Fatal("cursors failed")
+	}
+	var rows []struct {
+		Resource, Kind string
+		Done           bool
+		PositionID     string `json:"position_id"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil {
+		t.Fatalf("%v\n%s", err, stdout)
+	}
+	last := e.sim.Objects("payments")[59].ID
+	kinds := map[string]bool{}
+	for _, r := range rows {
+		if r.Resource != "payments" || r.PositionID != last {
+			t.Errorf("cursor %+v: want payments at %s", r, last)
+		}
+		kinds[r.Kind] = true
+		if r.Kind == "backfill" && !r.Done {
+			t.Error("finished backfill checkpoint not marked done")
+		}
+	}
+	if !kinds["sync"] || !kinds["backfill"] {
+		t.Errorf("want the backfill checkpoint and the sync cursor it handed over, got %+v", rows)
+	}
+	if code, _, _ := e.run(context.Background(), "cursors", "reset", "payments"); code != 0 {
+		t.Fatal("reset failed")
+	}
+	_, stdout, _ = e.run(context.Background(), "cursors", "--json")
+	if strings.TrimSpace(stdout) != "[]" {
+		t.Errorf("cursors after reset: %s", stdout)
+	}
+}
+
+func TestVersionAndHelp(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	code, stdout, _ := e.run(context.Background(), "version")
+	if code != 0 || !strings.HasPrefix(stdout, "backstop ") {
+		t.Errorf("version: exit %d, %q", code, stdout)
+	}
+	code, stdout, _ = e.run(context.Background(), "backfill", "--help")
+	if code != 0 || !strings.Contains(stdout, "--restart") || !strings.Contains(stdout, "checkpoint") {
+		t.Errorf("backfill --help: exit %d\n%s", code, stdout)
+	}
+}

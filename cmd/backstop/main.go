@@ -1,0 +1,97 @@
+// Command backstop keeps a local SQLite mirror of a SaaS platform's public
+// API and makes sure no event is lost between the platform and the systems
+// that consume its events. Run `backstop --help` for the commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Exit codes, as documented in the README and DESIGN.md.
+const (
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+func main() {
+	m := NewMain()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		// After the first signal, a second one kills at once: restore the
+		// default handling so the user is never stuck.
+		<-ctx.Done()
+		stop()
+	}()
+	os.Exit(m.Run(ctx, os.Args[1:]))
+}
+
+// Main is the program: its streams and environment are fields so tests can
+// drive it end to end in-process.
+type Main struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// LookupEnv reads the environment (config ${VAR} expansion, BACKSTOP_CONFIG).
+	LookupEnv func(string) (string, bool)
+	// IsTerminal reports whether progress bars may be drawn on Stderr.
+	IsTerminal bool
+}
+
+// NewMain returns a Main wired to the process's streams and environment.
+func NewMain() *Main {
+	return &Main{
+		Stdin:      os.Stdin,
+		Stdout:     os.Stdout,
+		Stderr:     os.Stderr,
+		LookupEnv:  os.LookupEnv,
+		IsTerminal: isTerminal(os.Stderr),
+	}
+}
+
+// Run executes one command line and returns the process exit code:
+// 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
+func (m *Main) Run(ctx context.Context, args []string) int {
+	root := m.rootCommand()
+	root.SetArgs(args)
+	root.SetIn(m.Stdin)
+	root.SetOut(m.Stdout)
+	root.SetErr(m.Stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	code := exitCode(ctx, err)
+	if code == exitInterrupted {
+		fmt.Fprintln(m.Stderr, "backstop: interrupted; progress up to the last committed page is saved")
+	} else {
+		fmt.Fprintf(m.Stderr, "backstop: %v\n", err)
+	}
+	return code
+}
+
+// usageError marks bad flags, arguments or configuration (exit 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+func exitCode(ctx context.Context, err error) int {
+	var ue usageError
+	switch {
+	case errors.As(err, &ue):
+		return exitUsage
+	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
+		return exitInterrupted
+	}
+	return exitFailure
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/mattn/go-isatty"
+	"github.com/spf13/cobra"
+)
+
+// globals are the flags every command takes.
+type globals struct {
+	configPath string
+	logFormat  string
+	logLevel   string
+}
+
+func (m *Main) rootCommand() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:   "backstop",
+		Short: "Keep a local mirror of the platform's API and lose no event",
+		Long: `backstop pages through the platform's contacts, chats, messages and payments
+from persisted cursors into a local SQLite mirror, under a rate-limit governor
+that paces requests from the X-RateLimit-* headers so the API key never sees a
+429 storm.
+
+Configuration comes from schedules.yaml (--config, or BACKSTOP_CONFIG);
+${VAR} in it expands from the environment, so secrets stay out of the file.
+
+Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	def := "./schedules.yaml"
+	if v, ok := m.LookupEnv("BACKSTOP_CONFIG"); ok && v != "" {
+		def = v
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.configPath, "config", def, "configuration file (env BACKSTOP_CONFIG)")
+	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
+	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+
+	root.AddCommand(
+		m.syncCommand(g),
+		m.backfillCommand(g),
+		m.cursorsCommand(g),
+		m.simCommand(g),
+		m.versionCommand(),
+	)
+	return root
+}
+
+// newLogger builds the process's one logger, writing to w.
+func (g *globals) newLogger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", g.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch strings.ToLower(g.logFormat) {
+	case "text", "":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usagef("--log-format %q: want text or json", g.logFormat)
+}
+
+func isTerminal(f *os.File) bool {
+	return isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd())
+}
+
+// cobraArgs wraps an argument validator so its errors exit 2.
+func cobraArgs(v cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := v(cmd, args); err != nil {
+			return usageError{fmt.Errorf("%s: %w", cmd.CommandPath(), err)}
+		}
+		return nil
+	}
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	stdsync "sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// runFunc runs one operation over one resource.
+type runFunc func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error)
+
+// runResources runs fn over every resource at once (they share the one
+// governor, so running them together costs no extra quota), reporting
+// progress, and returns the stats in resource order and the first error.
+func runResources(ctx context.Context, resources []backstop.Resource, prog *progress, fn runFunc) ([]backstop.RunStats, error) {
+	stats := make([]backstop.RunStats, len(resources))
+	errs := make([]error, len(resources))
+	var wg stdsync.WaitGroup
+	for i, r := range resources {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, err := fn(ctx, r)
+			st.Resource = r
+			st.Err = err
+			stats[i] = st
+			errs[i] = err
+			prog.finish(st)
+		}()
+	}
+	wg.Wait()
+	return stats, firstError(errs...)
+}
+
+// printStats writes the per-resource summary as a table or as JSON.
+func printStats(w io.Writer, op string, stats []backstop.RunStats, asJSON bool) error {
+	if asJSON {
+		type row struct {
+			Resource      string  `json:"resource"`
+			Pages         int     `json:"pages"`
+			Objects       int     `json:"objects"`
+			New           int     `json:"new"`
+			Updated       int     `json:"updated"`
+			Requests      int     `json:"requests"`
+			RateLimited   int     `json:"rate_limited"`
+			ThrottleWaitS float64 `json:"throttle_wait_seconds"`
+			DurationS     float64 `json:"duration_seconds"`
+			Result        string  `json:"result"`
+			Error         string  `json:"error,omitempty"`
+		}
+		out := struct {
+			Op        string `json:"op"`
+			Resources []row  `json:"resources"`
+		}{Op: op}
+		for _, s := range stats {
+			r := row{
+				Resource: string(s.Resource), Pages: s.Pages, Objects: s.Objects, New: s.New,
+				Updated: s.Updated, Requests: s.Requests, RateLimited: s.RateLimited,
+				ThrottleWaitS: s.ThrottleWait.Seconds(), DurationS: s.Duration.Seconds(),
+				Result: result(s.Err),
+			}
+			if s.Err != nil {
+				r.Error = s.Err.Error()
+			}
+			out.Resources = append(out.Resources, r)
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "RESOURCE\tPAGES\tOBJECTS\tNEW\tUPDATED\tREQUESTS\t429s\tTHROTTLE WAIT\tDURATION\tRESULT\t")
+	for _, s := range stats {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", s.Resource, s.Pages, s.Objects, s.New,
+			s.Updated, s.Requests, s.RateLimited, round(s.ThrottleWait), round(s.Duration), result(s.Err))
+	}
+	return tw.Flush()
+}
+
+func result(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case isCanceled(err):
+		return "interrupted"
+	}
+	return "failed"
+}
+
+func round(d time.Duration) time.Duration {
+	if d > time.Second {
+		return d.Round(10 * time.Millisecond)
+	}
+	return d.Round(time.Millisecond)
+}

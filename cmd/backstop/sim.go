@@ -1,0 +1,70 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/backstop-sync/backstop/sources/sim"
+)
+
+func (m *Main) simCommand(g *globals) *cobra.Command {
+	var (
+		opts   sim.Options
+		listen string
+	)
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Run the platform simulator (the API contract, served from memory)",
+		Long: `sim serves the platform's public API from memory, for trying backstop out and
+for tests: contacts, chats, messages and payments generated from a seed (with
+runs of equal updated_at, unicode text and a few objects over 64 KiB),
+fixed-window rate limits with X-RateLimit-* headers and 429 Retry-After,
+injected 5xx errors and latency, and a mutation generator that creates and
+updates objects while it runs.
+
+It prints its base URL and API key, then serves until Ctrl-C.`,
+		Example: `  backstop sim --listen 127.0.0.1:8081 --objects 5000 --limit 600 --window 1m
+  BOTIX_API_KEY=sim_test_key backstop backfill   # with source.base_url pointing at it`,
+		Args: cobraArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := g.newLogger(m.Stderr)
+			if err != nil {
+				return err
+			}
+			if err := opts.Validate(); err != nil {
+				return usageError{err}
+			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return usagef("--listen %s: %v", listen, err)
+			}
+			s := sim.New(opts)
+			fmt.Fprintf(m.Stdout, "base_url=http://%s\napi_key=%s\n", ln.Addr(), s.APIKey())
+			log.Info("simulator serving", "addr", ln.Addr().String(), "objects_per_resource", opts.Objects,
+				"limit", opts.Limit, "window", opts.Window, "error_rate", opts.ErrorRate,
+				"latency", opts.Latency, "mutation_rate", opts.MutationRate)
+			if err := s.Serve(cmd.Context(), ln); err != nil {
+				return err
+			}
+			st := s.Stats()
+			log.Info("simulator stopped", "requests", st.Requests, "rate_limited", st.RateLimited, "errors", st.Errors)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:8081", "address to listen on (port 0 picks a free one)")
+	f.Int64Var(&opts.Seed, "seed", 1, "seed for the generated data")
+	f.IntVar(&opts.Objects, "objects", 1000, "objects per resource at start")
+	f.StringVar(&opts.APIKey, "api-key", "sim_test_key", "the API key the simulator accepts")
+	f.IntVar(&opts.Limit, "limit", 0, "requests per window per API key (0: no limit)")
+	f.DurationVar(&opts.Window, "window", time.Minute, "rate-limit window, whole seconds")
+	f.StringVar(&opts.RetryAfter, "retry-after", "seconds", "Retry-After form on 429: seconds, date, rfc850, asctime or mixed (cycles through all)")
+	f.Float64Var(&opts.ErrorRate, "error-rate", 0, "fraction of requests answered with a 5xx")
+	f.DurationVar(&opts.Latency, "latency", 0, "latency added to every response")
+	f.Float64Var(&opts.MutationRate, "mutation-rate", 0, "objects created or updated per second")
+	f.IntVar(&opts.BigObjects, "big-objects", 3, "objects per resource over 64 KiB")
+	return cmd
+}

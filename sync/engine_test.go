@@ -1,0 +1,177 @@
+package sync_test
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sources"
+	"github.com/backstop-sync/backstop/sources/governor"
+	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
+	bsync "github.com/backstop-sync/backstop/sync"
+)
+
+type world struct {
+	sim    *sim.Sim
+	db     *store.DB
+	engine *bsync.Engine
+}
+
+func newWorld(t *testing.T, objects int) *world {
+	t.Helper()
+	s := sim.New(sim.Options{Seed: 21, Objects: objects})
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "m.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	client, err := sources.New(sources.Options{BaseURL: srv.URL, APIKey: s.APIKey(), PageSize: 10,
+		Governor: governor.New(s.APIKey(), governor.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &world{sim: s, db: db, engine: &bsync.Engine{Source: client, Mirror: db, PageSize: 10}}
+}
+
+func (w *world) cursor(t *testing.T, r backstop.Resource, kind backstop.CursorKind) backstop.Cursor {
+	t.Helper()
+	c, ok, err := w.db.Cursor(context.Background(), r, kind)
+	if err != nil || !ok {
+		t.Fatalf("%s %s cursor: ok=%v err=%v", r, kind, ok, err)
+	}
+	return c
+}
+
+func lastPosition(s *sim.Sim, r backstop.Resource) backstop.Position {
+	objs := s.Objects(r)
+	return objs[len(objs)-1].Position()
+}
+
+// A backfill never moves the incremental cursor backwards: not while it runs,
+// not when it is interrupted, not when it finishes behind it.
+func TestBackfillNeverMovesSyncCursorBack(t *testing.T) {
+	w := newWorld(t, 200)
+	ctx := context.Background()
+	r := backstop.Payments
+	if _, err := w.engine.Sync(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	end := w.cursor(t, r, backstop.CursorSync)
+	if end.Position != lastPosition(w.sim, r) {
+		t.Fatalf("sync cursor at %v, want the end of the feed %v", end.Position, lastPosition(w.sim, r))
+	}
+
+	// Interrupt a backfill after three pages.
+	bctx, cancel := context.WithCancel(ctx)
+	w.engine.OnPage = func(st backstop.RunStats) {
+		if st.Pages == 3 {
+			cancel()
+		}
+	}
+	st, err := w.engine.Backfill(bctx, r, false)
+	w.engine.OnPage = nil
+	if !errors.Is(err, context.Canceled) || st.Pages != 3 {
+		t.Fatalf("interrupted backfill: pages=%d err=%v, want 3 pages and context.Canceled", st.Pages, err)
+	}
+	if got := w.cursor(t, r, backstop.CursorSync); got != end {
+		t.Fatalf("interrupted backfill moved the sync cursor from %v to %v", end.Position, got.Position)
+	}
+	chk := w.cursor(t, r, backstop.CursorBackfill)
+	if chk.Done || chk.Position != w.sim.Objects(r)[29].Position() {
+		t.Fatalf("checkpoint after 3 pages of 10: %+v, want at object 30, not done", chk)
+	}
+
+	// The platform moves on; sync follows it.
+	w.sim.Mutate(40)
+	if _, err := w.engine.Sync(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	later := w.cursor(t, r, backstop.CursorSync)
+
+	// The resumed backfill starts at its checkpoint, not at the start.
+	st, err = w.engine.Backfill(ctx, r, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := 0
+	for _, o := range w.sim.Objects(r) {
+		if o.Position().Compare(chk.Position) > 0 {
+			after++
+		}
+	}
+	if st.Objects != after {
+		t.Errorf("resumed backfill read %d objects, want the %d after its checkpoint", st.Objects, after)
+	}
+	if got := w.cursor(t, r, backstop.CursorSync); got.Position != later.Position || got.Value != later.Value {
+		t.Errorf("finished backfill changed a sync cursor that was not behind: %v -> %v", later.Position, got.Position)
+	}
+	if !w.cursor(t, r, backstop.CursorBackfill).Done {
+		t.Error("finished backfill's checkpoint is not marked done")
+	}
+
+	// A finished backfill starts over next time and reads everything.
+	st, err = w.engine.Backfill(ctx, r, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Objects != len(w.sim.Objects(r)) || st.New != 0 || st.Updated != 0 {
+		t.Errorf("second full backfill: objects=%d new=%d updated=%d, want all read, none written", st.Objects, st.New, st.Updated)
+	}
+}
+
+// On a fresh mirror a backfill hands its end position to the sync cursor, so
+// the next sync reads only later changes.
+func TestBackfillHandsOffToSync(t *testing.T) {
+	w := newWorld(t, 120)
+	ctx := context.Background()
+	r := backstop.Contacts
+	if _, err := w.engine.Backfill(ctx, r, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.cursor(t, r, backstop.CursorSync); got.Position != lastPosition(w.sim, r) {
+		t.Fatalf("sync cursor after backfill at %v, want %v", got.Position, lastPosition(w.sim, r))
+	}
+	changed := w.sim.Mutate(25)
+	want := 0
+	for _, o := range changed {
+		if o.Resource == r {
+			want++
+		}
+	}
+	st, err := w.engine.Sync(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Objects != want {
+		t.Errorf("sync after backfill read %d objects, want the %d changed since", st.Objects, want)
+	}
+}
+
+// --restart discards an unfinished checkpoint.
+func TestBackfillRestart(t *testing.T) {
+	w := newWorld(t, 100)
+	ctx, cancel := context.WithCancel(context.Background())
+	r := backstop.Chats
+	w.engine.OnPage = func(st backstop.RunStats) {
+		if st.Pages == 2 {
+			cancel()
+		}
+	}
+	if _, err := w.engine.Backfill(ctx, r, false); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	w.engine.OnPage = nil
+	st, err := w.engine.Backfill(context.Background(), r, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Objects != 100 || st.New != 80 {
+		t.Errorf("restarted backfill: objects=%d new=%d, want all 100 read and the 80 missing written", st.Objects, st.New)
+	}
+}
