@@ -110,10 +110,10 @@ func (e *Engine) Backfill(ctx context.Context, r backstop.Resource, restart bool
 
 // pages walks the feed from cur until has_more is false, saving cur's kind.
 // It returns the last cursor saved.
-func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, op string) (backstop.RunStats, backstop.Cursor, error) {
+func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, op string) (st backstop.RunStats, _ backstop.Cursor, _ error) {
 	r := cur.Resource
 	log := e.logger().With("resource", r, "op", op)
-	st := backstop.RunStats{Resource: r}
+	st = backstop.RunStats{Resource: r}
 	start := e.now()
 	defer func() { st.Duration = e.now().Sub(start) }()
 

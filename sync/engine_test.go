@@ -151,6 +151,9 @@ func TestBackfillHandsOffToSync(t *testing.T) {
 	if st.Objects != want {
 		t.Errorf("sync after backfill read %d objects, want the %d changed since", st.Objects, want)
 	}
+	if st.Duration <= 0 || st.Requests != st.Pages {
+		t.Errorf("sync stats: duration=%s requests=%d pages=%d, want a measured duration and one request per page", st.Duration, st.Requests, st.Pages)
+	}
 }
 
 // --restart discards an unfinished checkpoint.

@@ -105,6 +105,8 @@ func (p *progress) finish(st backstop.RunStats) {
 			"updated", st.Updated, "requests", st.Requests, "rate_limited", st.RateLimited,
 			"throttle_wait", round(st.ThrottleWait), "duration", round(st.Duration)}
 		switch {
+		case st.Err == nil && p.bars != nil:
+			// The bar already shows it.
 		case st.Err == nil:
 			p.log.Info(p.op+" finished", attrs...)
 		case isCanceled(st.Err):
