@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/backstop-sync/backstop/sources/sim"
 )
@@ -99,5 +100,26 @@ func TestVersionAndHelp(t *testing.T) {
 	code, stdout, _ = e.run(context.Background(), "backfill", "--help")
 	if code != 0 || !strings.Contains(stdout, "--restart") || !strings.Contains(stdout, "checkpoint") {
 		t.Errorf("backfill --help: exit %d\n%s", code, stdout)
+	}
+}
+
+func TestAPIKeyNeverLogged(t *testing.T) {
+	const key = "sk_live_Zq81secretKEY"
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 300, APIKey: key, Limit: 20, Window: time.Second, RetryAfter: "mixed"}, perMinute: 6000, window: "1s"})
+	for _, args := range [][]string{
+		{"--log-level", "debug", "backfill"},
+		{"--log-level", "debug", "--log-format", "json", "sync", "--json"},
+	} {
+		code, stdout, stderr := e.run(context.Background(), args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d\n%s", args, code, stderr)
+		}
+		if strings.Contains(stdout+stderr, key) || strings.Contains(stdout+stderr, "Zq81secret") {
+			t.Fatalf("%v: the API key appears in the output", args)
+		}
+	}
+	code, _, stderr := e.runKey(context.Background(), key+"x", "--log-level", "debug", "sync", "chats")
+	if code != 1 || strings.Contains(stderr, "Zq81secret") {
+		t.Fatalf("wrong key: exit %d, and the output must not echo it:\n%s", code, stderr)
 	}
 }
