@@ -309,8 +309,13 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 }
 
 // Run makes mutations at Options.MutationRate per second until ctx is done.
-// With a zero rate it makes none and only waits for ctx.
+// With a zero rate it makes none and only waits for ctx. With a WebhookURL
+// it starts the webhook sender (see StartWebhooks) for ctx and, when it
+// started it, returns only after its senders have stopped.
 func (s *Sim) Run(ctx context.Context) {
+	if s.startWebhooks(ctx) {
+		defer s.waitWebhooks()
+	}
 	if s.mutRate <= 0 {
 		<-ctx.Done()
 		return
@@ -337,8 +342,9 @@ func (s *Sim) Run(ctx context.Context) {
 
 // Serve serves the API on ln until ctx is done, then shuts the server down
 // gracefully (waiting up to 5 s for requests in flight) and returns nil.
-// When MutationRate is set it runs Run alongside. It returns the server's
-// error if serving fails for another reason.
+// When MutationRate is set it runs Run alongside; with a WebhookURL it
+// sends webhooks (see StartWebhooks) until it returns. It returns the
+// server's error if serving fails for another reason.
 func (s *Sim) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           s.Handler(),
@@ -347,6 +353,9 @@ func (s *Sim) Serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
+	if s.startWebhooks(ctx) {
+		wg.Go(func() { <-ctx.Done(); s.waitWebhooks() })
+	}
 	if s.mutRate > 0 {
 		wg.Go(func() { s.Run(ctx) })
 	}

@@ -4,6 +4,9 @@
 // with Retry-After in every form) over deterministic seed data, and can
 // inject 5xx errors, latency and a stream of mutations, so that the client,
 // the governor and the engine can be tested end to end without the network.
+// Given a WebhookURL it also announces every mutation with a signed webhook
+// (the botix scheme), losing, duplicating, reordering and retrying them as
+// the platform does; see StartWebhooks.
 //
 // Seed data starts at BaseTime. Within each resource about 30% of objects
 // share the previous object's updated_at, so runs of equal timestamps
@@ -85,9 +88,44 @@ type Options struct {
 	// DefaultBigObjects, a negative value means none. It is capped at the
 	// number of messages.
 	BigObjects int
-	// Now is the clock for timestamps of mutations and for rate-limit
-	// windows; nil means time.Now.
+	// Now is the clock for timestamps of mutations, of webhook attempts and
+	// for rate-limit windows; nil means time.Now.
 	Now func() time.Time
+
+	// WebhookURL is where every mutation is announced by a signed webhook
+	// (see StartWebhooks); "" means no webhooks are made.
+	WebhookURL string
+	// WebhookSecret is the key of the X-Botix-Signature HMAC; "" signs with
+	// an empty key.
+	WebhookSecret string
+	// DropRate is the fraction (0..1) of events the platform loses: never
+	// sent, not even retried.
+	DropRate float64
+	// DuplicateRate is the fraction (0..1) of the events not dropped that
+	// are delivered twice, as two separate deliveries with the same
+	// event_id, each retried on its own.
+	DuplicateRate float64
+	// ReorderRate is the fraction (0..1) of the events not dropped that are
+	// held back until 1 to MaxReorderDelay later events (neither dropped
+	// nor held back themselves) have been queued, or until WebhooksIdle is
+	// called, so they arrive after newer ones.
+	ReorderRate float64
+	// RetrySchedule is the wait before each retry of a delivery answered
+	// with a non-2xx status or failed in transport; after the last the
+	// platform gives up. nil means DefaultRetrySchedule(); an empty non-nil
+	// slice means no retries.
+	RetrySchedule []time.Duration
+	// WebhookWorkers is the number of concurrent senders; 0 means
+	// DefaultWebhookWorkers.
+	WebhookWorkers int
+	// WebhookTimeout bounds one delivery attempt; 0 means
+	// DefaultWebhookTimeout.
+	WebhookTimeout time.Duration
+	// TruncateOver is the largest webhook body, in bytes, sent whole; an
+	// event whose body would be larger carries only the object's id,
+	// "data":{"id":"…"}, with "truncated":true. 0 means
+	// DefaultTruncateOver (64 KiB, the intake's body limit).
+	TruncateOver int
 }
 
 // Validate reports the first option out of range.
@@ -109,7 +147,7 @@ func (o Options) Validate() error {
 	case o.MutationRate < 0:
 		return fmt.Errorf("sim: mutation rate %g: must not be negative", o.MutationRate)
 	}
-	return nil
+	return o.validateWebhooks()
 }
 
 // Stats counts what a Sim has answered.
@@ -143,8 +181,9 @@ type Sim struct {
 	mu    sync.RWMutex // guards the data below
 	feeds map[backstop.Resource]*feed
 	gen   *generator
-	cgen  uint64 // cursor generation, bumped by InvalidateCursors
-	last  int64  // greatest updated_at in the sim, Unix nanoseconds
+	cgen  uint64    // cursor generation, bumped by InvalidateCursors
+	last  int64     // greatest updated_at in the sim, Unix nanoseconds
+	wh    *webhooks // nil when Options.WebhookURL is ""
 
 	rl        sync.Mutex // guards the rate limiter, error injection and stats
 	limit     int
@@ -177,11 +216,17 @@ func New(opts Options) *Sim {
 		errRng:      rand.New(rand.NewPCG(uint64(opts.Seed), 0x6572726f72)),
 		winIdx:      make(map[windowKey]int),
 	}
+	if opts.WebhookURL != "" {
+		s.wh = newWebhooks(opts)
+	}
 	if s.apiKey == "" {
 		s.apiKey = DefaultAPIKey
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if s.wh != nil {
+		s.wh.now = s.now
 	}
 	if s.retryAfterF == "" {
 		s.retryAfterF = RetryAfterSeconds
@@ -306,7 +351,8 @@ func (s *Sim) Len(r backstop.Resource) int {
 // order they were made. Each new updated_at is later than every updated_at
 // in the Sim so far: Now truncated to microseconds, or one microsecond after
 // the latest if Now is not later. An updated object moves to the end of its
-// feed.
+// feed. With a WebhookURL, each mutation queues one webhook event (see
+// StartWebhooks).
 func (s *Sim) Mutate(n int) []backstop.Object {
 	if n <= 0 {
 		return nil
@@ -315,13 +361,51 @@ func (s *Sim) Mutate(n int) []backstop.Object {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for range n {
-		ts := max(s.now().UTC().Truncate(time.Microsecond).UnixNano(), s.last+int64(time.Microsecond))
-		r, rec := s.gen.mutate(s.feeds, ts)
-		s.feeds[r].put(rec)
-		s.last = ts
-		out = append(out, rec.object(r))
+		r, rec := s.gen.mutate(s.feeds, s.nextTS())
+		out = append(out, s.store(r, rec))
 	}
 	return out
+}
+
+// Update makes the next version of the object of r with the given id now,
+// as Mutate would, and returns it. It reports false when there is no such
+// object or it cannot change (a payment already failed or refunded). With a
+// WebhookURL the update queues a webhook event. It draws from the same
+// seeded source as Mutate, so it changes what later Mutate calls make.
+func (s *Sim) Update(r backstop.Resource, id string) (backstop.Object, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.feeds[r]
+	if f == nil {
+		return backstop.Object{}, false
+	}
+	old, ok := f.byID[id]
+	if !ok {
+		return backstop.Object{}, false
+	}
+	rec := s.gen.update(old, s.nextTS())
+	if rec == nil {
+		return backstop.Object{}, false
+	}
+	return s.store(r, rec), true
+}
+
+// nextTS returns the updated_at of the next mutation. The caller holds mu.
+func (s *Sim) nextTS() int64 {
+	return max(s.now().UTC().Truncate(time.Microsecond).UnixNano(), s.last+int64(time.Microsecond))
+}
+
+// store puts a new version into its feed and queues its webhook event. The
+// caller holds mu, which also orders the events as the versions were made.
+func (s *Sim) store(r backstop.Resource, rec *record) backstop.Object {
+	f := s.feeds[r]
+	_, existed := f.byID[rec.id]
+	f.put(rec)
+	s.last = rec.ts
+	if s.wh != nil {
+		s.wh.event(r, rec, !existed)
+	}
+	return rec.object(r)
 }
 
 // errInvalidCursor is returned for a cursor the Sim cannot read.
