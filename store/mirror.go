@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -139,7 +140,6 @@ func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backsto
 		return res, err
 	}
 	now := db.now()
-	synced := backstop.CanonicalTime(now)
 
 	tx, err := db.w.BeginTxx(ctx, nil)
 	if err != nil {
@@ -147,6 +147,7 @@ func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backsto
 	}
 	defer tx.Rollback()
 
+	mw := db.mirrorWriter(tx, now)
 	for _, g := range groupByResource(objs) {
 		t, err := tableFor(g.resource)
 		if err != nil {
@@ -156,7 +157,6 @@ func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backsto
 		if err != nil {
 			return res, err
 		}
-		upsert := tx.StmtxContext(ctx, db.upsert[g.resource])
 		for _, o := range g.objs {
 			if err := checkObject(o); err != nil {
 				return res, err
@@ -172,8 +172,8 @@ func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backsto
 				res.Unchanged++
 				continue
 			}
-			if _, err := upsert.ExecContext(ctx, o.ID, v, string(o.Data), synced); err != nil {
-				return res, fmt.Errorf("write %s %s: %w", g.resource, o.ID, err)
+			if _, err := mw.write(ctx, o); err != nil {
+				return res, err
 			}
 			stored[o.ID] = v // a later copy in the same page compares with this one
 		}
@@ -188,6 +188,52 @@ func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backsto
 		return res, fmt.Errorf("commit: %w", err)
 	}
 	return res, nil
+}
+
+// mirrorWriter writes objects to the mirror inside one write transaction,
+// each only when its updated_at is newer than the stored version's: the one
+// place the never-back-in-time rule is enforced, shared by ApplyPage and the
+// emit path.
+type mirrorWriter struct {
+	db     *DB
+	tx     *sqlx.Tx
+	synced string
+	stmts  map[backstop.Resource]*sqlx.Stmt // db.upsert bound to tx, on first use
+}
+
+// mirrorWriter returns a mirrorWriter for tx that stamps synced_at with now.
+func (db *DB) mirrorWriter(tx *sqlx.Tx, now time.Time) *mirrorWriter {
+	return &mirrorWriter{db: db, tx: tx, synced: backstop.CanonicalTime(now)}
+}
+
+// write upserts o when it is newer than the stored version (or not stored)
+// and reports whether it wrote. It fails on an unknown resource or an object
+// without id or data.
+func (m *mirrorWriter) write(ctx context.Context, o backstop.Object) (bool, error) {
+	if err := checkObject(o); err != nil {
+		return false, err
+	}
+	st, ok := m.stmts[o.Resource]
+	if !ok {
+		prepared, known := m.db.upsert[o.Resource]
+		if !known {
+			return false, fmt.Errorf("%s %s: unknown resource", o.Resource, o.ID)
+		}
+		if m.stmts == nil {
+			m.stmts = make(map[backstop.Resource]*sqlx.Stmt, 1)
+		}
+		st = m.tx.StmtxContext(ctx, prepared)
+		m.stmts[o.Resource] = st
+	}
+	res, err := st.ExecContext(ctx, o.ID, backstop.CanonicalTime(o.UpdatedAt), string(o.Data), m.synced)
+	if err != nil {
+		return false, fmt.Errorf("write %s %s: %w", o.Resource, o.ID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("write %s %s: %w", o.Resource, o.ID, err)
+	}
+	return n > 0, nil
 }
 
 // maxIn bounds the ids in one IN list, well under SQLite's variable limit.

@@ -1,6 +1,7 @@
 // Package store keeps backstop's state in SQLite (modernc.org/sqlite through
-// sqlx): the mirror of the platform's objects and the sync cursors. All of the
-// project's SQL lives in this package.
+// sqlx): the mirror of the platform's objects, the sync cursors, the
+// processed events that de-duplicate the emit path and the outbox of
+// deliveries. All of the project's SQL lives in this package.
 //
 // A DB holds one writer connection, through which every write goes, and a
 // separate pool of read-only connections. The database runs in WAL mode, so
@@ -43,7 +44,8 @@ type Options struct {
 	// BusyTimeout is how long a connection waits for a lock another process
 	// holds before failing. Zero means 10s.
 	BusyTimeout time.Duration
-	// Now stamps synced_at and cursors' UpdatedAt. Nil means time.Now.
+	// Now stamps synced_at, cursors' UpdatedAt, processed events'
+	// received_at and outbox rows' times. Nil means time.Now.
 	Now func() time.Time
 }
 
@@ -57,8 +59,10 @@ type DB struct {
 
 	// Statements prepared once on the writer connection and bound to each
 	// write transaction with tx.Stmtx, so a page does not re-prepare them.
-	upsert     map[backstop.Resource]*sqlx.Stmt
-	saveCursor *sqlx.Stmt
+	upsert       map[backstop.Resource]*sqlx.Stmt
+	saveCursor   *sqlx.Stmt
+	insertEvent  *sqlx.Stmt // the dedup insert of the emit path
+	insertOutbox *sqlx.Stmt
 
 	closeOnce sync.Once
 	closeErr  error
@@ -166,6 +170,12 @@ func (db *DB) prepare(ctx context.Context) error {
 		return fmt.Errorf("prepare cursor save: %w", err)
 	}
 	db.saveCursor = st
+	if db.insertEvent, err = db.w.PreparexContext(ctx, insertEventSQL); err != nil {
+		return fmt.Errorf("prepare event insert: %w", err)
+	}
+	if db.insertOutbox, err = db.w.PreparexContext(ctx, insertOutboxSQL); err != nil {
+		return fmt.Errorf("prepare outbox insert: %w", err)
+	}
 	return nil
 }
 
@@ -177,8 +187,10 @@ func (db *DB) Close() error {
 		for _, st := range db.upsert {
 			errs = append(errs, st.Close())
 		}
-		if db.saveCursor != nil {
-			errs = append(errs, db.saveCursor.Close())
+		for _, st := range []*sqlx.Stmt{db.saveCursor, db.insertEvent, db.insertOutbox} {
+			if st != nil {
+				errs = append(errs, st.Close())
+			}
 		}
 		if db.r != nil {
 			errs = append(errs, db.r.Close())
@@ -191,6 +203,20 @@ func (db *DB) Close() error {
 		}
 	})
 	return db.closeErr
+}
+
+// Ping checks that the store can be reached for reading and for writing: it
+// waits for the writer connection (behind any write in progress) and for a
+// reader, so a readiness probe fails when either is unusable or ctx ends
+// first. It returns an error on a closed store.
+func (db *DB) Ping(ctx context.Context) error {
+	if err := db.w.PingContext(ctx); err != nil {
+		return fmt.Errorf("ping store %s: writer: %w", db.path, err)
+	}
+	if err := db.r.PingContext(ctx); err != nil {
+		return fmt.Errorf("ping store %s: reader: %w", db.path, err)
+	}
+	return nil
 }
 
 // Path returns the file name the store was opened with.

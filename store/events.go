@@ -1,0 +1,426 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/backstop-sync/backstop"
+)
+
+var _ backstop.EventLog = (*DB)(nil)
+
+// insertEventSQL is the dedup insert: it changes no row when event_id or
+// dedup_key is already taken (ON CONFLICT without a target covers both).
+const insertEventSQL = `INSERT INTO processed_events
+	(event_id, dedup_key, type, resource, object_id, updated_at, origin, created_at, received_at, truncated, data)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	ON CONFLICT DO NOTHING`
+
+// insertOutboxSQL queues one delivery, due now. A (target, event) pair is
+// queued at most once.
+const insertOutboxSQL = `INSERT INTO outbox
+	(target, event_id, event_type, payload, status, attempts, next_attempt_at, created_at, updated_at)
+	VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?)
+	ON CONFLICT (target, event_id) DO NOTHING`
+
+// Emit processes events in one transaction on the writer connection, in
+// order: each event is inserted into processed_events, and an event whose
+// event_id or dedup key is already there (from an earlier commit or earlier
+// in the same batch) is an EmitDuplicate that changes nothing. An accepted
+// event's object is written to the mirror only when newer than the stored
+// version (MirrorWritten), and one outbox row is queued for each route whose
+// globs match its type (Outbox), carrying the envelope
+// {"event_id","event","created_at","origin","data"} to deliver. A truncated
+// event is stored for the fetch worker (see DueTruncated) and neither
+// mirrored nor queued until CompleteTruncated. An event of unknown type is
+// stored with no dedup key and queued to the routes that match it.
+//
+// Results are in the order of events. On error nothing of the batch is
+// committed; an error caused by one event (no id, type or origin, a known
+// type without object id or updated_at, data that is not JSON) names its
+// position and id, so a caller can retry the others without it. A zero
+// CreatedAt is stored as the time the event was received.
+func (db *DB) Emit(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
+	if len(events) == 0 {
+		return []backstop.EmitResult{}, nil
+	}
+	res, err := db.emit(ctx, events, routes)
+	if err != nil {
+		return nil, fmt.Errorf("emit: %w", err)
+	}
+	return res, nil
+}
+
+func (db *DB) emit(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
+	if err := checkRoutes(routes); err != nil {
+		return nil, err
+	}
+	now := db.now()
+	stamp := backstop.CanonicalTime(now)
+
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+
+	// The statements run without ctx's cancellation, which the driver would
+	// watch with one goroutine per statement; ctx is checked between events
+	// instead, and a cancelled ctx also fails the commit.
+	sctx := context.WithoutCancel(ctx)
+	et := &emitTx{
+		insert: tx.StmtxContext(sctx, db.insertEvent),
+		mirror: db.mirrorWriter(tx, now),
+		queue:  db.outboxQueue(tx, stamp),
+		now:    now,
+		stamp:  stamp,
+	}
+	out := make([]backstop.EmitResult, len(events))
+	for i, ev := range events {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		r, err := et.emit(sctx, ev, routes)
+		if err != nil {
+			return nil, fmt.Errorf("event %d of %d (%s): %w", i+1, len(events), ev.ID, err)
+		}
+		out[i] = r
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("commit %d events: %w", len(events), err)
+	}
+	return out, nil
+}
+
+// emitTx is one Emit transaction: its statements and the time it stamps.
+type emitTx struct {
+	insert *sqlx.Stmt // db.insertEvent bound to the transaction
+	mirror *mirrorWriter
+	queue  *outboxQueue
+	now    time.Time
+	stamp  string // now, canonical
+}
+
+// emit processes one event of the batch.
+func (et *emitTx) emit(ctx context.Context, ev backstop.Event, routes []backstop.Route) (backstop.EmitResult, error) {
+	if err := checkEvent(ev); err != nil {
+		return backstop.EmitResult{}, err
+	}
+	if ev.CreatedAt.IsZero() {
+		ev.CreatedAt = et.now
+	}
+	// An unknown type names no resource to fetch from: it is kept as it came,
+	// not queued for a fetch that could never succeed.
+	truncated := ev.Truncated && ev.Resource != ""
+	res, err := et.insert.ExecContext(ctx,
+		ev.ID, nullString(ev.DedupKey()), ev.Type, string(ev.Resource), ev.ObjectID, nullTime(ev.UpdatedAt),
+		string(ev.Origin), backstop.CanonicalTime(ev.CreatedAt), et.stamp, truncated, dataText(ev.Data))
+	if err != nil {
+		return backstop.EmitResult{}, fmt.Errorf("insert processed event: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return backstop.EmitResult{}, fmt.Errorf("insert processed event: %w", err)
+	}
+	if n == 0 {
+		return backstop.EmitResult{Status: backstop.EmitDuplicate}, nil
+	}
+	r := backstop.EmitResult{Status: backstop.EmitAccepted}
+	if truncated {
+		return r, nil
+	}
+	if o, ok := ev.Object(); ok {
+		if r.MirrorWritten, err = et.mirror.write(ctx, o); err != nil {
+			return backstop.EmitResult{}, err
+		}
+	}
+	if r.Outbox, err = et.queue.add(ctx, ev, routes); err != nil {
+		return backstop.EmitResult{}, err
+	}
+	return r, nil
+}
+
+// checkEvent rejects an event the emit path cannot store faithfully.
+func checkEvent(ev backstop.Event) error {
+	switch {
+	case ev.ID == "":
+		return errors.New("missing event id")
+	case ev.Type == "":
+		return errors.New("missing event type")
+	case ev.Origin == "":
+		return errors.New("missing origin")
+	}
+	if ev.Resource != "" {
+		if _, err := tableFor(ev.Resource); err != nil {
+			return err
+		}
+		if ev.ObjectID == "" {
+			return fmt.Errorf("%s event without object id", ev.Type)
+		}
+		if !ev.Truncated {
+			if ev.UpdatedAt.IsZero() {
+				return fmt.Errorf("%s event for %s without updated_at", ev.Type, ev.ObjectID)
+			}
+			if len(ev.Data) == 0 {
+				return fmt.Errorf("%s event for %s without data", ev.Type, ev.ObjectID)
+			}
+		}
+	}
+	if len(ev.Data) > 0 && !json.Valid(ev.Data) {
+		return errors.New("data is not valid JSON")
+	}
+	return nil
+}
+
+// checkRoutes rejects a route without a target name.
+func checkRoutes(routes []backstop.Route) error {
+	for i, rt := range routes {
+		if rt.Target == "" {
+			return fmt.Errorf("route %d: empty target", i+1)
+		}
+	}
+	return nil
+}
+
+// outboxQueue adds outbox rows inside one write transaction; Emit and
+// CompleteTruncated share it.
+type outboxQueue struct {
+	db    *DB
+	tx    *sqlx.Tx
+	stamp string
+	st    *sqlx.Stmt // db.insertOutbox bound to tx, on first use
+}
+
+// outboxQueue returns an outboxQueue for tx whose rows are created and due at stamp.
+func (db *DB) outboxQueue(tx *sqlx.Tx, stamp string) *outboxQueue {
+	return &outboxQueue{db: db, tx: tx, stamp: stamp}
+}
+
+// add queues ev to every route whose globs match its type and returns how
+// many rows it added. The envelope is built once, when a route matches.
+func (q *outboxQueue) add(ctx context.Context, ev backstop.Event, routes []backstop.Route) (int, error) {
+	var payload string
+	added := 0
+	for _, rt := range routes {
+		if !backstop.MatchEvents(rt.Events, ev.Type) {
+			continue
+		}
+		if payload == "" {
+			payload = string(envelope(ev))
+		}
+		if q.st == nil {
+			q.st = q.tx.StmtxContext(ctx, q.db.insertOutbox)
+		}
+		res, err := q.st.ExecContext(ctx, rt.Target, ev.ID, ev.Type, payload, q.stamp, q.stamp, q.stamp)
+		if err != nil {
+			return added, fmt.Errorf("queue for %s: %w", rt.Target, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return added, fmt.Errorf("queue for %s: %w", rt.Target, err)
+		}
+		added += int(n)
+	}
+	return added, nil
+}
+
+// envelope is the JSON delivered for ev:
+// {"event_id","event","created_at","origin","data"}, with data byte for byte
+// as received (it has been checked to be JSON).
+func envelope(ev backstop.Event) []byte {
+	b := make([]byte, 0, len(ev.Data)+len(ev.ID)+len(ev.Type)+96)
+	b = append(b, `{"event_id":`...)
+	b = appendJSONString(b, ev.ID)
+	b = append(b, `,"event":`...)
+	b = appendJSONString(b, ev.Type)
+	b = append(b, `,"created_at":`...)
+	b = appendJSONString(b, ev.CreatedAt.UTC().Format(time.RFC3339Nano))
+	b = append(b, `,"origin":`...)
+	b = appendJSONString(b, string(ev.Origin))
+	b = append(b, `,"data":`...)
+	b = append(b, dataText(ev.Data)...)
+	return append(b, '}')
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always marshals
+	return append(b, q...)
+}
+
+// dataText is the stored form of an event's data; no data is JSON null.
+func dataText(data json.RawMessage) string {
+	if len(data) == 0 {
+		return "null"
+	}
+	return string(data)
+}
+
+// nullString is s, or NULL when s is empty.
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// nullTime is t in canonical form, or NULL when t is zero.
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return backstop.CanonicalTime(t)
+}
+
+// parseNullTime parses a nullable canonical time; NULL is the zero time.
+func parseNullTime(s sql.NullString) (time.Time, error) {
+	if !s.Valid {
+		return time.Time{}, nil
+	}
+	return backstop.ParseTime(s.String)
+}
+
+// ProcessedEvent is one row of processed_events: an event as the emit path
+// recorded it.
+type ProcessedEvent struct {
+	EventID string
+	// DedupKey is empty while the event has no version: an unknown type, a
+	// truncated event not fetched yet, or a duplicate found on completion.
+	DedupKey string
+	Type     string
+	// Resource is empty for an unknown type.
+	Resource backstop.Resource
+	ObjectID string
+	// UpdatedAt is the version's updated_at; zero when not known yet.
+	UpdatedAt  time.Time
+	Origin     backstop.Origin
+	CreatedAt  time.Time // the event's, as the platform made it
+	ReceivedAt time.Time // when the emit path stored it
+	// Truncated is true while the object is still to fetch.
+	Truncated     bool
+	FetchAttempts int
+	// NextFetchAt is when the next fetch is due; zero means at once.
+	NextFetchAt    time.Time
+	LastFetchError string
+	// DuplicateOf names the event that already held this one's version,
+	// found when a truncated event was completed.
+	DuplicateOf string
+	// Data is the event's data as received, or the full object once a
+	// truncated event is completed.
+	Data json.RawMessage
+}
+
+// processedRow is one row of processed_events as read back.
+type processedRow struct {
+	EventID        string         `db:"event_id"`
+	DedupKey       sql.NullString `db:"dedup_key"`
+	Type           string         `db:"type"`
+	Resource       string         `db:"resource"`
+	ObjectID       string         `db:"object_id"`
+	UpdatedAt      sql.NullString `db:"updated_at"`
+	Origin         string         `db:"origin"`
+	CreatedAt      string         `db:"created_at"`
+	ReceivedAt     string         `db:"received_at"`
+	Truncated      bool           `db:"truncated"`
+	FetchAttempts  int            `db:"fetch_attempts"`
+	NextFetchAt    sql.NullString `db:"next_fetch_at"`
+	LastFetchError sql.NullString `db:"last_fetch_error"`
+	DuplicateOf    sql.NullString `db:"duplicate_of"`
+	Data           string         `db:"data"`
+}
+
+func (row processedRow) processedEvent() (ProcessedEvent, error) {
+	pe := ProcessedEvent{
+		EventID:        row.EventID,
+		DedupKey:       row.DedupKey.String,
+		Type:           row.Type,
+		Resource:       backstop.Resource(row.Resource),
+		ObjectID:       row.ObjectID,
+		Origin:         backstop.Origin(row.Origin),
+		Truncated:      row.Truncated,
+		FetchAttempts:  row.FetchAttempts,
+		LastFetchError: row.LastFetchError.String,
+		DuplicateOf:    row.DuplicateOf.String,
+		Data:           json.RawMessage(row.Data),
+	}
+	var err error
+	if pe.UpdatedAt, err = parseNullTime(row.UpdatedAt); err != nil {
+		return pe, fmt.Errorf("updated_at: %w", err)
+	}
+	if pe.CreatedAt, err = backstop.ParseTime(row.CreatedAt); err != nil {
+		return pe, fmt.Errorf("created_at: %w", err)
+	}
+	if pe.ReceivedAt, err = backstop.ParseTime(row.ReceivedAt); err != nil {
+		return pe, fmt.Errorf("received_at: %w", err)
+	}
+	if pe.NextFetchAt, err = parseNullTime(row.NextFetchAt); err != nil {
+		return pe, fmt.Errorf("next_fetch_at: %w", err)
+	}
+	return pe, nil
+}
+
+// ProcessedEvent returns the processed event eventID, or ok=false when no
+// event with that id was processed (or it was pruned).
+func (db *DB) ProcessedEvent(ctx context.Context, eventID string) (ProcessedEvent, bool, error) {
+	var row processedRow
+	err := db.r.GetContext(ctx, &row, `SELECT event_id, dedup_key, type, resource, object_id, updated_at,
+		origin, created_at, received_at, truncated, fetch_attempts, next_fetch_at, last_fetch_error,
+		duplicate_of, data FROM processed_events WHERE event_id = ?`, eventID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ProcessedEvent{}, false, nil
+	}
+	if err != nil {
+		return ProcessedEvent{}, false, fmt.Errorf("read processed event %s: %w", eventID, err)
+	}
+	pe, err := row.processedEvent()
+	if err != nil {
+		return ProcessedEvent{}, false, fmt.Errorf("read processed event %s: %w", eventID, err)
+	}
+	return pe, true, nil
+}
+
+// CountProcessed returns how many processed events are kept.
+func (db *DB) CountProcessed(ctx context.Context) (int, error) {
+	var n int
+	if err := db.r.GetContext(ctx, &n, `SELECT count(*) FROM processed_events`); err != nil {
+		return 0, fmt.Errorf("count processed events: %w", err)
+	}
+	return n, nil
+}
+
+// pruneChunk bounds the rows one pruning transaction deletes, so that the
+// emit path never waits long behind maintenance.
+const pruneChunk = 5000
+
+// PruneProcessed deletes the processed events received before before and
+// returns how many it deleted. Truncated events still waiting for their
+// object are kept whatever their age; outbox rows are never touched. It
+// deletes in short transactions: on error, the count says how many were
+// deleted before it. Callers keep processed ids longer than any upstream
+// retry window (DESIGN.md: at least 30 days).
+func (db *DB) PruneProcessed(ctx context.Context, before time.Time) (int64, error) {
+	cutoff := backstop.CanonicalTime(before)
+	var total int64
+	for {
+		res, err := db.w.ExecContext(ctx, `DELETE FROM processed_events WHERE rowid IN (
+			SELECT rowid FROM processed_events WHERE received_at < ? AND truncated = 0 LIMIT ?)`,
+			cutoff, pruneChunk)
+		if err != nil {
+			return total, fmt.Errorf("prune processed events: %w", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, fmt.Errorf("prune processed events: %w", err)
+		}
+		total += n
+		if n < pruneChunk {
+			return total, nil
+		}
+	}
+}

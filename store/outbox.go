@@ -1,0 +1,93 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// OutboxRow is one queued delivery: one event for one target.
+type OutboxRow struct {
+	ID        int64
+	Target    string
+	EventID   string
+	EventType string
+	// Payload is the envelope to deliver:
+	// {"event_id","event","created_at","origin","data"}.
+	Payload json.RawMessage
+	// Status is "pending", "retrying", "delivered" or "dead_letter".
+	Status        string
+	Attempts      int
+	NextAttemptAt time.Time
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+	// LastStatus is the HTTP status of the last attempt; zero when none was
+	// answered.
+	LastStatus int
+	LastError  string
+}
+
+// outboxRow is one row of outbox as read back.
+type outboxRow struct {
+	ID            int64          `db:"id"`
+	Target        string         `db:"target"`
+	EventID       string         `db:"event_id"`
+	EventType     string         `db:"event_type"`
+	Payload       string         `db:"payload"`
+	Status        string         `db:"status"`
+	Attempts      int            `db:"attempts"`
+	NextAttemptAt string         `db:"next_attempt_at"`
+	CreatedAt     string         `db:"created_at"`
+	UpdatedAt     string         `db:"updated_at"`
+	LastStatus    sql.NullInt64  `db:"last_status"`
+	LastError     sql.NullString `db:"last_error"`
+}
+
+func (row outboxRow) outboxRow() (OutboxRow, error) {
+	o := OutboxRow{
+		ID:         row.ID,
+		Target:     row.Target,
+		EventID:    row.EventID,
+		EventType:  row.EventType,
+		Payload:    json.RawMessage(row.Payload),
+		Status:     row.Status,
+		Attempts:   row.Attempts,
+		LastStatus: int(row.LastStatus.Int64),
+		LastError:  row.LastError.String,
+	}
+	var err error
+	if o.NextAttemptAt, err = backstop.ParseTime(row.NextAttemptAt); err != nil {
+		return o, fmt.Errorf("outbox %d: next_attempt_at: %w", row.ID, err)
+	}
+	if o.CreatedAt, err = backstop.ParseTime(row.CreatedAt); err != nil {
+		return o, fmt.Errorf("outbox %d: created_at: %w", row.ID, err)
+	}
+	if o.UpdatedAt, err = backstop.ParseTime(row.UpdatedAt); err != nil {
+		return o, fmt.Errorf("outbox %d: updated_at: %w", row.ID, err)
+	}
+	return o, nil
+}
+
+// OutboxRows returns the outbox rows of target, every target's when target
+// is empty, in the order they were queued.
+func (db *DB) OutboxRows(ctx context.Context, target string) ([]OutboxRow, error) {
+	var rows []outboxRow
+	if err := db.r.SelectContext(ctx, &rows, `SELECT id, target, event_id, event_type, payload, status,
+		attempts, next_attempt_at, created_at, updated_at, last_status, last_error
+		FROM outbox WHERE ? = '' OR target = ? ORDER BY id`, target, target); err != nil {
+		return nil, fmt.Errorf("list outbox %s: %w", target, err)
+	}
+	out := make([]OutboxRow, len(rows))
+	for i, row := range rows {
+		o, err := row.outboxRow()
+		if err != nil {
+			return nil, fmt.Errorf("list outbox %s: %w", target, err)
+		}
+		out[i] = o
+	}
+	return out, nil
+}

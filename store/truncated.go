@@ -1,0 +1,198 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// truncatedRow is what the fetch worker needs of a truncated event.
+type truncatedRow struct {
+	EventID   string `db:"event_id"`
+	Type      string `db:"type"`
+	Resource  string `db:"resource"`
+	ObjectID  string `db:"object_id"`
+	Origin    string `db:"origin"`
+	CreatedAt string `db:"created_at"`
+	Truncated bool   `db:"truncated"`
+	Data      string `db:"data"`
+}
+
+func (row truncatedRow) event() (backstop.Event, error) {
+	created, err := backstop.ParseTime(row.CreatedAt)
+	if err != nil {
+		return backstop.Event{}, fmt.Errorf("event %s: created_at: %w", row.EventID, err)
+	}
+	return backstop.Event{
+		ID:        row.EventID,
+		Type:      row.Type,
+		Resource:  backstop.Resource(row.Resource),
+		ObjectID:  row.ObjectID,
+		CreatedAt: created,
+		Origin:    backstop.Origin(row.Origin),
+		Data:      json.RawMessage(row.Data),
+		Truncated: row.Truncated,
+	}, nil
+}
+
+const truncatedColumns = `event_id, type, resource, object_id, origin, created_at, truncated, data`
+
+// DueTruncated returns up to limit truncated events whose object is still to
+// fetch and whose next fetch is due at now (a first fetch is due at once),
+// oldest received first. A limit of zero or less means no limit. The events
+// carry Truncated, their object id and the data as received.
+func (db *DB) DueTruncated(ctx context.Context, now time.Time, limit int) ([]backstop.Event, error) {
+	if limit <= 0 {
+		limit = -1 // SQLite: no limit
+	}
+	var rows []truncatedRow
+	if err := db.r.SelectContext(ctx, &rows, `SELECT `+truncatedColumns+` FROM processed_events
+		WHERE truncated = 1 AND (next_fetch_at IS NULL OR next_fetch_at <= ?)
+		ORDER BY received_at, event_id LIMIT ?`, backstop.CanonicalTime(now), limit); err != nil {
+		return nil, fmt.Errorf("list due truncated events: %w", err)
+	}
+	out := make([]backstop.Event, len(rows))
+	for i, row := range rows {
+		ev, err := row.event()
+		if err != nil {
+			return nil, fmt.Errorf("list due truncated events: %w", err)
+		}
+		out[i] = ev
+	}
+	return out, nil
+}
+
+// CompleteTruncated completes the truncated event eventID with obj, its
+// object as fetched, in one transaction. The event takes obj's version
+// (updated_at, dedup key) and data, and stops being truncated. When another
+// event already holds that dedup key, this one is an EmitDuplicate: it is
+// kept with no dedup key and DuplicateOf naming the other event, and neither
+// the mirror nor the outbox changes. Otherwise it is accepted as Emit would
+// accept it: the mirror is written when obj is newer, and one outbox row is
+// queued per matching route, whose envelope carries obj's data.
+//
+// An event completed already is reported as an EmitDuplicate with no change.
+// It fails with an error wrapping backstop.ErrNotFound when no event has that
+// id, and on an obj of another resource or id than the event's.
+func (db *DB) CompleteTruncated(ctx context.Context, eventID string, obj backstop.Object, routes []backstop.Route) (backstop.EmitResult, error) {
+	res, err := db.completeTruncated(ctx, eventID, obj, routes)
+	if err != nil {
+		return backstop.EmitResult{}, fmt.Errorf("complete truncated event %s: %w", eventID, err)
+	}
+	return res, nil
+}
+
+func (db *DB) completeTruncated(ctx context.Context, eventID string, obj backstop.Object, routes []backstop.Route) (backstop.EmitResult, error) {
+	var res backstop.EmitResult
+	if err := checkRoutes(routes); err != nil {
+		return res, err
+	}
+	if err := checkObject(obj); err != nil {
+		return res, err
+	}
+	if obj.UpdatedAt.IsZero() {
+		return res, fmt.Errorf("%s %s: no updated_at", obj.Resource, obj.ID)
+	}
+	if !json.Valid(obj.Data) {
+		return res, fmt.Errorf("%s %s: data is not valid JSON", obj.Resource, obj.ID)
+	}
+	now := db.now()
+	stamp := backstop.CanonicalTime(now)
+
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return res, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+
+	var row truncatedRow
+	err = tx.GetContext(ctx, &row, `SELECT `+truncatedColumns+` FROM processed_events WHERE event_id = ?`, eventID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return res, backstop.ErrNotFound
+	}
+	if err != nil {
+		return res, fmt.Errorf("read: %w", err)
+	}
+	if !row.Truncated {
+		return backstop.EmitResult{Status: backstop.EmitDuplicate}, nil
+	}
+	if backstop.Resource(row.Resource) != obj.Resource || row.ObjectID != obj.ID {
+		return res, fmt.Errorf("fetched %s %s, but the event is about %s %s", obj.Resource, obj.ID, row.Resource, row.ObjectID)
+	}
+	ev, err := row.event()
+	if err != nil {
+		return res, err
+	}
+	ev.UpdatedAt, ev.Data, ev.Truncated = obj.UpdatedAt, obj.Data, false
+	key := ev.DedupKey()
+
+	var holder string
+	err = tx.GetContext(ctx, &holder, `SELECT event_id FROM processed_events WHERE dedup_key = ?`, key)
+	switch {
+	case err == nil:
+		if _, err := tx.ExecContext(ctx, `UPDATE processed_events
+			SET updated_at = ?, truncated = 0, next_fetch_at = NULL, data = ?, duplicate_of = ?
+			WHERE event_id = ?`, backstop.CanonicalTime(obj.UpdatedAt), string(obj.Data), holder, eventID); err != nil {
+			return res, fmt.Errorf("mark duplicate of %s: %w", holder, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return res, fmt.Errorf("commit: %w", err)
+		}
+		return backstop.EmitResult{Status: backstop.EmitDuplicate}, nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return res, fmt.Errorf("look up dedup key: %w", err)
+	}
+
+	if _, err := tx.ExecContext(ctx, `UPDATE processed_events
+		SET dedup_key = ?, updated_at = ?, truncated = 0, next_fetch_at = NULL, data = ?
+		WHERE event_id = ?`, key, backstop.CanonicalTime(obj.UpdatedAt), string(obj.Data), eventID); err != nil {
+		return res, fmt.Errorf("update: %w", err)
+	}
+	res.Status = backstop.EmitAccepted
+	if res.MirrorWritten, err = db.mirrorWriter(tx, now).write(ctx, obj); err != nil {
+		return backstop.EmitResult{}, err
+	}
+	if res.Outbox, err = db.outboxQueue(tx, stamp).add(ctx, ev, routes); err != nil {
+		return backstop.EmitResult{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return backstop.EmitResult{}, fmt.Errorf("commit: %w", err)
+	}
+	return res, nil
+}
+
+// FailTruncated records a failed fetch of the truncated event eventID: one
+// more attempt, errMsg as the last error, and the next fetch due at next. It
+// fails with an error wrapping backstop.ErrNotFound when no event with that
+// id is waiting for its object.
+func (db *DB) FailTruncated(ctx context.Context, eventID string, errMsg string, next time.Time) error {
+	res, err := db.w.ExecContext(ctx, `UPDATE processed_events
+		SET fetch_attempts = fetch_attempts + 1, last_fetch_error = ?, next_fetch_at = ?
+		WHERE event_id = ? AND truncated = 1`, errMsg, backstop.CanonicalTime(next), eventID)
+	if err != nil {
+		return fmt.Errorf("fail truncated event %s: %w", eventID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("fail truncated event %s: %w", eventID, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("fail truncated event %s: no such event waiting for its object: %w", eventID, backstop.ErrNotFound)
+	}
+	return nil
+}
+
+// CountTruncatedPending returns how many truncated events still wait for
+// their object, due or not.
+func (db *DB) CountTruncatedPending(ctx context.Context) (int, error) {
+	var n int
+	if err := db.r.GetContext(ctx, &n, `SELECT count(*) FROM processed_events WHERE truncated = 1`); err != nil {
+		return 0, fmt.Errorf("count truncated events: %w", err)
+	}
+	return n, nil
+}
