@@ -3,6 +3,8 @@ GO      ?= go
 BIN     ?= bin/backstop
 PKGS    ?= ./...
 
+SHELL   := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 .DEFAULT_GOAL := help
 
 .PHONY: help

@@ -3,6 +3,7 @@ package backstop
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors callers branch on with errors.Is.
@@ -42,7 +43,9 @@ func (e *APIError) Error() string {
 	case e.Cursor != "":
 		what += fmt.Sprintf(" at cursor %q", e.Cursor)
 	}
-	msg := e.Err.Error()
+	// The sentinel's "backstop: " prefix is left out: the message is read
+	// after the command's own prefix.
+	msg := strings.TrimPrefix(e.Err.Error(), "backstop: ")
 	if e.Status != 0 {
 		msg += fmt.Sprintf(" (HTTP %d", e.Status)
 		if e.Code != "" {

@@ -26,6 +26,14 @@ type Position struct {
 // Position returns the feed position of o.
 func (o Object) Position() Position { return Position{UpdatedAt: o.UpdatedAt, ID: o.ID} }
 
+// String renders p as "<canonical updated_at> <id>", or "start".
+func (p Position) String() string {
+	if p.IsZero() {
+		return "start"
+	}
+	return CanonicalTime(p.UpdatedAt) + " " + p.ID
+}
+
 // IsZero reports whether p is the start of the feed.
 func (p Position) IsZero() bool { return p.UpdatedAt.IsZero() && p.ID == "" }
 

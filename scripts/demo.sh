@@ -7,7 +7,16 @@ trap 'kill "$sim_pid" 2>/dev/null || true; rm -rf "$work"' EXIT
 port=${DEMO_PORT:-18081}
 "$bin" sim --listen 127.0.0.1:$port --objects 5000 --limit 60 --window 2s --mutation-rate 20 >"$work/sim.out" 2>"$work/sim.log" &
 sim_pid=$!
-for _ in $(seq 50); do grep -q '^api_key=' "$work/sim.out" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 100); do
+  grep -q '^api_key=' "$work/sim.out" 2>/dev/null && break
+  kill -0 "$sim_pid" 2>/dev/null || break
+  sleep 0.1
+done
+if ! grep -q '^api_key=' "$work/sim.out" 2>/dev/null; then
+  echo "demo: the simulator did not start (is port $port taken? set DEMO_PORT):" >&2
+  cat "$work/sim.log" >&2
+  exit 1
+fi
 cat >"$work/schedules.yaml" <<YAML
 source:
   base_url: http://127.0.0.1:$port

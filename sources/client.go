@@ -255,7 +255,9 @@ type response struct {
 func (c *Client) call(ctx context.Context, e backstop.APIError, method, rawURL string, body []byte) (*response, backstop.Cost, error) {
 	res, cost, err := c.do(ctx, method, rawURL, body)
 	switch {
-	case ctx.Err() != nil:
+	case err != nil && ctx.Err() != nil:
+		// Cancelled while the request was unanswered. An answer that did
+		// arrive is still used: the caller commits the page it carries.
 		e.Err = ctx.Err()
 		return nil, cost, &e
 	case err != nil:

@@ -70,8 +70,9 @@ func (e *Engine) Sync(ctx context.Context, r backstop.Resource) (backstop.RunSta
 // Backfill reads r's whole change feed from the start into the mirror,
 // moving only its own checkpoint (never the incremental cursor), so a
 // backfill killed at any point resumes from its last committed page. A
-// finished backfill starts again from the start; restart discards an
-// unfinished checkpoint.
+// finished backfill is not run again (an interrupted run over several
+// resources resumes only the unfinished ones); restart starts from the
+// beginning whatever the checkpoint says.
 //
 // At the end it hands its position to the incremental cursor when that is
 // behind (or unset), so a following sync continues from there rather than
@@ -81,13 +82,18 @@ func (e *Engine) Backfill(ctx context.Context, r backstop.Resource, restart bool
 	if err != nil {
 		return backstop.RunStats{Resource: r}, fmt.Errorf("backfill %s: %w", r, err)
 	}
-	if !ok || restart || cur.Done {
-		if ok && !cur.Done && restart {
-			e.logger().Info("discarding unfinished backfill checkpoint", "resource", r, "position", formatPosition(cur.Position))
+	switch {
+	case ok && cur.Done && !restart:
+		e.logger().Info("backfill already finished; --restart reads everything again", "resource", r,
+			"finished_at", cur.UpdatedAt, "position", cur.Position)
+		return backstop.RunStats{Resource: r}, nil
+	case !ok || restart:
+		if ok && !cur.Done {
+			e.logger().Info("discarding unfinished backfill checkpoint", "resource", r, "position", cur.Position)
 		}
 		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorBackfill}
-	} else if cur.Value != "" {
-		e.logger().Info("resuming backfill", "resource", r, "position", formatPosition(cur.Position))
+	case cur.Value != "":
+		e.logger().Info("resuming backfill", "resource", r, "position", cur.Position)
 	}
 	st, last, err := e.pages(ctx, cur, "backfill")
 	if err != nil {
@@ -103,7 +109,7 @@ func (e *Engine) Backfill(ctx context.Context, r backstop.Resource, restart bool
 		return st, fmt.Errorf("backfill %s: hand position to sync cursor: %w", r, err)
 	}
 	if moved {
-		e.logger().Info("sync cursor moved to the end of the backfill", "resource", r, "position", formatPosition(last.Position))
+		e.logger().Info("sync cursor moved to the end of the backfill", "resource", r, "position", last.Position)
 	}
 	return st, nil
 }
@@ -125,17 +131,21 @@ func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, op string) (st 
 		page, err := e.Source.List(ctx, backstop.ListRequest{Resource: r, Cursor: cur.Value, Limit: e.PageSize})
 		st.Cost = st.Cost.Add(page.Cost)
 		if err != nil {
-			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			var apiErr *backstop.APIError
+			switch {
+			case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 				err = ctx.Err()
-			} else {
+			case errors.As(err, &apiErr):
+				err = fmt.Errorf("%s: %w", op, err) // it names the resource
+			default:
 				err = fmt.Errorf("%s %s: %w", op, r, err)
 			}
 			st.Err = err
 			return st, cur, err
 		}
-		if page.HasMore && len(page.Objects) == 0 && (page.NextCursor == "" || page.NextCursor == cur.Value) {
-			// Following it would loop forever on the same request.
-			err := fmt.Errorf("%s %s: platform answered an empty page with has_more at cursor %q", op, r, cur.Value)
+		if page.HasMore && (page.NextCursor == "" || page.NextCursor == cur.Value) {
+			// Following it would ask for the same page again, forever.
+			err := fmt.Errorf("%s %s: the platform answered has_more without moving the cursor %q", op, r, cur.Value)
 			st.Err = err
 			return st, cur, err
 		}
@@ -173,11 +183,4 @@ func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, op string) (st 
 			return st, cur, nil
 		}
 	}
-}
-
-func formatPosition(p backstop.Position) string {
-	if p.IsZero() {
-		return "start"
-	}
-	return backstop.CanonicalTime(p.UpdatedAt) + "/" + p.ID
 }

@@ -115,13 +115,21 @@ func TestBackfillNeverMovesSyncCursorBack(t *testing.T) {
 		t.Error("finished backfill's checkpoint is not marked done")
 	}
 
-	// A finished backfill starts over next time and reads everything.
+	// A finished backfill is not run again...
 	st, err = w.engine.Backfill(ctx, r, false)
+	if err != nil || st.Requests != 0 {
+		t.Errorf("backfill after a finished one: requests=%d err=%v, want nothing done", st.Requests, err)
+	}
+	// ...unless restarted, which reads everything and writes nothing new.
+	st, err = w.engine.Backfill(ctx, r, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Objects != len(w.sim.Objects(r)) || st.New != 0 || st.Updated != 0 {
-		t.Errorf("second full backfill: objects=%d new=%d updated=%d, want all read, none written", st.Objects, st.New, st.Updated)
+		t.Errorf("restarted full backfill: objects=%d new=%d updated=%d, want all read, none written", st.Objects, st.New, st.Updated)
+	}
+	if got := w.cursor(t, r, backstop.CursorSync); got.Position != later.Position {
+		t.Errorf("restarted backfill moved the sync cursor %v -> %v", later.Position, got.Position)
 	}
 }
 

@@ -47,6 +47,12 @@ func (m *Main) loadConfig(g *globals) (*config.Config, error) {
 // platform client. logw is where logs go (the progress display when bars
 // are drawn).
 func (m *Main) openApp(ctx context.Context, g *globals, logw io.Writer) (*app, error) {
+	return m.openAppWith(ctx, g, logw, func(c *config.Config) string { return c.Store.Synchronous })
+}
+
+// openAppWith is openApp with the SQLite synchronous level chosen from the
+// configuration (serve uses intake.synchronous, FULL by default).
+func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, synchronous func(*config.Config) string) (*app, error) {
 	log, err := g.newLogger(logw)
 	if err != nil {
 		return nil, err
@@ -55,7 +61,10 @@ func (m *Main) openApp(ctx context.Context, g *globals, logw io.Writer) (*app, e
 	if err != nil {
 		return nil, err
 	}
-	db, err := store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: cfg.Store.Synchronous})
+	if cfg.Governor.Redis != "" {
+		log.Warn("governor.redis is set but the Redis-shared budget is not built yet; pacing is per process")
+	}
+	db, err := store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: synchronous(cfg)})
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
@@ -64,7 +73,7 @@ func (m *Main) openApp(ctx context.Context, g *globals, logw io.Writer) (*app, e
 	gov := governor.New(src.APIKey.Value(), governor.Options{
 		Limit:   tariffLimit(src.RateLimit.PerMinute, window),
 		Window:  window,
-		Reserve: reserveOption(src.RateLimit.Reserve),
+		Reserve: zeroMeansNone(src.RateLimit.Reserve),
 		Logger:  log,
 	})
 	client, err := sources.New(sources.Options{
@@ -72,7 +81,7 @@ func (m *Main) openApp(ctx context.Context, g *globals, logw io.Writer) (*app, e
 		APIKey:   src.APIKey.Value(),
 		PageSize: src.PageSize,
 		Governor: gov,
-		RetryMax: src.RetryMax,
+		RetryMax: zeroMeansNone(src.RetryMax),
 		Timeout:  src.Timeout.Std(),
 		Logger:   log,
 	})
@@ -142,11 +151,15 @@ func tariffLimit(perMinute int, window time.Duration) int {
 	return max(n, 1)
 }
 
-// reserveOption maps the configured reserve to the governor's option, where
-// zero means "the default" and a negative value means none.
-func reserveOption(n int) int {
+// zeroMeansNone maps a configured count, where 0 means none, to the
+// sources and governor options, where 0 means "the default" and a negative
+// value means none.
+func zeroMeansNone(n int) int {
 	if n == 0 {
 		return -1
 	}
 	return n
 }
+
+// configName is the configuration file as the user named it, for messages.
+func (m *Main) configName(g *globals) string { return g.configPath }

@@ -18,8 +18,9 @@ func (m *Main) backfillCommand(g *globals) *cobra.Command {
 		Short: "Read every object from the start of the feed into the mirror",
 		Long: `backfill reads each resource's whole change feed from the start into the
 mirror. It keeps its own checkpoint, committed with every page, so a backfill
-that is killed resumes from its last page when run again; --restart starts over
-instead. It never moves the incremental (sync) cursor backwards: when it
+that is killed resumes from its last page when run again, and a resource whose
+backfill already finished is skipped; --restart reads everything from the start
+again. It never moves the incremental (sync) cursor backwards: when it
 finishes, it hands its position to the sync cursor only if that is behind.
 
 The mirror never goes back in time: an object is written only when it is newer
@@ -37,6 +38,6 @@ Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as JSON")
-	cmd.Flags().BoolVar(&restart, "restart", false, "discard an unfinished checkpoint and start from the beginning")
+	cmd.Flags().BoolVar(&restart, "restart", false, "start from the beginning, whatever the checkpoint says")
 	return cmd
 }

@@ -43,7 +43,7 @@ func TestMissingConfigIsAUsageError(t *testing.T) {
 
 func TestBadUsageExits2(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
-	for _, args := range [][]string{{"sync", "invoices"}, {"backfill", "--frobnicate"}, {"cursors", "reset"}} {
+	for _, args := range [][]string{{"sync", "invoices"}, {"backfill", "--frobnicate"}, {"cursors", "reset"}, {"frobnicate"}, {"--log-level", "loud", "sync"}} {
 		code, _, stderr := e.run(context.Background(), args...)
 		if code != 2 {
 			t.Errorf("%v: exit %d, want 2\n%s", args, code, stderr)

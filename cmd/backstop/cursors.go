@@ -63,7 +63,7 @@ position (updated_at and id of the last object read) each stands after.`,
 				if c.Kind == backstop.CursorBackfill {
 					done = fmt.Sprint(c.Done)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.Resource, c.Kind, positionString(c.Position), done,
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.Resource, c.Kind, c.Position, done,
 					c.UpdatedAt.UTC().Format(time.RFC3339))
 			}
 			return tw.Flush()
@@ -99,11 +99,4 @@ back in time, only writes objects newer than what it holds.`,
 			return err
 		},
 	}
-}
-
-func positionString(p backstop.Position) string {
-	if p.IsZero() {
-		return "start"
-	}
-	return backstop.CanonicalTime(p.UpdatedAt) + " " + p.ID
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -88,7 +89,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Errorf(for
 func exitCode(ctx context.Context, err error) int {
 	var ue usageError
 	switch {
-	case errors.As(err, &ue):
+	case errors.As(err, &ue), strings.HasPrefix(err.Error(), "unknown command "):
 		return exitUsage
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
 		return exitInterrupted

@@ -239,12 +239,25 @@ func parseSummary(t *testing.T, stdout string) summary {
 	return s
 }
 
+// procHandle is a running backstop process.
+type procHandle struct{ cmd *exec.Cmd }
+
+// startBinaryEnv runs the real binary with env; see startBinary.
+func (e *env) startBinaryEnv(env []string, args ...string) (*procHandle, <-chan string) {
+	cmd, lines := e.startBinaryWith(env, args...)
+	return &procHandle{cmd: cmd}, lines
+}
+
 // startBinary runs the real binary; lines of its stderr arrive on the
 // returned channel (closed at EOF).
 func (e *env) startBinary(args ...string) (*exec.Cmd, <-chan string) {
+	return e.startBinaryWith(e.environ(e.sim.APIKey()), args...)
+}
+
+func (e *env) startBinaryWith(env []string, args ...string) (*exec.Cmd, <-chan string) {
 	e.t.Helper()
 	cmd := exec.Command(binPath, append([]string{"--config", e.config}, args...)...)
-	cmd.Env = e.environ(e.sim.APIKey())
+	cmd.Env = env
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		e.t.Fatal(err)
@@ -253,6 +266,13 @@ func (e *env) startBinary(args ...string) (*exec.Cmd, <-chan string) {
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
 	}
+	e.t.Cleanup(func() {
+		// A test that failed half-way leaves no process behind.
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
 	lines := make(chan string, 1024)
 	go func() {
 		defer close(lines)

@@ -23,7 +23,9 @@ for tests: contacts, chats, messages and payments generated from a seed (with
 runs of equal updated_at, unicode text and a few objects over 64 KiB),
 fixed-window rate limits with X-RateLimit-* headers and 429 Retry-After,
 injected 5xx errors and latency, and a mutation generator that creates and
-updates objects while it runs.
+updates objects while it runs. With --webhook-url it also sends a signed
+webhook for every mutation, losing, duplicating and reordering some on request
+and retrying those not answered 2xx on the platform's schedule.
 
 It prints its base URL and API key, then serves until Ctrl-C.`,
 		Example: `  backstop sim --listen 127.0.0.1:8081 --objects 5000 --limit 600 --window 1m
@@ -33,6 +35,12 @@ It prints its base URL and API key, then serves until Ctrl-C.`,
 			log, err := g.newLogger(m.Stderr)
 			if err != nil {
 				return err
+			}
+			if opts.WebhookSecret == "" {
+				opts.WebhookSecret, _ = m.LookupEnv("BOTIX_WEBHOOK_SECRET")
+			}
+			if opts.WebhookURL != "" && opts.WebhookSecret == "" {
+				return usagef("--webhook-url needs a signing secret: --webhook-secret or BOTIX_WEBHOOK_SECRET")
 			}
 			if err := opts.Validate(); err != nil {
 				return usageError{err}
@@ -65,6 +73,12 @@ It prints its base URL and API key, then serves until Ctrl-C.`,
 	f.Float64Var(&opts.ErrorRate, "error-rate", 0, "fraction of requests answered with a 5xx")
 	f.DurationVar(&opts.Latency, "latency", 0, "latency added to every response")
 	f.Float64Var(&opts.MutationRate, "mutation-rate", 0, "objects created or updated per second")
-	f.IntVar(&opts.BigObjects, "big-objects", 3, "objects per resource over 64 KiB")
+	f.IntVar(&opts.BigObjects, "big-objects", 3, "messages over 64 KiB (sent as truncated webhooks)")
+	f.StringVar(&opts.WebhookURL, "webhook-url", "", "send a signed webhook (botix scheme) for every mutation to this URL")
+	f.StringVar(&opts.WebhookSecret, "webhook-secret", "", "the webhook signing secret (default: env BOTIX_WEBHOOK_SECRET)")
+	f.Float64Var(&opts.DropRate, "drop-rate", 0, "fraction of webhooks never sent (lost by the platform)")
+	f.Float64Var(&opts.DuplicateRate, "duplicate-rate", 0, "fraction of webhooks sent twice")
+	f.Float64Var(&opts.ReorderRate, "reorder-rate", 0, "fraction of webhooks held back and sent after later ones")
+	f.DurationSliceVar(&opts.RetrySchedule, "retry-schedule", sim.DefaultRetrySchedule(), "the platform's retries of a webhook answered non-2xx")
 	return cmd
 }

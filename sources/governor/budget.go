@@ -60,8 +60,11 @@ type Budget struct {
 	LastGrant time.Time
 	// PausedUntil is the end of the current 429 pause.
 	PausedUntil time.Time
-	// Consecutive429 counts 429 answers since the last non-429 answer.
+	// Consecutive429 counts 429 answers since the last non-429 answer,
+	// counting a burst of 429s to requests that were in flight together once.
 	Consecutive429 int
+	// PauseStart is when the latest 429 burst began.
+	PauseStart time.Time
 }
 
 // Observation is what one finished request tells the budget. Every granted
@@ -83,6 +86,13 @@ type Observation struct {
 	// Rand is a sample in [0, 1) that scales the jitter of a 429 pause. It is
 	// drawn by the caller so that stores stay deterministic.
 	Rand float64
+	// Granted is when the request was granted (zero when unknown). A 429 to
+	// a request granted before the current pause began belongs to the same
+	// burst: it may lengthen the pause but does not count as consecutive.
+	Granted time.Time
+	// Aborted marks a request that got no response: the platform may well
+	// have counted it, so it is taken as spent.
+	Aborted bool
 }
 
 // State is a read-only view of a key's budget for the CLI and dashboard.
@@ -128,12 +138,24 @@ func (b *Budget) Observe(now time.Time, obs Observation, p Policy) {
 		b.observeHeaders(obs)
 	}
 	switch {
+	case obs.Aborted:
+		if b.Remaining > 0 {
+			b.Remaining--
+		}
 	case obs.Status == 429:
-		d := pauseFor(obs.RetryAfter, obs.HasRetryAfter, b.Consecutive429, p, obs.Rand)
+		sameBurst := !obs.Granted.IsZero() && !b.PauseStart.IsZero() && obs.Granted.Before(b.PauseStart)
+		consecutive := b.Consecutive429
+		if sameBurst && consecutive > 0 {
+			consecutive--
+		}
+		d := pauseFor(obs.RetryAfter, obs.HasRetryAfter, consecutive, p, obs.Rand)
 		if until := now.Add(d); until.After(b.PausedUntil) {
 			b.PausedUntil = until
 		}
-		b.Consecutive429++
+		if !sameBurst {
+			b.Consecutive429++
+			b.PauseStart = now
+		}
 	case obs.Status > 0 && obs.Status < 500:
 		b.Consecutive429 = 0
 	}
@@ -260,12 +282,18 @@ func reserveFor(limit int, p Policy) int {
 }
 
 // pauseFor is the 429 pause: Retry-After (basePause when absent or
-// unreadable), doubled for each earlier consecutive 429, plus jitter of
+// unreadable, and at least basePause after the first), doubled for each earlier consecutive 429, plus jitter of
 // r·Jitter of itself, capped at MaxPause.
 func pauseFor(retryAfter time.Duration, ok bool, consecutive int, p Policy, r float64) time.Duration {
 	d := basePause
 	if ok {
 		d = max(retryAfter, 0)
+	}
+	if consecutive > 0 {
+		// "Retry now" (0, or a date already past) is honoured once; a 429
+		// again right after it waits at least the base pause, doubling, so
+		// a platform that sends no usable Retry-After gets no 429 storm.
+		d = max(d, basePause)
 	}
 	for i := 0; i < consecutive && d < p.MaxPause; i++ {
 		d *= 2

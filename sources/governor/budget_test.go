@@ -169,19 +169,71 @@ func TestObserve(t *testing.T) {
 				o.RetryAfter, o.HasRetryAfter = 2*time.Second, true
 				return o
 			}(),
-			want: func() Budget { b := known(0, 0, at(0)); b.PausedUntil = at(2010); b.Consecutive429 = 1; return b }(),
+			want: func() Budget {
+				b := known(0, 0, at(0))
+				b.PausedUntil = at(2010)
+				b.Consecutive429 = 1
+				b.PauseStart = at(10)
+				return b
+			}(),
 		},
 		{
 			name: "consecutive 429 doubles, without Retry-After from the 1s base",
 			b:    func() Budget { b := known(0, 1, at(0)); b.Consecutive429 = 2; return b }(),
 			now:  at(10), obs: Observation{Status: 429},
-			want: func() Budget { b := known(0, 0, at(0)); b.PausedUntil = at(4010); b.Consecutive429 = 3; return b }(),
+			want: func() Budget {
+				b := known(0, 0, at(0))
+				b.PausedUntil = at(4010)
+				b.Consecutive429 = 3
+				b.PauseStart = at(10)
+				return b
+			}(),
 		},
 		{
 			name: "a shorter pause never cuts a longer one",
 			b:    func() Budget { b := known(0, 1, at(0)); b.PausedUntil = at(9000); return b }(),
 			now:  at(10), obs: Observation{Status: 429, HasRetryAfter: true},
-			want: func() Budget { b := known(0, 0, at(0)); b.PausedUntil = at(9000); b.Consecutive429 = 1; return b }(),
+			want: func() Budget {
+				b := known(0, 0, at(0))
+				b.PausedUntil = at(9000)
+				b.Consecutive429 = 1
+				b.PauseStart = at(10)
+				return b
+			}(),
+		},
+		{
+			name: "a 429 to a request in flight when the burst began does not double the pause",
+			b: func() Budget {
+				b := known(0, 1, at(0))
+				b.Consecutive429, b.PauseStart, b.PausedUntil = 1, at(5), at(1005)
+				return b
+			}(),
+			now: at(10), obs: Observation{Status: 429, Granted: at(1)},
+			want: func() Budget {
+				b := known(0, 0, at(0))
+				b.Consecutive429, b.PauseStart, b.PausedUntil = 1, at(5), at(1010)
+				return b
+			}(),
+		},
+		{
+			name: "a 429 to a request granted after the pause began doubles it",
+			b: func() Budget {
+				b := known(0, 1, at(0))
+				b.Consecutive429, b.PauseStart, b.PausedUntil = 1, at(5), at(50)
+				return b
+			}(),
+			now: at(200), obs: Observation{Status: 429, Granted: at(100)},
+			want: func() Budget {
+				b := known(0, 0, at(0))
+				b.Consecutive429, b.PauseStart, b.PausedUntil = 2, at(200), at(2200)
+				return b
+			}(),
+		},
+		{
+			name: "an aborted request is taken as spent",
+			b:    known(50, 1, at(0)),
+			now:  at(10), obs: Observation{Aborted: true},
+			want: known(49, 0, at(0)),
 		},
 		{
 			name: "success resets consecutive 429s",
@@ -217,7 +269,8 @@ func TestPauseFor(t *testing.T) {
 		want        time.Duration
 	}{
 		{"Retry-After, no jitter", 2 * time.Second, true, 0, 0, 2 * time.Second},
-		{"Retry-After zero", 0, true, 3, 1, 0},
+		{"Retry-After zero, first 429: retry now", 0, true, 0, 1, 0},
+		{"Retry-After zero again: base pause doubled", 0, true, 3, 0, 8 * time.Second},
 		{"absent: 1s base", 0, false, 0, 0, time.Second},
 		{"doubled once", 2 * time.Second, true, 1, 0, 4 * time.Second},
 		{"doubled three times", time.Second, false, 3, 0, 8 * time.Second},

@@ -198,7 +198,7 @@ func (g *Governor) Acquire(ctx context.Context) (*Ticket, error) {
 			return nil, fmt.Errorf("governor: reserve: %w", err)
 		}
 		if granted {
-			return &Ticket{g: g, ctx: context.WithoutCancel(ctx), waited: now.Sub(start)}, nil
+			return &Ticket{g: g, ctx: context.WithoutCancel(ctx), waited: now.Sub(start), granted: now}, nil
 		}
 		if err := g.clock.Sleep(ctx, wait); err != nil {
 			return nil, err
@@ -218,10 +218,11 @@ func (g *Governor) State(ctx context.Context) (State, error) {
 // Ticket is one granted request. Exactly one of Done and Abort takes effect;
 // later calls do nothing.
 type Ticket struct {
-	g      *Governor
-	ctx    context.Context // Acquire's values, without its cancellation
-	waited time.Duration
-	ended  atomic.Bool
+	g       *Governor
+	ctx     context.Context // Acquire's values, without its cancellation
+	waited  time.Duration
+	granted time.Time
+	ended   atomic.Bool
 }
 
 // Waited returns how long Acquire waited on the budget for this request.
@@ -239,6 +240,7 @@ func (t *Ticket) Done(status int, h http.Header) {
 	now := g.clock.Now()
 	obs := parseHeaders(h, now)
 	obs.Status = status
+	obs.Granted = t.granted
 	if status == http.StatusTooManyRequests {
 		obs.RetryAfter, obs.HasRetryAfter = ParseRetryAfter(h.Get("Retry-After"), now)
 		obs.Rand = g.rand()
@@ -257,13 +259,15 @@ func (t *Ticket) Done(status int, h http.Header) {
 }
 
 // Abort reports that the request got no response (network error, cancelled
-// context). It releases the request's in-flight slot.
+// context). It releases the request's in-flight slot and counts the request
+// as spent, since the platform may have counted it.
 func (t *Ticket) Abort() {
 	if !t.ended.CompareAndSwap(false, true) {
 		return
 	}
 	g := t.g
-	if err := g.store.Observe(t.ctx, g.key, g.clock.Now(), Observation{}, g.policy); err != nil {
+	obs := Observation{Aborted: true, Granted: t.granted}
+	if err := g.store.Observe(t.ctx, g.key, g.clock.Now(), obs, g.policy); err != nil {
 		g.log.Warn("governor: observe", "err", err)
 	}
 }

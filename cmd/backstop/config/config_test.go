@@ -287,7 +287,6 @@ func TestStorePath(t *testing.T) {
 		{"/etc/backstop/schedules.yaml", "data/b.db", "/etc/backstop/data/b.db"},
 		{"/etc/backstop/schedules.yaml", "../b.db", "/etc/b.db"},
 		{"/etc/backstop/schedules.yaml", abs, abs},
-		{"/etc/backstop/schedules.yaml", ":memory:", ":memory:"},
 		{"conf/schedules.yaml", "./b.db", "conf/b.db"},
 		{"schedules.yaml", "", "backstop.db"},
 	}
@@ -302,6 +301,15 @@ func TestStorePath(t *testing.T) {
 		}
 		if cfg.Store.Path != filepath.FromSlash(tt.want) {
 			t.Errorf("file %s, store.path %q: got %q, want %q", tt.file, tt.store, cfg.Store.Path, tt.want)
+		}
+	}
+}
+
+func TestStorePathRejectsSpecialNames(t *testing.T) {
+	for _, p := range []string{":memory:", "file:x.db?mode=memory"} {
+		_, err := Parse("schedules.yaml", []byte("source:\n  base_url: http://x\n  api_key: k\nstore:\n  path: \""+p+"\"\n"), env(nil))
+		if err == nil || !strings.Contains(err.Error(), "schedules.yaml:5: store.path") {
+			t.Errorf("store.path %q: error %v, want one naming line 5 and the key", p, err)
 		}
 	}
 }

@@ -55,6 +55,9 @@ func (c *Config) validate() *Error {
 	if e := c.required("store.path", c.Store.Path); e != nil {
 		return e
 	}
+	if p := c.Store.Path; p == ":memory:" || strings.HasPrefix(p, "file:") {
+		return c.errorf("store.path", "%q is not supported: give a file path (the mirror and its cursors must outlive the process)", p)
+	}
 	if e := c.oneOf("store.synchronous", &c.Store.Synchronous, true, "NORMAL", "FULL"); e != nil {
 		return e
 	}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/cmd/backstop/config"
+	"github.com/backstop-sync/backstop/sinks/intake"
+)
+
+// shutdownTimeout bounds how long serve waits for in-flight requests and
+// commits after SIGTERM.
+const shutdownTimeout = 30 * time.Second
+
+func (m *Main) serveCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "serve",
+		Short: "Receive the platform's webhooks (verified, de-duplicated, durable before 2xx)",
+		Long: `serve listens on intake.listen and accepts the platform's webhooks on
+POST {intake.path}. Each request's signature is verified over the raw body
+(intake.scheme: botix, standard-webhooks, github or stripe; several secrets are
+accepted during a rotation), its event is de-duplicated on processed_events,
+applied to the mirror when newer and queued for every target whose events match,
+all in one transaction, and only then answered 2xx. Concurrent requests share
+commits (group commit). Truncated events are completed by fetching their object
+from the API.
+
+Also served: GET /healthz, GET /readyz and GET /metrics (Prometheus).
+
+SIGTERM or Ctrl-C: stop accepting, answer 503 to new requests on open
+connections, finish the commits in flight, exit 0.`,
+		Args: cobraArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return m.serve(cmd.Context(), g)
+		},
+	}
+}
+
+func (m *Main) serve(ctx context.Context, g *globals) error {
+	a, err := m.openAppWith(ctx, g, m.Stderr, func(c *config.Config) string { return c.Intake.Synchronous })
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	cfg, log := a.cfg, a.log
+	secrets := make([]string, 0, 2)
+	for _, s := range cfg.Intake.AllSecrets() {
+		secrets = append(secrets, s.Value())
+	}
+	if len(secrets) == 0 {
+		return usagef("%s: intake.secret is empty: serve needs the webhook signing secret (e.g. secret: ${BOTIX_WEBHOOK_SECRET})", m.configName(g))
+	}
+	verifier, err := intake.NewVerifier(cfg.Intake.Scheme, intake.SchemeOptions{Secrets: secrets, Tolerance: cfg.Intake.Tolerance.Std()})
+	if err != nil {
+		return usagef("intake: %v", err)
+	}
+	routes := routesOf(cfg)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := intake.NewMetrics(reg)
+
+	writer := intake.NewBatcher(a.db, intake.BatcherOptions{
+		Routes: routes, Logger: log.With("component", "emit"), Observe: metrics.ObserveCommit,
+	})
+	fetcher := intake.NewFetcher(a.db, a.client, intake.FetcherOptions{
+		Routes: routes, Metrics: metrics, Logger: log.With("component", "truncated"),
+	})
+	handler := intake.NewHandler(verifier, writer, intake.HandlerOptions{
+		Metrics: metrics, Logger: log.With("component", "intake"),
+		OnTruncated: func(backstop.Event) { fetcher.Wake() },
+	})
+
+	mux := http.NewServeMux()
+	mux.Handle(cfg.Intake.Path, handler)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSONStatus(w, http.StatusOK, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if handler.Draining() {
+			writeJSONStatus(w, http.StatusServiceUnavailable, "draining")
+			return
+		}
+		if err := a.db.Ping(r.Context()); err != nil {
+			intake.WriteError(w, http.StatusServiceUnavailable, "store_unavailable", "the store cannot be reached: "+err.Error())
+			return
+		}
+		writeJSONStatus(w, http.StatusOK, "ready")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		intake.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s (webhooks go to POST %s)", r.Method, r.URL.Path, cfg.Intake.Path))
+	})
+
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelWarn),
+	}
+	ln, err := net.Listen("tcp", cfg.Intake.Listen)
+	if err != nil {
+		return usagef("intake.listen %s: %v", cfg.Intake.Listen, err)
+	}
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		writer.Run(context.WithoutCancel(ctx))
+	}()
+	fetchCtx, stopFetch := context.WithCancel(context.WithoutCancel(ctx))
+	fetchDone := make(chan struct{})
+	go func() {
+		defer close(fetchDone)
+		fetcher.Run(fetchCtx)
+	}()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("serving", "addr", "http://"+ln.Addr().String(), "webhooks", "POST "+cfg.Intake.Path,
+		"scheme", cfg.Intake.Scheme, "targets", len(routes), "synchronous", cfg.Intake.Synchronous)
+	fmt.Fprintf(m.Stdout, "listening on http://%s\n", ln.Addr())
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining requests and commits in flight")
+	case err := <-serveErr:
+		runErr = fmt.Errorf("serve: %w", err)
+	}
+	handler.Drain()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		runErr = errors.Join(runErr, fmt.Errorf("shutdown: %w", err))
+	}
+	if err := writer.Close(sctx); err != nil {
+		runErr = errors.Join(runErr, fmt.Errorf("finish commits: %w", err))
+	}
+	<-writerDone
+	stopFetch()
+	<-fetchDone
+	if runErr == nil {
+		log.Info("stopped cleanly")
+	}
+	return runErr
+}
+
+// routesOf lists the targets' subscriptions for the emit path.
+func routesOf(cfg *config.Config) []backstop.Route {
+	routes := make([]backstop.Route, 0, len(cfg.Targets))
+	for _, t := range cfg.Targets {
+		routes = append(routes, backstop.Route{Target: t.Name, Events: t.Events})
+	}
+	return routes
+}
+
+func writeJSONStatus(w http.ResponseWriter, code int, status string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	fmt.Fprintf(w, "{\"status\":%q}\n", status)
+}

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
+)
+
+const webhookSecret = "whsec-test-secret-for-serve"
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// newServeEnv is an env whose config also has an intake on addr.
+func newServeEnv(t *testing.T, addr string, o envOpts) *env {
+	t.Helper()
+	e := newEnv(t, o)
+	e.writeConfig(fmt.Sprintf(`source:
+  base_url: %s
+  api_key: ${BOTIX_API_KEY}
+  page_size: 50
+store:
+  path: %s
+intake:
+  listen: %s
+  secret: ${BOTIX_WEBHOOK_SECRET}
+targets:
+  - {name: billing, url: "http://127.0.0.1:9/hooks", events: ["payment.*"], allow_private: true}
+`, e.srv.URL, e.db, addr))
+	return e
+}
+
+// While the sim sends 2,000 webhooks as fast as it can, serve is SIGKILLed
+// and restarted; once the sim's retries are over, every event that was ever
+// answered 2xx is stored.
+func TestServeKilledMidStreamLosesNoAcknowledgedEvent(t *testing.T) {
+	addr := freeAddr(t)
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{
+		Seed: 17, Objects: 300,
+		WebhookURL: "http://" + addr + "/webhooks/botix", WebhookSecret: webhookSecret,
+		WebhookWorkers: 16, DuplicateRate: 0.05,
+		RetrySchedule: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond,
+			400 * time.Millisecond, 800 * time.Millisecond, 1600 * time.Millisecond, 3200 * time.Millisecond},
+	}})
+	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret)
+
+	start := func() (*procHandle, <-chan string) {
+		cmd, lines := e.startBinaryEnv(env, "serve")
+		waitLines(t, lines, "serving", 1, 30*time.Second)
+		return cmd, lines
+	}
+	first, _ := start()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e.sim.StartWebhooks(ctx)
+	e.sim.Mutate(2000)
+
+	// Kill it once a good part of the stream has been answered.
+	deadline := time.Now().Add(time.Minute)
+	for e.sim.WebhookStats().Attempts < 400 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d webhook attempts in a minute", e.sim.WebhookStats().Attempts)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the sim's counter, with a deadline
+	}
+	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	first.cmd.Wait()
+	second, _ := start()
+
+	idle, stop := context.WithTimeout(ctx, 2*time.Minute)
+	defer stop()
+	if err := e.sim.WebhooksIdle(idle); err != nil {
+		t.Fatalf("sim's deliveries did not finish: %v", err)
+	}
+	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	second.cmd.Wait()
+	if code := second.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("serve exit %d after SIGTERM, want 0", code)
+	}
+
+	db, err := store.Open(context.Background(), e.db, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	acked := map[string]bool{}
+	failedAttempts := 0
+	for _, a := range e.sim.WebhookLog() {
+		if a.Status >= 200 && a.Status < 300 {
+			acked[a.EventID] = true
+		} else {
+			failedAttempts++
+		}
+	}
+	missing := 0
+	for id := range acked {
+		if _, ok, err := db.ProcessedEvent(context.Background(), id); err != nil {
+			t.Fatal(err)
+		} else if !ok {
+			missing++
+			if missing <= 5 {
+				t.Errorf("event %s was answered 2xx but is not stored", id)
+			}
+		}
+	}
+	st := e.sim.WebhookStats()
+	t.Logf("events %d, attempts %d (%d not 2xx), acknowledged %d, gave up %d, missing %d",
+		st.Events, st.Attempts, failedAttempts, len(acked), st.GaveUp, missing)
+	if missing > 0 {
+		t.Fatalf("%d acknowledged events lost", missing)
+	}
+	if failedAttempts == 0 {
+		t.Error("no attempt failed: the kill did not happen mid-stream")
+	}
+	if st.GaveUp > 0 {
+		t.Errorf("the sim gave up on %d deliveries: serve did not come back in time", st.GaveUp)
+	}
+	if len(acked) != st.Events {
+		t.Errorf("%d of %d events acknowledged", len(acked), st.Events)
+	}
+}
+
+func TestServeNeedsASecret(t *testing.T) {
+	e := newServeEnv(t, freeAddr(t), envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	code, _, stderr := e.run(context.Background(), "serve")
+	if code != 2 || !strings.Contains(stderr, "intake.secret") {
+		t.Fatalf("exit %d, want 2 naming intake.secret\n%s", code, stderr)
+	}
+}

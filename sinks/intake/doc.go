@@ -1,0 +1,6 @@
+// Package intake receives the platform's webhooks: it verifies their
+// signatures over the raw body, parses the envelope, and hands each event to
+// the emit path through a group-commit writer, answering 2xx only after the
+// commit that holds the event. It also completes truncated events by
+// fetching their objects from the API.
+package intake

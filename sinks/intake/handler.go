@@ -1,0 +1,166 @@
+package intake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// Handler serves POST {intake.path}: verify, parse, commit, answer.
+type Handler struct {
+	verifier Verifier
+	writer   *Batcher
+	metrics  *Metrics
+	logger   *slog.Logger
+	now      func() time.Time
+	notify   func(backstop.Event) // told about accepted truncated events
+	draining atomic.Bool
+}
+
+// HandlerOptions configure a Handler.
+type HandlerOptions struct {
+	Metrics *Metrics
+	Logger  *slog.Logger
+	Now     func() time.Time
+	// OnTruncated, when set, is called after a truncated event is committed
+	// (to wake the fetcher).
+	OnTruncated func(backstop.Event)
+}
+
+// NewHandler returns the webhook endpoint.
+func NewHandler(v Verifier, w *Batcher, opts HandlerOptions) *Handler {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Handler{verifier: v, writer: w, metrics: opts.Metrics, logger: opts.Logger, now: opts.Now, notify: opts.OnTruncated}
+}
+
+// Drain makes the handler answer 503 to every new request; requests already
+// past that check finish normally.
+func (h *Handler) Drain() { h.draining.Store(true) }
+
+// Draining reports whether Drain was called.
+func (h *Handler) Draining() bool { return h.draining.Load() }
+
+// refusal is one way a request is refused: the one table from errors to
+// HTTP answers.
+type refusal struct {
+	status  int
+	outcome string // metrics label
+	code    string // JSON error code
+}
+
+var (
+	refuseMethod    = refusal{http.StatusMethodNotAllowed, "method_not_allowed", "method_not_allowed"}
+	refuseDraining  = refusal{http.StatusServiceUnavailable, "draining", "draining"}
+	refuseMediaType = refusal{http.StatusUnsupportedMediaType, "unsupported_media_type", "unsupported_media_type"}
+	refuseTooLarge  = refusal{http.StatusRequestEntityTooLarge, "too_large", "payload_too_large"}
+	refuseTimeout   = refusal{http.StatusRequestTimeout, "timeout", "body_timeout"}
+	refuseBadBody   = refusal{http.StatusBadRequest, "malformed", "bad_body"}
+	refuseSignature = refusal{http.StatusUnauthorized, "bad_signature", "invalid_signature"}
+	refuseMalformed = refusal{http.StatusBadRequest, "malformed", "malformed_event"}
+	refuseStore     = refusal{http.StatusServiceUnavailable, "store_error", "store_unavailable"}
+)
+
+// ServeHTTP implements http.Handler. Nothing is stored for a refused request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		h.refuse(w, refuseMethod, "use POST to deliver webhooks")
+		return
+	}
+	if h.draining.Load() {
+		w.Header().Set("Retry-After", "5")
+		h.refuse(w, refuseDraining, "the server is shutting down; retry shortly")
+		return
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		h.refuse(w, refuseMediaType, fmt.Sprintf("Content-Type must be application/json, got %q", r.Header.Get("Content-Type")))
+		return
+	}
+	if r.ContentLength > MaxBody {
+		h.refuse(w, refuseTooLarge, fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, MaxBody))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooLarge):
+			h.refuse(w, refuseTooLarge, fmt.Sprintf("body is over the %d-byte limit", MaxBody))
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			h.refuse(w, refuseTimeout, "the request body was not received in time")
+		default:
+			h.refuse(w, refuseBadBody, "the request body could not be read: "+err.Error())
+		}
+		return
+	}
+	if err := h.verifier.Verify(r.Header, body, h.now()); err != nil {
+		if h.metrics != nil {
+			h.metrics.SignatureFailures.Inc()
+		}
+		h.logger.Warn("webhook refused: bad signature", "remote", r.RemoteAddr, "event_id", r.Header.Get("X-Event-Id"), "error", err)
+		h.refuse(w, refuseSignature, err.Error())
+		return
+	}
+	ev, err := ParseEnvelope(body)
+	if err != nil {
+		h.refuse(w, refuseMalformed, err.Error())
+		return
+	}
+	res, err := h.writer.Submit(r.Context(), ev)
+	if err != nil {
+		if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+			return // the sender went away; it will retry, dedup decides
+		}
+		h.logger.Error("webhook not committed", "event_id", ev.ID, "error", err)
+		w.Header().Set("Retry-After", "5")
+		h.refuse(w, refuseStore, "the event could not be stored; retry later")
+		return
+	}
+	if res.Status == backstop.EmitDuplicate && h.metrics != nil {
+		h.metrics.Duplicates.Inc()
+	}
+	if res.Status == backstop.EmitAccepted && ev.Truncated && h.notify != nil {
+		h.notify(ev)
+	}
+	h.count(string(res.Status))
+	writeJSON(w, http.StatusOK, map[string]string{"status": string(res.Status)})
+}
+
+func (h *Handler) refuse(w http.ResponseWriter, why refusal, msg string) {
+	h.count(why.outcome)
+	WriteError(w, why.status, why.code, msg)
+}
+
+func (h *Handler) count(outcome string) {
+	if h.metrics != nil {
+		h.metrics.Requests.WithLabelValues(outcome).Inc()
+	}
+}
+
+// WriteError writes the JSON error body every HTTP error of backstop uses:
+// {"error":{"code":"…","message":"…"}}.
+func WriteError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, map[string]any{"error": map[string]string{"code": code, "message": msg}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}

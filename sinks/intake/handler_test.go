@@ -1,0 +1,304 @@
+package intake_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	stdsync "sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sinks/intake"
+	"github.com/backstop-sync/backstop/store"
+)
+
+const secret = "test-webhook-secret"
+
+type intakeEnv struct {
+	t       *testing.T
+	db      *store.DB
+	srv     *httptest.Server
+	writer  *intake.Batcher
+	metrics *intake.Metrics
+}
+
+func newIntake(t *testing.T, configure func(*http.Server)) *intakeEnv {
+	t.Helper()
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "intake.db"), store.Options{Synchronous: "FULL"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	v, err := intake.NewVerifier("botix", intake.SchemeOptions{Secrets: []string{secret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := intake.NewMetrics(prometheus.NewRegistry())
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}, {Target: "crm", Events: []string{"contact.*"}}}
+	w := intake.NewBatcher(db, intake.BatcherOptions{Routes: routes, Observe: m.ObserveCommit})
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(context.Background()) }()
+	t.Cleanup(func() { w.Close(context.Background()); <-done })
+	srv := httptest.NewUnstartedServer(intake.NewHandler(v, w, intake.HandlerOptions{Metrics: m}))
+	srv.Config.ReadTimeout = 2 * time.Second
+	srv.Config.ReadHeaderTimeout = 2 * time.Second
+	if configure != nil {
+		configure(srv.Config)
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return &intakeEnv{t: t, db: db, srv: srv, writer: w, metrics: m}
+}
+
+func paymentEvent(id, payID, updatedAt, status string) []byte {
+	return []byte(fmt.Sprintf(`{"event_id":%q,"event":"payment.%s","created_at":%q,"data":{"id":%q,"contact_id":"ct_1","amount":1250,"currency":"EUR","status":%q,"created_at":"2026-01-01T00:00:00Z","updated_at":%q}}`,
+		id, status, updatedAt, payID, status, updatedAt))
+}
+
+// post sends body signed with the botix scheme and returns status and body.
+func (e *intakeEnv) post(body []byte, mutate func(*http.Request)) (int, string) {
+	e.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL, bytes.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Botix-Signature", intake.SignBotix(secret, body))
+	if mutate != nil {
+		mutate(req)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatalf("post: %v", err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+func (e *intakeEnv) processed() int {
+	e.t.Helper()
+	n, err := e.db.CountProcessed(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+func TestAcceptedThenDuplicate(t *testing.T) {
+	e := newIntake(t, nil)
+	body := paymentEvent("evt_1", "pay_1", "2026-03-01T10:00:00Z", "succeeded")
+	if code, resp := e.post(body, nil); code != 200 || !strings.Contains(resp, `"accepted"`) {
+		t.Fatalf("first: %d %s", code, resp)
+	}
+	if code, resp := e.post(body, nil); code != 200 || !strings.Contains(resp, `"duplicate"`) {
+		t.Fatalf("second: %d %s", code, resp)
+	}
+	// The same version under another event id is a duplicate too.
+	other := paymentEvent("evt_2", "pay_1", "2026-03-01T10:00:00.000000Z", "succeeded")
+	if code, resp := e.post(other, nil); code != 200 || !strings.Contains(resp, `"duplicate"`) {
+		t.Fatalf("same version, new id: %d %s", code, resp)
+	}
+	rows, err := e.db.OutboxRows(context.Background(), "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || e.processed() != 1 {
+		t.Errorf("outbox rows %d, processed %d; want 1 and 1", len(rows), e.processed())
+	}
+	obj, ok, err := e.db.Get(context.Background(), backstop.Payments, "pay_1")
+	if err != nil || !ok || !strings.Contains(string(obj.Data), `"succeeded"`) {
+		t.Errorf("mirror: %v %v %s", ok, err, obj.Data)
+	}
+}
+
+func TestFlippedByteIsRefusedAndNothingStored(t *testing.T) {
+	e := newIntake(t, nil)
+	body := paymentEvent("evt_1", "pay_1", "2026-03-01T10:00:00Z", "succeeded")
+	sig := intake.SignBotix(secret, body)
+	flipped := bytes.Clone(body)
+	flipped[len(flipped)/2] ^= 0x01
+	code, resp := e.post(flipped, func(r *http.Request) { r.Header.Set("X-Botix-Signature", sig) })
+	if code != 401 || !strings.Contains(resp, `"message"`) {
+		t.Fatalf("flipped byte: %d %s, want 401 with a JSON message", code, resp)
+	}
+	if n := e.processed(); n != 0 {
+		t.Errorf("%d rows stored for a refused request", n)
+	}
+}
+
+func TestConcurrentCopiesOfOneEvent(t *testing.T) {
+	e := newIntake(t, nil)
+	body := paymentEvent("evt_same", "pay_9", "2026-03-01T10:00:00Z", "succeeded")
+	const copies = 50
+	codes := make(chan int, copies)
+	bodies := make(chan string, copies)
+	var wg stdsync.WaitGroup
+	start := make(chan struct{})
+	for range copies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			code, resp := e.post(body, nil)
+			codes <- code
+			bodies <- resp
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(codes)
+	close(bodies)
+	accepted := 0
+	for code := range codes {
+		if code != 200 {
+			t.Errorf("a copy got %d", code)
+		}
+	}
+	for b := range bodies {
+		if strings.Contains(b, "locked") {
+			t.Errorf("answer mentions a lock: %s", b)
+		}
+		if strings.Contains(b, `"accepted"`) {
+			accepted++
+		}
+	}
+	if accepted != 1 || e.processed() != 1 {
+		t.Errorf("accepted %d, processed rows %d; want exactly one of each", accepted, e.processed())
+	}
+	rows, _ := e.db.OutboxRows(context.Background(), "billing")
+	if len(rows) != 1 {
+		t.Errorf("%d outbox rows, want 1", len(rows))
+	}
+}
+
+func TestOlderVersionNeverOverwritesTheMirror(t *testing.T) {
+	e := newIntake(t, nil)
+	newer := paymentEvent("evt_new", "pay_5", "2026-03-01T10:00:05Z", "refunded")
+	older := paymentEvent("evt_old", "pay_5", "2026-03-01T10:00:01Z", "succeeded")
+	for _, b := range [][]byte{newer, older} {
+		if code, resp := e.post(b, nil); code != 200 {
+			t.Fatalf("%d %s", code, resp)
+		}
+	}
+	obj, _, err := e.db.Get(context.Background(), backstop.Payments, "pay_5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(obj.Data), `"refunded"`) {
+		t.Errorf("mirror went back in time: %s", obj.Data)
+	}
+	if e.processed() != 2 {
+		t.Errorf("both versions are events and must be recorded; got %d", e.processed())
+	}
+}
+
+func TestRefusedRequestsStoreNothing(t *testing.T) {
+	e := newIntake(t, nil)
+	good := paymentEvent("evt_ok", "pay_1", "2026-03-01T10:00:00Z", "pending")
+	big := []byte(`{"event_id":"evt_big","event":"payment.pending","data":{"id":"pay_2","updated_at":"2026-03-01T10:00:00Z","pad":"` + strings.Repeat("x", 70<<10) + `"}}`)
+	cases := []struct {
+		name   string
+		body   []byte
+		mutate func(*http.Request)
+		want   int
+	}{
+		{"oversize with Content-Length", big, nil, 413},
+		{"oversize chunked", big, func(r *http.Request) { r.ContentLength = -1; r.Body = io.NopCloser(bytes.NewReader(big)) }, 413},
+		{"malformed JSON", []byte(`{"event_id":`), nil, 400},
+		{"missing event id", []byte(`{"event":"payment.pending","data":{"id":"pay_1","updated_at":"2026-03-01T10:00:00Z"}}`), nil, 400},
+		{"control character in id", []byte(`{"event_id":"evt\u0001x","event":"payment.pending","data":{"id":"pay_1","updated_at":"2026-03-01T10:00:00Z"}}`), nil, 400},
+		{"wrong content type", good, func(r *http.Request) { r.Header.Set("Content-Type", "text/plain") }, 415},
+		{"missing signature", good, func(r *http.Request) { r.Header.Del("X-Botix-Signature") }, 401},
+		{"wrong method", nil, func(r *http.Request) { r.Method = http.MethodGet }, 405},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, resp := e.post(c.body, c.mutate)
+			if code != c.want {
+				t.Fatalf("status %d, want %d: %s", code, c.want, resp)
+			}
+			var msg struct {
+				Error struct{ Code, Message string }
+			}
+			if err := json.Unmarshal([]byte(resp), &msg); err != nil || msg.Error.Message == "" {
+				t.Errorf("error body is not JSON with a message: %q", resp)
+			}
+		})
+	}
+	if n := e.processed(); n != 0 {
+		t.Errorf("%d rows stored for refused requests", n)
+	}
+	if code, _ := e.post(good, nil); code != 200 {
+		t.Errorf("server not up after the refusals: %d", code)
+	}
+}
+
+// A body sent a byte a second is cut off by the server's read timeout; the
+// server stays up and stores nothing.
+func TestSlowBodyIsRefused(t *testing.T) {
+	e := newIntake(t, func(s *http.Server) { s.ReadTimeout = 500 * time.Millisecond })
+	body := paymentEvent("evt_slow", "pay_1", "2026-03-01T10:00:00Z", "pending")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Botix-Signature: %s\r\nContent-Length: %d\r\n\r\n",
+		intake.SignBotix(secret, body), len(body))
+	conn.Write(body[:5])
+	// Reading blocks until the server answers or closes: it must not wait
+	// for the rest of the body past its read timeout.
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, _ := io.ReadAll(conn)
+	if len(resp) > 0 && !strings.Contains(string(resp), " 408 ") && !strings.Contains(string(resp), " 400 ") {
+		t.Errorf("slow body answered %q, want 408 or 400 or a closed connection", firstLine(resp))
+	}
+	if e.processed() != 0 {
+		t.Error("a partial body was stored")
+	}
+	if code, _ := e.post(body, nil); code != 200 {
+		t.Errorf("server not up after a slow client: %d", code)
+	}
+}
+
+func firstLine(b []byte) string {
+	s, _, _ := strings.Cut(string(b), "\r\n")
+	return s
+}
+
+func TestDrainAnswers503(t *testing.T) {
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "d.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	v, _ := intake.NewVerifier("botix", intake.SchemeOptions{Secrets: []string{secret}})
+	w := intake.NewBatcher(db, intake.BatcherOptions{})
+	go w.Run(context.Background())
+	defer w.Close(context.Background())
+	h := intake.NewHandler(v, w, intake.HandlerOptions{})
+	h.Drain()
+	body := paymentEvent("evt_1", "pay_1", "2026-03-01T10:00:00Z", "pending")
+	req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Botix-Signature", intake.SignBotix(secret, body))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != 503 {
+		t.Fatalf("draining: %d", rec.Code)
+	}
+	if n, _ := db.CountProcessed(context.Background()); n != 0 {
+		t.Error("stored while draining")
+	}
+}

@@ -1,0 +1,75 @@
+package intake
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the intake's Prometheus collectors. Register them on the
+// registry /metrics serves.
+type Metrics struct {
+	Requests          *prometheus.CounterVec
+	Duplicates        prometheus.Counter
+	SignatureFailures prometheus.Counter
+	BatchSize         prometheus.Histogram
+	CommitLatency     prometheus.Histogram
+	CommitErrors      prometheus.Counter
+	TruncatedFetches  *prometheus.CounterVec
+	TruncatedPending  prometheus.Gauge
+}
+
+// NewMetrics creates the collectors and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "backstop_intake_requests_total",
+			Help: "Webhook requests by outcome (accepted, duplicate, bad_signature, malformed, too_large, unsupported_media_type, method_not_allowed, draining, store_error, timeout).",
+		}, []string{"outcome"}),
+		Duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "backstop_intake_duplicates_total",
+			Help: "Events suppressed as duplicates of an event already processed.",
+		}),
+		SignatureFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "backstop_intake_signature_failures_total",
+			Help: "Webhook requests refused for a bad or missing signature.",
+		}),
+		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "backstop_emit_commit_batch_size",
+			Help:    "Events per emit-path commit (group commit).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512},
+		}),
+		CommitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "backstop_emit_commit_seconds",
+			Help:    "Duration of emit-path commits.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		CommitErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "backstop_emit_commit_errors_total",
+			Help: "Emit-path commits that failed.",
+		}),
+		TruncatedFetches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "backstop_truncated_fetches_total",
+			Help: "Fetches of truncated events' objects by result (ok, error).",
+		}, []string{"result"}),
+		TruncatedPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "backstop_truncated_pending",
+			Help: "Truncated events whose object is still to be fetched.",
+		}),
+	}
+	reg.MustRegister(m.Requests, m.Duplicates, m.SignatureFailures, m.BatchSize, m.CommitLatency,
+		m.CommitErrors, m.TruncatedFetches, m.TruncatedPending)
+	return m
+}
+
+// ObserveCommit records one commit of the group-commit writer.
+func (m *Metrics) ObserveCommit(size int, took time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	m.BatchSize.Observe(float64(size))
+	m.CommitLatency.Observe(took.Seconds())
+	if err != nil {
+		m.CommitErrors.Inc()
+	}
+}

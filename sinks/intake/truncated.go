@@ -1,0 +1,153 @@
+package intake
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// TruncatedStore is what the fetcher needs from the store.
+type TruncatedStore interface {
+	DueTruncated(ctx context.Context, now time.Time, limit int) ([]backstop.Event, error)
+	CompleteTruncated(ctx context.Context, eventID string, obj backstop.Object, routes []backstop.Route) (backstop.EmitResult, error)
+	FailTruncated(ctx context.Context, eventID string, errMsg string, next time.Time) error
+	CountTruncatedPending(ctx context.Context) (int, error)
+}
+
+// Fetcher completes truncated events: it fetches each one's object through
+// the governed API client and finishes the event (mirror, outbox) in the
+// store. A failed fetch is retried with exponential backoff, logged and
+// counted.
+type Fetcher struct {
+	store    TruncatedStore
+	source   backstop.Source
+	routes   []backstop.Route
+	metrics  *Metrics
+	logger   *slog.Logger
+	now      func() time.Time
+	interval time.Duration
+	minRetry time.Duration
+	maxRetry time.Duration
+	wake     chan struct{}
+	attempts map[string]int
+}
+
+// FetcherOptions configure a Fetcher.
+type FetcherOptions struct {
+	Routes  []backstop.Route
+	Metrics *Metrics
+	Logger  *slog.Logger
+	Now     func() time.Time
+	// Interval is how often due retries are looked for (default 1s).
+	Interval time.Duration
+	// MinRetry and MaxRetry bound the retry backoff (default 1s and 5m).
+	MinRetry, MaxRetry time.Duration
+}
+
+// NewFetcher returns a fetcher; call Run to start it.
+func NewFetcher(st TruncatedStore, src backstop.Source, opts FetcherOptions) *Fetcher {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = time.Second
+	}
+	if opts.MinRetry <= 0 {
+		opts.MinRetry = time.Second
+	}
+	if opts.MaxRetry <= 0 {
+		opts.MaxRetry = 5 * time.Minute
+	}
+	return &Fetcher{
+		store: st, source: src, routes: opts.Routes, metrics: opts.Metrics, logger: opts.Logger,
+		now: opts.Now, interval: opts.Interval, minRetry: opts.MinRetry, maxRetry: opts.MaxRetry,
+		wake: make(chan struct{}, 1), attempts: map[string]int{},
+	}
+}
+
+// Wake asks the fetcher to look for work now (after a truncated event was
+// accepted). It never blocks.
+func (f *Fetcher) Wake() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run fetches due events until ctx is done.
+func (f *Fetcher) Run(ctx context.Context) {
+	t := time.NewTicker(f.interval)
+	defer t.Stop()
+	for {
+		f.drain(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.wake:
+		case <-t.C:
+		}
+	}
+}
+
+// drain processes every due event, a batch at a time.
+func (f *Fetcher) drain(ctx context.Context) {
+	for ctx.Err() == nil {
+		due, err := f.store.DueTruncated(ctx, f.now(), 50)
+		if err != nil {
+			if ctx.Err() == nil {
+				f.logger.Error("list truncated events", "error", err)
+			}
+			return
+		}
+		for _, ev := range due {
+			f.fetch(ctx, ev)
+		}
+		if f.metrics != nil {
+			if n, err := f.store.CountTruncatedPending(ctx); err == nil {
+				f.metrics.TruncatedPending.Set(float64(n))
+			}
+		}
+		if len(due) < 50 {
+			return
+		}
+	}
+}
+
+func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event) {
+	obj, _, err := f.source.Get(ctx, ev.Resource, ev.ObjectID)
+	if err == nil {
+		var res backstop.EmitResult
+		res, err = f.store.CompleteTruncated(ctx, ev.ID, obj, f.routes)
+		if err == nil {
+			delete(f.attempts, ev.ID)
+			f.result("ok")
+			f.logger.Info("truncated event completed", "event_id", ev.ID, "resource", ev.Resource,
+				"object_id", ev.ObjectID, "status", res.Status)
+			return
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	f.result("error")
+	n := f.attempts[ev.ID] + 1
+	f.attempts[ev.ID] = n
+	wait := min(f.minRetry<<min(n-1, 20), f.maxRetry)
+	next := f.now().Add(wait)
+	f.logger.Warn("truncated event fetch failed; will retry", "event_id", ev.ID, "resource", ev.Resource,
+		"object_id", ev.ObjectID, "attempt", n, "retry_in", wait, "error", err)
+	if ferr := f.store.FailTruncated(ctx, ev.ID, err.Error(), next); ferr != nil && ctx.Err() == nil {
+		f.logger.Error("record truncated fetch failure", "event_id", ev.ID, "error", ferr)
+	}
+}
+
+func (f *Fetcher) result(r string) {
+	if f.metrics != nil {
+		f.metrics.TruncatedFetches.WithLabelValues(r).Inc()
+	}
+}
