@@ -1,0 +1,107 @@
+package intake_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	stdsync "sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sinks/intake"
+	"github.com/backstop-sync/backstop/store"
+)
+
+// benchRun posts n distinct signed webhooks from c concurrent clients to a
+// real HTTP server running the intake handler over a synchronous=FULL store,
+// and returns acks/s and the latency percentiles.
+func benchRun(b *testing.B, maxBatch, n, c int) (perSec float64, p50, p99 time.Duration) {
+	b.Helper()
+	db, err := store.Open(context.Background(), filepath.Join(b.TempDir(), "bench.db"), store.Options{Synchronous: "FULL"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	v, err := intake.NewVerifier("botix", intake.SchemeOptions{Secrets: []string{secret}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	w := intake.NewBatcher(db, intake.BatcherOptions{MaxBatch: maxBatch, Routes: routes})
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(context.Background()) }()
+	srv := httptest.NewServer(intake.NewHandler(v, w, intake.HandlerOptions{}))
+	defer func() { srv.Close(); w.Close(context.Background()); <-done }()
+
+	bodies := make([][]byte, n)
+	for i := range bodies {
+		bodies[i] = paymentEvent(fmt.Sprintf("evt_b%d_%d", maxBatch, i), fmt.Sprintf("pay_%d", i),
+			time.Date(2026, 3, 1, 10, 0, 0, i*1000, time.UTC).Format(time.RFC3339Nano), "succeeded")
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}}
+	lat := make([]time.Duration, n)
+	var next atomic.Int64
+	var wg stdsync.WaitGroup
+	errs := make(chan error, c)
+	start := time.Now()
+	for range c {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				req, _ := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(bodies[i]))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Botix-Signature", intake.SignBotix(secret, bodies[i]))
+				t0 := time.Now()
+				res, err := client.Do(req)
+				if err != nil {
+					errs <- err
+					return
+				}
+				io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				lat[i] = time.Since(t0)
+				if res.StatusCode != 200 {
+					errs <- fmt.Errorf("status %d", res.StatusCode)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	if got, _ := db.CountProcessed(context.Background()); got != n {
+		b.Fatalf("%d events stored, want %d", got, n)
+	}
+	slices.Sort(lat)
+	return float64(n) / elapsed.Seconds(), lat[n/2], lat[n*99/100]
+}
+
+// BenchmarkIntakeDurable: concurrent signed webhooks, synchronous=FULL, with
+// group commit and with one commit per request, in the same run.
+func BenchmarkIntakeDurable(b *testing.B) {
+	const clients = 128
+	for range b.N {
+		group, gp50, gp99 := benchRun(b, 0, 20000, clients)
+		single, sp50, sp99 := benchRun(b, 1, 2000, clients)
+		fmt.Printf("BENCH intake-durable clients=%d acks_per_s=%.0f p50_ms=%.1f p99_ms=%.1f per_request_acks_per_s=%.0f per_request_p50_ms=%.1f per_request_p99_ms=%.1f ratio=%.1f\n",
+			clients, group, ms(gp50), ms(gp99), single, ms(sp50), ms(sp99), group/single)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,115 @@
+package intake_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sinks/intake"
+	"github.com/backstop-sync/backstop/sources"
+	"github.com/backstop-sync/backstop/sources/governor"
+	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
+)
+
+// A truncated event is stored and acknowledged at once; the fetcher gets the
+// object through the governed client and completes it. A failed fetch is
+// retried, logged and counted.
+func TestTruncatedEventIsCompletedFromTheAPI(t *testing.T) {
+	s := sim.New(sim.Options{Seed: 3, Objects: 200, BigObjects: 2})
+	api := httptest.NewServer(s.Handler())
+	defer api.Close()
+	client, err := sources.New(sources.Options{BaseURL: api.URL, APIKey: s.APIKey(), RetryMax: -1,
+		Governor: governor.New(s.APIKey(), governor.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+
+	// The biggest message: over 64 KiB, so the platform truncates it.
+	var big backstop.Object
+	for _, o := range s.Objects(backstop.Messages) {
+		if len(o.Data) > len(big.Data) {
+			big = o
+		}
+	}
+	if len(big.Data) <= intake.MaxBody {
+		t.Fatalf("largest sim message is %d bytes; want one over 64 KiB", len(big.Data))
+	}
+	body := []byte(`{"event_id":"evt_trunc","event":"message.created","created_at":"2026-03-01T10:00:00Z","truncated":true,"data":{"id":"` + big.ID + `"}}`)
+	ev, err := intake.ParseEnvelope(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := []backstop.Route{{Target: "crm", Events: []string{"message.*"}}}
+	if res, err := db.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitAccepted {
+		t.Fatalf("emit truncated: %v %v", res, err)
+	}
+
+	metrics := intake.NewMetrics(prometheus.NewRegistry())
+	now := time.Now()
+	clock := func() time.Time { return now }
+	f := intake.NewFetcher(db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	// First the API fails: the fetch is retried later, and the failure shows.
+	s.SetErrorRate(1)
+	f.Wake()
+	waitFor(t, func() bool {
+		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_trunc")
+		return pe.FetchAttempts >= 1
+	})
+	pe, _, _ := db.ProcessedEvent(context.Background(), "evt_trunc")
+	if !pe.Truncated || pe.LastFetchError == "" || !pe.NextFetchAt.After(now) {
+		t.Fatalf("after a failed fetch: %+v", pe)
+	}
+	if got := testutil.ToFloat64(metrics.TruncatedFetches.WithLabelValues("error")); got < 1 {
+		t.Errorf("failed fetches metric = %v", got)
+	}
+
+	// The API recovers and the retry comes due: the event is completed.
+	s.SetErrorRate(0)
+	now = pe.NextFetchAt.Add(time.Millisecond)
+	f.Wake()
+	waitFor(t, func() bool {
+		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_trunc")
+		return !pe.Truncated
+	})
+	got, ok, err := db.Get(context.Background(), backstop.Messages, big.ID)
+	if err != nil || !ok || string(got.Data) != string(big.Data) {
+		t.Fatalf("mirror after completion: ok=%v err=%v, %d bytes, want %d", ok, err, len(got.Data), len(big.Data))
+	}
+	rows, err := db.OutboxRows(context.Background(), "crm")
+	if err != nil || len(rows) != 1 || !strings.Contains(string(rows[0].Payload), big.ID) {
+		t.Fatalf("outbox after completion: %v %+v", err, rows)
+	}
+	if got := testutil.ToFloat64(metrics.TruncatedFetches.WithLabelValues("ok")); got != 1 {
+		t.Errorf("completed fetches metric = %v, want 1", got)
+	}
+}
+
+// waitFor polls cond with a deadline (background work, no fixed sleeps).
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 20s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
