@@ -23,3 +23,35 @@ func (s *RunStats) AddPage(p Page, res ApplyResult) {
 	s.Updated += res.Updated
 	s.Cost = s.Cost.Add(p.Cost)
 }
+
+// ReconcileReport is what one reconciliation of one resource found and did.
+// It lives in the root so that the engine (which makes it) and the store
+// (which keeps it) share it without importing each other.
+type ReconcileReport struct {
+	Resource Resource
+	// StartedAt is when the run began; the next run's default window is
+	// measured from the StartedAt of the last successful one.
+	StartedAt time.Time
+	// Since is the start of the window compared; zero means the start of
+	// the feed.
+	Since time.Time
+	// Full and DryRun are the run's options.
+	Full, DryRun bool
+	// Pages is the number of feed pages read.
+	Pages int
+	// Scanned counts the objects the platform returned in the window.
+	Scanned int
+	// Missing counts objects absent from the mirror, Behind objects whose
+	// mirrored version is older than the platform's.
+	Missing, Behind int
+	// Reemitted counts events the emit path accepted, Suppressed those it
+	// found to be duplicates. Both stay zero in a dry run.
+	Reemitted, Suppressed int
+	// Orphans counts mirror objects the platform no longer returns; only a
+	// Full run counts them.
+	Orphans int
+	Cost
+	Duration time.Duration
+	// Err is the error that stopped the run, nil when it finished.
+	Err error
+}

@@ -1,0 +1,285 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// Versions returns the mirrored updated_at of those of ids that are in r's
+// mirror table, keyed by id; ids not in the mirror are absent from the map.
+// Up to 500 ids are read with one query (a feed page is at most 200). It
+// fails on an unknown resource.
+func (db *DB) Versions(ctx context.Context, r backstop.Resource, ids []string) (map[string]time.Time, error) {
+	t, err := tableFor(r)
+	if err != nil {
+		return nil, fmt.Errorf("read versions: %w", err)
+	}
+	out := make(map[string]time.Time, len(ids))
+	for start := 0; start < len(ids); start += maxIn {
+		chunk := ids[start:min(start+maxIn, len(ids))]
+		args := make([]any, len(chunk))
+		for i, id := range chunk {
+			args[i] = id
+		}
+		if err := db.readVersions(ctx, t, args, out); err != nil {
+			return nil, fmt.Errorf("read %s versions: %w", r, err)
+		}
+	}
+	return out, nil
+}
+
+func (db *DB) readVersions(ctx context.Context, t *table, args []any, out map[string]time.Time) error {
+	rows, err := db.r.QueryxContext(ctx, t.existSQL+placeholders(len(args))+")", args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var v versionRow
+		if err := rows.StructScan(&v); err != nil {
+			return err
+		}
+		ts, err := backstop.ParseTime(v.UpdatedAt)
+		if err != nil {
+			return fmt.Errorf("%s: updated_at: %w", v.ID, err)
+		}
+		out[v.ID] = ts
+	}
+	return rows.Err()
+}
+
+// StartReconcile records the start of a reconcile run described by rep
+// (Resource, StartedAt, Since, Full, DryRun) with status "running" and
+// returns its id, which MarkSeen, CountOrphans and FinishReconcile take. A
+// zero StartedAt is stored as now. It fails on an unknown resource.
+func (db *DB) StartReconcile(ctx context.Context, rep backstop.ReconcileReport) (int64, error) {
+	if _, err := tableFor(rep.Resource); err != nil {
+		return 0, fmt.Errorf("start reconcile: %w", err)
+	}
+	started := rep.StartedAt
+	if started.IsZero() {
+		started = db.now()
+	}
+	res, err := db.w.ExecContext(ctx, `INSERT INTO reconcile_runs (resource, started_at, window_since, full, dry_run)
+		VALUES (?, ?, ?, ?, ?)`, string(rep.Resource), backstop.CanonicalTime(started), nullTime(rep.Since),
+		rep.Full, rep.DryRun)
+	if err != nil {
+		return 0, fmt.Errorf("start reconcile %s: %w", rep.Resource, err)
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return 0, fmt.Errorf("start reconcile %s: %w", rep.Resource, err)
+	}
+	return id, nil
+}
+
+// MarkSeen records that run runID saw ids upstream, for CountOrphans. Ids
+// already marked are ignored. The marks are deleted by CountOrphans and by
+// FinishReconcile.
+func (db *DB) MarkSeen(ctx context.Context, runID int64, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("mark seen: begin: %w", err)
+	}
+	defer tx.Rollback()
+	const rowsPerInsert = maxIn / 2 // two parameters per row
+	args := make([]any, 0, 2*rowsPerInsert)
+	for start := 0; start < len(ids); start += rowsPerInsert {
+		chunk := ids[start:min(start+rowsPerInsert, len(ids))]
+		args = args[:0]
+		q := make([]byte, 0, 64+8*len(chunk))
+		q = append(q, `INSERT OR IGNORE INTO reconcile_seen (run_id, id) VALUES `...)
+		for i, id := range chunk {
+			if i > 0 {
+				q = append(q, ", "...)
+			}
+			q = append(q, "(?, ?)"...)
+			args = append(args, runID, id)
+		}
+		if _, err := tx.ExecContext(ctx, string(q), args...); err != nil {
+			return fmt.Errorf("mark seen for run %d: %w", runID, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("mark seen for run %d: commit: %w", runID, err)
+	}
+	return nil
+}
+
+// CountOrphans returns how many objects of r's mirror run runID has not
+// marked seen — objects the platform no longer returns, when the run read
+// the whole feed — and deletes the run's marks, in one transaction. It
+// fails on an unknown resource.
+func (db *DB) CountOrphans(ctx context.Context, runID int64, r backstop.Resource) (int, error) {
+	t, err := tableFor(r)
+	if err != nil {
+		return 0, fmt.Errorf("count orphans: %w", err)
+	}
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("count %s orphans: begin: %w", r, err)
+	}
+	defer tx.Rollback()
+	var n int
+	if err := tx.GetContext(ctx, &n, `SELECT count(*) FROM `+t.name+` AS m
+		WHERE NOT EXISTS (SELECT 1 FROM reconcile_seen AS s WHERE s.run_id = ? AND s.id = m.id)`, runID); err != nil {
+		return 0, fmt.Errorf("count %s orphans: %w", r, err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM reconcile_seen WHERE run_id = ?`, runID); err != nil {
+		return 0, fmt.Errorf("count %s orphans: clear marks: %w", r, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("count %s orphans: commit: %w", r, err)
+	}
+	return n, nil
+}
+
+// FinishReconcile completes run runID with rep's counts, its cost and
+// duration, and status "ok" when rep.Err is nil or "failed" with the error's
+// text; it deletes the run's remaining seen marks. It returns ErrNotFound
+// when there is no run runID.
+func (db *DB) FinishReconcile(ctx context.Context, runID int64, rep backstop.ReconcileReport) error {
+	status, errText := "ok", sql.NullString{}
+	if rep.Err != nil {
+		status, errText = "failed", sql.NullString{String: rep.Err.Error(), Valid: true}
+	}
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("finish reconcile %d: begin: %w", runID, err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `UPDATE reconcile_runs SET finished_at = ?, pages = ?, scanned = ?,
+		missing = ?, behind = ?, reemitted = ?, suppressed = ?, orphans = ?, requests = ?, rate_limited = ?,
+		duration_ms = ?, status = ?, error = ? WHERE id = ?`,
+		backstop.CanonicalTime(db.now()), rep.Pages, rep.Scanned, rep.Missing, rep.Behind, rep.Reemitted,
+		rep.Suppressed, rep.Orphans, rep.Requests, rep.RateLimited, rep.Duration.Milliseconds(),
+		status, errText, runID)
+	if err != nil {
+		return fmt.Errorf("finish reconcile %d: %w", runID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("finish reconcile %d: %w", runID, err)
+	} else if n == 0 {
+		return fmt.Errorf("finish reconcile %d: %w", runID, backstop.ErrNotFound)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM reconcile_seen WHERE run_id = ?`, runID); err != nil {
+		return fmt.Errorf("finish reconcile %d: clear marks: %w", runID, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("finish reconcile %d: commit: %w", runID, err)
+	}
+	return nil
+}
+
+// LastReconcile returns when the last successful, non-dry reconcile run of
+// r started, or ok=false when there has been none.
+func (db *DB) LastReconcile(ctx context.Context, r backstop.Resource) (startedAt time.Time, ok bool, err error) {
+	var s string
+	err = db.r.GetContext(ctx, &s, `SELECT started_at FROM reconcile_runs
+		WHERE resource = ? AND status = 'ok' AND dry_run = 0 ORDER BY started_at DESC, id DESC LIMIT 1`, string(r))
+	if errors.Is(err, sql.ErrNoRows) {
+		return time.Time{}, false, nil
+	}
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("last reconcile of %s: %w", r, err)
+	}
+	t, err := backstop.ParseTime(s)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("last reconcile of %s: started_at: %w", r, err)
+	}
+	return t, true, nil
+}
+
+// ReconcileRun is one stored reconcile run.
+type ReconcileRun struct {
+	ID int64
+	// ReconcileReport holds the run's counts; its Err is nil and the error's text is
+	// in Error.
+	backstop.ReconcileReport
+	// FinishedAt is zero while the run is still going (or was killed).
+	FinishedAt time.Time
+	// Status is "running", "ok" or "failed".
+	Status string
+	Error  string
+}
+
+// reconcileRunRow is one row of reconcile_runs as read back.
+type reconcileRunRow struct {
+	ID          int64          `db:"id"`
+	Resource    string         `db:"resource"`
+	StartedAt   string         `db:"started_at"`
+	FinishedAt  sql.NullString `db:"finished_at"`
+	WindowSince sql.NullString `db:"window_since"`
+	Full        bool           `db:"full"`
+	DryRun      bool           `db:"dry_run"`
+	Pages       int            `db:"pages"`
+	Scanned     int            `db:"scanned"`
+	Missing     int            `db:"missing"`
+	Behind      int            `db:"behind"`
+	Reemitted   int            `db:"reemitted"`
+	Suppressed  int            `db:"suppressed"`
+	Orphans     int            `db:"orphans"`
+	Requests    int            `db:"requests"`
+	RateLimited int            `db:"rate_limited"`
+	DurationMS  int64          `db:"duration_ms"`
+	Status      string         `db:"status"`
+	Error       sql.NullString `db:"error"`
+}
+
+func (row reconcileRunRow) run() (ReconcileRun, error) {
+	run := ReconcileRun{
+		ID: row.ID,
+		ReconcileReport: backstop.ReconcileReport{
+			Resource: backstop.Resource(row.Resource), Full: row.Full, DryRun: row.DryRun,
+			Pages: row.Pages, Scanned: row.Scanned, Missing: row.Missing, Behind: row.Behind,
+			Reemitted: row.Reemitted, Suppressed: row.Suppressed, Orphans: row.Orphans,
+			Cost:     backstop.Cost{Requests: row.Requests, RateLimited: row.RateLimited},
+			Duration: time.Duration(row.DurationMS) * time.Millisecond,
+		},
+		Status: row.Status,
+		Error:  row.Error.String,
+	}
+	var err error
+	if run.StartedAt, err = backstop.ParseTime(row.StartedAt); err != nil {
+		return run, fmt.Errorf("started_at: %w", err)
+	}
+	if run.Since, err = parseNullTime(row.WindowSince); err != nil {
+		return run, fmt.Errorf("window_since: %w", err)
+	}
+	if run.FinishedAt, err = parseNullTime(row.FinishedAt); err != nil {
+		return run, fmt.Errorf("finished_at: %w", err)
+	}
+	return run, nil
+}
+
+// ReconcileRuns returns the last limit reconcile runs of every resource,
+// newest first; limit <= 0 means all.
+func (db *DB) ReconcileRuns(ctx context.Context, limit int) ([]ReconcileRun, error) {
+	if limit <= 0 {
+		limit = -1
+	}
+	var rows []reconcileRunRow
+	if err := db.r.SelectContext(ctx, &rows, `SELECT id, resource, started_at, finished_at, window_since,
+		full, dry_run, pages, scanned, missing, behind, reemitted, suppressed, orphans, requests,
+		rate_limited, duration_ms, status, error FROM reconcile_runs ORDER BY started_at DESC, id DESC LIMIT ?`,
+		limit); err != nil {
+		return nil, fmt.Errorf("list reconcile runs: %w", err)
+	}
+	out := make([]ReconcileRun, len(rows))
+	for i, row := range rows {
+		run, err := row.run()
+		if err != nil {
+			return nil, fmt.Errorf("list reconcile runs: run %d: %w", row.ID, err)
+		}
+		out[i] = run
+	}
+	return out, nil
+}

@@ -1,0 +1,156 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+func TestVersions(t *testing.T) {
+	db, _ := openTest(t)
+	ctx := context.Background()
+	a := obj(t, backstop.Payments, "pay_a", "2024-05-01T10:00:00Z", nil)
+	b := obj(t, backstop.Payments, "pay_b", "2024-05-01T10:00:00.5+02:00", nil)
+	c := obj(t, backstop.Contacts, "pay_c", "2024-05-01T11:00:00Z", nil) // another table
+	if err := db.InsertBatch(ctx, []backstop.Object{a, b, c}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.Versions(ctx, backstop.Payments, []string{"pay_a", "pay_b", "pay_c", "pay_none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !got["pay_a"].Equal(a.UpdatedAt) || !got["pay_b"].Equal(b.UpdatedAt) {
+		t.Errorf("versions %v, want pay_a and pay_b only, at their updated_at", got)
+	}
+	if got, err := db.Versions(ctx, backstop.Payments, nil); err != nil || len(got) != 0 {
+		t.Errorf("versions of no ids: %v, %v", got, err)
+	}
+	// More ids than one IN list holds.
+	ids := make([]string, 1200)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("pay_%04d", i)
+	}
+	ids[1100] = "pay_a"
+	if got, err := db.Versions(ctx, backstop.Payments, ids); err != nil || len(got) != 1 {
+		t.Errorf("versions of 1200 ids: %v, %v, want pay_a", got, err)
+	}
+	if _, err := db.Versions(ctx, "invoices", []string{"x"}); err == nil {
+		t.Error("versions of an unknown resource: no error")
+	}
+}
+
+func countSeen(t *testing.T, db *DB) int {
+	t.Helper()
+	var n int
+	if err := db.r.Get(&n, `SELECT count(*) FROM reconcile_seen`); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestReconcileRunsAndOrphans(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	r := backstop.Payments
+	var objs []backstop.Object
+	for i := range 5 {
+		objs = append(objs, obj(t, r, fmt.Sprintf("pay_%d", i), "2024-05-01T10:00:00Z", nil))
+	}
+	if err := db.InsertBatch(ctx, objs); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := db.LastReconcile(ctx, r); err != nil || ok {
+		t.Fatalf("last reconcile before any: ok=%v err=%v", ok, err)
+	}
+
+	// A full run sees 3 of the 5 (and one the mirror lacks, twice).
+	start := clk.Now()
+	id, err := db.StartReconcile(ctx, backstop.ReconcileReport{Resource: r, StartedAt: start, Full: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.MarkSeen(ctx, id, []string{"pay_0", "pay_1", "pay_new"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.MarkSeen(ctx, id, []string{"pay_new", "pay_4"}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := db.CountOrphans(ctx, id, r)
+	if err != nil || n != 2 {
+		t.Fatalf("orphans %d (err %v), want pay_2 and pay_3", n, err)
+	}
+	if s := countSeen(t, db); s != 0 {
+		t.Errorf("%d seen marks left after counting", s)
+	}
+	clk.Set(start.Add(3 * time.Second))
+	rep := backstop.ReconcileReport{Resource: r, StartedAt: start, Full: true, Pages: 2, Scanned: 4, Missing: 1,
+		Reemitted: 1, Orphans: 2, Cost: backstop.Cost{Requests: 2, RateLimited: 1}, Duration: 3 * time.Second}
+	if err := db.FinishReconcile(ctx, id, rep); err != nil {
+		t.Fatal(err)
+	}
+
+	// A dry run and a failed run later do not count as the last reconcile.
+	clk.Set(start.Add(time.Hour))
+	dry, err := db.StartReconcile(ctx, backstop.ReconcileReport{Resource: r, DryRun: true, Since: start})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.FinishReconcile(ctx, dry, backstop.ReconcileReport{Resource: r, DryRun: true}); err != nil {
+		t.Fatal(err)
+	}
+	failed, err := db.StartReconcile(ctx, backstop.ReconcileReport{Resource: r, Full: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.MarkSeen(ctx, failed, []string{"pay_0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.FinishReconcile(ctx, failed, backstop.ReconcileReport{Resource: r, Err: errors.New("page 3: boom")}); err != nil {
+		t.Fatal(err)
+	}
+	if s := countSeen(t, db); s != 0 {
+		t.Errorf("%d seen marks left after a failed run", s)
+	}
+	last, ok, err := db.LastReconcile(ctx, r)
+	if err != nil || !ok || !last.Equal(start) {
+		t.Errorf("last reconcile %v ok=%v err=%v, want %v", last, ok, err, start)
+	}
+	if _, ok, _ := db.LastReconcile(ctx, backstop.Chats); ok {
+		t.Error("chats have a last reconcile")
+	}
+
+	runs, err := db.ReconcileRuns(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 3 {
+		t.Fatalf("%d runs, want 3", len(runs))
+	}
+	if runs[0].ID != failed || runs[0].Status != "failed" || runs[0].Error != "page 3: boom" {
+		t.Errorf("newest run %+v, want the failed one with its error", runs[0])
+	}
+	if runs[1].ID != dry || !runs[1].DryRun || !runs[1].Since.Equal(start) || runs[1].Status != "ok" {
+		t.Errorf("second run %+v, want the dry run", runs[1])
+	}
+	first := runs[2]
+	want := rep
+	want.Since = time.Time{}
+	if first.ID != id || first.Status != "ok" || first.FinishedAt != start.Add(3*time.Second) ||
+		first.ReconcileReport != want {
+		t.Errorf("first run %+v, want %+v", first, want)
+	}
+	if runs, err := db.ReconcileRuns(ctx, 1); err != nil || len(runs) != 1 || runs[0].ID != failed {
+		t.Errorf("limit 1: %+v %v", runs, err)
+	}
+
+	if err := db.FinishReconcile(ctx, 999, rep); !errors.Is(err, backstop.ErrNotFound) {
+		t.Errorf("finish an unknown run: %v, want ErrNotFound", err)
+	}
+	if _, err := db.StartReconcile(ctx, backstop.ReconcileReport{Resource: "invoices"}); err == nil {
+		t.Error("start a run of an unknown resource: no error")
+	}
+}
