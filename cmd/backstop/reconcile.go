@@ -1,10 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	stdsync "sync"
 	"text/tabwriter"
 	"time"
 
@@ -58,22 +58,15 @@ that resource minus 10m, or the last 24h on a first run.`,
 			}
 			defer a.Close()
 			opts := bsync.ReconcileOptions{Since: sinceT, Full: full, DryRun: dry, Routes: routesOf(a.cfg)}
-			reports := make([]backstop.ReconcileReport, len(resources))
-			errs := make([]error, len(resources))
-			var wg stdsync.WaitGroup
-			for i, r := range resources {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					reports[i], errs[i] = a.engine.Reconcile(ctx, r, opts)
-					reports[i].Resource, reports[i].Err = r, errs[i]
-				}()
-			}
-			wg.Wait()
+			reports, runErr := eachResource(ctx, resources, func(ctx context.Context, r backstop.Resource) (backstop.ReconcileReport, error) {
+				rep, err := a.engine.Reconcile(ctx, r, opts)
+				rep.Resource, rep.Err = r, err
+				return rep, err
+			})
 			if err := printReconcile(m.Stdout, reports, asJ); err != nil {
 				return err
 			}
-			return firstError(errs...)
+			return runErr
 		},
 	}
 	f := cmd.Flags()

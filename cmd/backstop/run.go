@@ -19,23 +19,30 @@ type runFunc func(ctx context.Context, r backstop.Resource) (backstop.RunStats, 
 // governor, so running them together costs no extra quota), reporting
 // progress, and returns the stats in resource order and the first error.
 func runResources(ctx context.Context, resources []backstop.Resource, prog *progress, fn runFunc) ([]backstop.RunStats, error) {
-	stats := make([]backstop.RunStats, len(resources))
+	return eachResource(ctx, resources, func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
+		st, err := fn(ctx, r)
+		st.Resource, st.Err = r, err
+		prog.finish(st)
+		return st, err
+	})
+}
+
+// eachResource runs fn over every resource concurrently and returns the
+// results in resource order and the first error that is not a cancellation
+// (or the cancellation when nothing else failed).
+func eachResource[T any](ctx context.Context, resources []backstop.Resource, fn func(context.Context, backstop.Resource) (T, error)) ([]T, error) {
+	out := make([]T, len(resources))
 	errs := make([]error, len(resources))
 	var wg stdsync.WaitGroup
 	for i, r := range resources {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st, err := fn(ctx, r)
-			st.Resource = r
-			st.Err = err
-			stats[i] = st
-			errs[i] = err
-			prog.finish(st)
+			out[i], errs[i] = fn(ctx, r)
 		}()
 	}
 	wg.Wait()
-	return stats, firstError(errs...)
+	return out, firstError(errs...)
 }
 
 // printStats writes the per-resource summary as a table or as JSON.
