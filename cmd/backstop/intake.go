@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sinks/intake"
+	"github.com/backstop-sync/backstop/store"
+)
+
+// intakeStack is the running webhook intake: the handler, its group-commit
+// writer and the truncated-event fetcher. serve and demo both run one.
+type intakeStack struct {
+	handler    *intake.Handler
+	writer     *intake.Batcher
+	metrics    *intake.Metrics
+	writerDone chan struct{}
+	fetchDone  chan struct{}
+	stopFetch  context.CancelFunc
+}
+
+// startIntake starts the writer and the fetcher over db; src fetches the
+// objects of truncated events. Stop it with stop.
+func startIntake(ctx context.Context, db *store.DB, src backstop.Source, v intake.Verifier, routes []backstop.Route,
+	log *slog.Logger, reg prometheus.Registerer) *intakeStack {
+	metrics := intake.NewMetrics(reg)
+	writer := intake.NewBatcher(db, intake.BatcherOptions{
+		Routes: routes, Logger: log.With("component", "emit"), Observe: metrics.ObserveCommit,
+	})
+	fetcher := intake.NewFetcher(db, src, intake.FetcherOptions{
+		Routes: routes, Metrics: metrics, Logger: log.With("component", "truncated"),
+	})
+	s := &intakeStack{
+		writer:     writer,
+		metrics:    metrics,
+		writerDone: make(chan struct{}),
+		fetchDone:  make(chan struct{}),
+		handler: intake.NewHandler(v, writer, intake.HandlerOptions{
+			Metrics: metrics, Logger: log.With("component", "intake"),
+			OnTruncated: func(backstop.Event) { fetcher.Wake() },
+		}),
+	}
+	// Commits are not cancelled by a signal: they finish, then stop drains.
+	go func() {
+		defer close(s.writerDone)
+		writer.Run(context.WithoutCancel(ctx))
+	}()
+	var fetchCtx context.Context
+	fetchCtx, s.stopFetch = context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		defer close(s.fetchDone)
+		fetcher.Run(fetchCtx)
+	}()
+	return s
+}
+
+// stop answers 503 to new requests, commits what is queued and stops the
+// fetcher. Call it after the HTTP server stopped handing requests over.
+func (s *intakeStack) stop(ctx context.Context) error {
+	s.handler.Drain()
+	err := s.writer.Close(ctx)
+	if err == nil {
+		<-s.writerDone
+	}
+	s.stopFetch()
+	<-s.fetchDone
+	if err != nil {
+		return fmt.Errorf("finish commits: %w", err)
+	}
+	return nil
+}
