@@ -1,5 +1,7 @@
 // Package sync is the engine: it pages through the platform's change feeds
-// into the mirror (sync and backfill), and later reconciles and emits events.
+// into the mirror (sync and backfill, optionally emitting their changes),
+// reconciles the mirror with the platform and re-emits what was missed, and
+// runs configured jobs on their schedules (Scheduler, under gocron).
 //
 // It talks to its adapters only through the root interfaces
 // (backstop.Source, backstop.Mirror). The name shadows the standard
@@ -63,7 +65,7 @@ func (e *Engine) Sync(ctx context.Context, r backstop.Resource) (backstop.RunSta
 	if !ok {
 		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorSync}
 	}
-	st, _, err := e.pages(ctx, cur, "sync")
+	st, _, err := e.pages(ctx, cur, "sync", nil)
 	return st, err
 }
 
@@ -78,6 +80,10 @@ func (e *Engine) Sync(ctx context.Context, r backstop.Resource) (backstop.RunSta
 // behind (or unset), so a following sync continues from there rather than
 // reading everything again. Cancellation behaves as in Sync.
 func (e *Engine) Backfill(ctx context.Context, r backstop.Resource, restart bool) (backstop.RunStats, error) {
+	return e.backfill(ctx, r, restart, nil)
+}
+
+func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool, em *pageEmitter) (backstop.RunStats, error) {
 	cur, ok, err := e.Mirror.Cursor(ctx, r, backstop.CursorBackfill)
 	if err != nil {
 		return backstop.RunStats{Resource: r}, fmt.Errorf("backfill %s: %w", r, err)
@@ -95,7 +101,7 @@ func (e *Engine) Backfill(ctx context.Context, r backstop.Resource, restart bool
 	case cur.Value != "":
 		e.logger().Info("resuming backfill", "resource", r, "position", cur.Position)
 	}
-	st, last, err := e.pages(ctx, cur, "backfill")
+	st, last, err := e.pages(ctx, cur, "backfill", em)
 	if err != nil {
 		return st, err
 	}
@@ -115,8 +121,9 @@ func (e *Engine) Backfill(ctx context.Context, r backstop.Resource, restart bool
 }
 
 // pages walks the feed from cur until has_more is false, saving cur's kind.
-// It returns the last cursor saved.
-func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, op string) (st backstop.RunStats, _ backstop.Cursor, _ error) {
+// Each page is committed with ApplyPage, or through the emit path when em
+// is not nil. It returns the last cursor saved.
+func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, op string, em *pageEmitter) (st backstop.RunStats, _ backstop.Cursor, _ error) {
 	r := cur.Resource
 	log := e.logger().With("resource", r, "op", op)
 	st = backstop.RunStats{Resource: r}
@@ -163,7 +170,12 @@ func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, op string) (st 
 		next.Done = cur.Kind == backstop.CursorBackfill && !page.HasMore
 		// A fetched page is always committed, even when ctx was cancelled
 		// meanwhile: finishing it is what makes Ctrl-C safe and cheap.
-		res, err := e.Mirror.ApplyPage(context.WithoutCancel(ctx), page.Objects, next)
+		var res backstop.ApplyResult
+		if em != nil {
+			res, err = em.commit(context.WithoutCancel(ctx), r, page.Objects, next)
+		} else {
+			res, err = e.Mirror.ApplyPage(context.WithoutCancel(ctx), page.Objects, next)
+		}
 		if err != nil {
 			err = fmt.Errorf("%s %s: commit page: %w", op, r, err)
 			st.Err = err
@@ -183,4 +195,135 @@ func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, op string) (st 
 			return st, cur, nil
 		}
 	}
+}
+
+// PageStore is what SyncEmit and BackfillEmit need from the store: the
+// mirror's versions and an emit path that commits a page's events together
+// with its cursor. The store adapter implements it; see store.DB.
+type PageStore interface {
+	// Versions returns the mirrored updated_at of those of ids that are in
+	// r's mirror, keyed by id.
+	Versions(ctx context.Context, r backstop.Resource, ids []string) (map[string]time.Time, error)
+	// EmitPage emits events through the emit path and saves cur in one
+	// transaction: the cursor is never ahead of the events.
+	EmitPage(ctx context.Context, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, error)
+}
+
+// EmitStats counts what a run that emits its changes emitted.
+type EmitStats struct {
+	// Emitted counts events the emit path accepted, Suppressed those it
+	// found to be duplicates (a webhook or an earlier run had them).
+	Emitted, Suppressed int
+}
+
+// SyncEmit is Sync that also emits, through the store's emit path with
+// OriginSync, the event for the current state of every object of the feed
+// that is new to the mirror or newer than its mirrored version
+// (backstop.EventTypeFor), queued to the matching routes. Each page's events
+// and the cursor after it commit in one transaction, so a page is either
+// emitted and passed, or neither; events carry EventID(dedup key), so an
+// object a webhook already delivered is suppressed as a duplicate.
+// Unchanged objects emit nothing. The engine's Mirror must be a PageStore
+// (store.DB is). Errors and cancellation behave as in Sync.
+func (e *Engine) SyncEmit(ctx context.Context, r backstop.Resource, routes []backstop.Route) (backstop.RunStats, EmitStats, error) {
+	em, err := e.emitter(r, routes, backstop.OriginSync)
+	if err != nil {
+		return backstop.RunStats{Resource: r, Err: err}, EmitStats{}, err
+	}
+	cur, ok, err := e.Mirror.Cursor(ctx, r, backstop.CursorSync)
+	if err != nil {
+		err = fmt.Errorf("sync %s: %w", r, err)
+		return backstop.RunStats{Resource: r, Err: err}, EmitStats{}, err
+	}
+	if !ok {
+		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorSync}
+	}
+	st, _, err := e.pages(ctx, cur, "sync", em)
+	return st, em.stats, err
+}
+
+// BackfillEmit is Backfill that emits as SyncEmit does, with
+// OriginBackfill. Its checkpoint, resumption and hand-off to the sync
+// cursor are Backfill's.
+func (e *Engine) BackfillEmit(ctx context.Context, r backstop.Resource, restart bool, routes []backstop.Route) (backstop.RunStats, EmitStats, error) {
+	em, err := e.emitter(r, routes, backstop.OriginBackfill)
+	if err != nil {
+		return backstop.RunStats{Resource: r, Err: err}, EmitStats{}, err
+	}
+	st, err := e.backfill(ctx, r, restart, em)
+	return st, em.stats, err
+}
+
+func (e *Engine) emitter(r backstop.Resource, routes []backstop.Route, origin backstop.Origin) (*pageEmitter, error) {
+	ps, ok := e.Mirror.(PageStore)
+	if !ok {
+		return nil, fmt.Errorf("%s %s: the mirror %T keeps no events", origin, r, e.Mirror)
+	}
+	return &pageEmitter{store: ps, routes: routes, origin: origin, now: e.now}, nil
+}
+
+// pageEmitter commits feed pages through the emit path and counts.
+type pageEmitter struct {
+	store  PageStore
+	routes []backstop.Route
+	origin backstop.Origin
+	now    func() time.Time
+	stats  EmitStats
+}
+
+// commit emits the events of objs' new and changed objects and saves next,
+// in one transaction. The ApplyResult is counted against the mirror as it
+// was before the page.
+func (em *pageEmitter) commit(ctx context.Context, r backstop.Resource, objs []backstop.Object, next backstop.Cursor) (backstop.ApplyResult, error) {
+	var res backstop.ApplyResult
+	ids := make([]string, len(objs))
+	for i, o := range objs {
+		ids[i] = o.ID
+	}
+	stored, err := em.store.Versions(ctx, r, ids)
+	if err != nil {
+		return res, err
+	}
+	now := em.now()
+	events := make([]backstop.Event, 0, len(objs))
+	for _, o := range objs {
+		v, ok := stored[o.ID]
+		switch {
+		case !ok:
+			res.New++
+		case v.Before(o.UpdatedAt):
+			res.Updated++
+		default:
+			res.Unchanged++
+			continue
+		}
+		stored[o.ID] = o.UpdatedAt // a later copy in the same page compares with this one
+		typ := backstop.EventTypeFor(r, o.Data, !ok)
+		if typ == "" {
+			return res, fmt.Errorf("%s: no event type for its state", o.ID)
+		}
+		events = append(events, backstop.Event{
+			ID:        backstop.EventID(backstop.DedupKey(r, o.ID, o.UpdatedAt)),
+			Type:      typ,
+			Resource:  r,
+			ObjectID:  o.ID,
+			UpdatedAt: o.UpdatedAt,
+			CreatedAt: now,
+			Origin:    em.origin,
+			Data:      o.Data,
+		})
+	}
+	out, err := em.store.EmitPage(ctx, events, em.routes, next)
+	if err != nil {
+		return backstop.ApplyResult{}, err
+	}
+	for _, x := range out {
+		switch x.Status {
+		case backstop.EmitAccepted:
+			em.stats.Emitted++
+		case backstop.EmitDuplicate:
+			em.stats.Suppressed++
+		}
+	}
+	return res, nil
 }

@@ -50,6 +50,8 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 		m.backfillCommand(g),
 		m.cursorsCommand(g),
 		m.reconcileCommand(g),
+		m.runCommand(g),
+		m.jobsCommand(g),
 		m.demoCommand(g),
 		m.serveCommand(g),
 		m.simCommand(g),

@@ -66,6 +66,21 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		return usagef("intake: %v", err)
 	}
 	routes := routesOf(cfg)
+	sched, err := a.scheduler()
+	if err != nil {
+		return err
+	}
+	// The scheduler is stopped before the store closes (a.Close, deferred
+	// above), also when serve fails before shutting down in order.
+	schedStopped := false
+	stopScheduler := func() error {
+		if schedStopped {
+			return nil
+		}
+		schedStopped = true
+		return sched.Stop()
+	}
+	defer stopScheduler()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -129,8 +144,10 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	}()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
+	sched.Start()
 	log.Info("serving", "addr", "http://"+ln.Addr().String(), "webhooks", "POST "+cfg.Intake.Path,
-		"scheme", cfg.Intake.Scheme, "targets", len(routes), "synchronous", cfg.Intake.Synchronous)
+		"scheme", cfg.Intake.Scheme, "targets", len(routes), "synchronous", cfg.Intake.Synchronous,
+		"jobs", len(cfg.Jobs))
 	fmt.Fprintf(m.Stdout, "listening on http://%s\n", ln.Addr())
 
 	var runErr error
@@ -141,6 +158,11 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		runErr = fmt.Errorf("serve: %w", err)
 	}
 	handler.Drain()
+	// Running jobs see their context cancelled: a sync finishes its page
+	// and saves its cursor; the stop timeout bounds the wait.
+	if err := stopScheduler(); err != nil {
+		runErr = errors.Join(runErr, fmt.Errorf("stop jobs: %w", err))
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/backstop-sync/backstop/cmd/backstop/config"
+	"github.com/backstop-sync/backstop/store"
+	bsync "github.com/backstop-sync/backstop/sync"
+)
+
+func (m *Main) jobsCommand(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "jobs",
+		Short: "List the configured jobs with their schedule, next run and last result",
+		Long: `jobs lists the jobs of schedules.yaml (jobs:) with their kind, schedule, the
+time of their next run (as backstop serve would schedule it), and their last
+stored run and its result. Runs are stored by backstop serve and backstop run.`,
+		Example: "  backstop jobs\n  backstop jobs --json",
+		Args:    cobraArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			a, err := m.openApp(ctx, g, m.Stderr)
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			s, err := a.scheduler()
+			if err != nil {
+				return err
+			}
+			defer s.Stop()
+			rows, err := jobRows(ctx, a.db, s)
+			if err != nil {
+				return err
+			}
+			return printJobs(m.Stdout, rows, asJSON)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the jobs as JSON")
+	return cmd
+}
+
+// jobStore adapts store.DB to the scheduler's JobStore.
+type jobStore struct{ *store.DB }
+
+// SaveJobRun stores run with store.DB.SaveJobRun.
+func (s jobStore) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, error) {
+	r := store.JobRun{Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
+		Status: string(run.Status), Counts: store.JobCounts(run.Counts)}
+	if run.Err != nil {
+		r.Error = run.Err.Error()
+	}
+	return s.DB.SaveJobRun(ctx, r)
+}
+
+// schedulerJobs converts the configured jobs for the scheduler.
+func schedulerJobs(jobs []config.Job) []bsync.Job {
+	out := make([]bsync.Job, len(jobs))
+	for i, j := range jobs {
+		out[i] = bsync.Job{
+			Name: j.Name, Kind: bsync.JobKind(j.Kind), Resources: j.Resources, Cron: j.Cron,
+			Every: j.Every.Std(), Lookback: j.Lookback.Std(), Full: j.Full, Emit: j.Emit,
+		}
+	}
+	return out
+}
+
+// scheduler builds the process's one scheduler with the configured jobs,
+// not started. A job it cannot schedule is a configuration error (exit 2).
+func (a *app) scheduler() (*bsync.Scheduler, error) {
+	s, err := bsync.NewScheduler(schedulerJobs(a.cfg.Jobs), bsync.SchedulerOptions{
+		Engine: a.engine,
+		Store:  jobStore{a.db},
+		Routes: routesOf(a.cfg),
+		Logger: a.log.With("component", "jobs"),
+	})
+	if errors.Is(err, bsync.ErrInvalidJob) {
+		return nil, usageError{err}
+	}
+	return s, err
+}
+
+// jobRow is one line of `backstop jobs`.
+type jobRow struct {
+	Name      string      `json:"name"`
+	Kind      string      `json:"kind"`
+	Resources []string    `json:"resources,omitempty"`
+	Schedule  string      `json:"schedule"`
+	NextRun   time.Time   `json:"next_run"`
+	LastRun   *lastJobRun `json:"last_run"`
+}
+
+// lastJobRun is the last stored run of a job.
+type lastJobRun struct {
+	StartedAt  time.Time       `json:"started_at"`
+	FinishedAt time.Time       `json:"finished_at"`
+	Status     string          `json:"status"`
+	Counts     bsync.JobCounts `json:"counts"`
+	Error      string          `json:"error,omitempty"`
+}
+
+func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, error) {
+	jobs := s.Jobs()
+	rows := make([]jobRow, 0, len(jobs))
+	for _, j := range jobs {
+		row := jobRow{Name: j.Name, Kind: string(j.Kind), Schedule: j.Schedule()}
+		for _, r := range j.Resources {
+			row.Resources = append(row.Resources, string(r))
+		}
+		last, ok, err := db.LastJobRun(ctx, j.Name)
+		if err != nil {
+			return nil, err
+		}
+		var after time.Time
+		if ok {
+			row.LastRun = &lastJobRun{StartedAt: last.StartedAt, FinishedAt: last.FinishedAt, Status: last.Status,
+				Counts: bsync.JobCounts(last.Counts), Error: last.Error}
+			after = last.StartedAt
+		}
+		if row.NextRun, err = s.NextRun(j.Name, after); err != nil {
+			return nil, fmt.Errorf("job %s: next run: %w", j.Name, err)
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+func printJobs(w io.Writer, rows []jobRow, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	}
+	if len(rows) == 0 {
+		_, err := fmt.Fprintln(w, "no jobs configured (add them under jobs: in schedules.yaml)")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tKIND\tSCHEDULE\tNEXT RUN\tLAST RUN\tRESULT")
+	for _, r := range rows {
+		lastAt, res := "never", "-"
+		if r.LastRun != nil {
+			lastAt, res = r.LastRun.StartedAt.Local().Format(time.DateTime), r.LastRun.Status
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Kind, r.Schedule,
+			r.NextRun.Local().Format(time.DateTime), lastAt, res)
+	}
+	return tw.Flush()
+}

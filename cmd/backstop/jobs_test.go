@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sources/sim"
+)
+
+// withJobs rewrites e's configuration with a target subscribed to contact
+// events and the three example jobs plus a broken one.
+func (e *env) withJobs() {
+	e.t.Helper()
+	base, err := os.ReadFile(e.config)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.writeConfig(string(base) + `targets:
+  - name: crm
+    url: http://127.0.0.1:9/hook
+    events: ["contact.*"]
+jobs:
+  - name: crm-nightly
+    kind: sync
+    resources: [contacts]
+    cron: "0 3 * * *"
+  - name: payments-hourly
+    kind: reconcile
+    resources: [payments]
+    cron: "0 * * * *"
+    lookback: 10m
+  - name: prune
+    kind: maintenance
+    cron: "30 4 * * *"
+`)
+}
+
+func TestRunJobExitCodes(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 3, Objects: 25}})
+	e.withJobs()
+	ctx := context.Background()
+
+	code, stdout, stderr := e.run(ctx, "run", "crm-nightly")
+	if code != exitOK {
+		t.Fatalf("run crm-nightly: exit %d, want 0\n%s", code, stderr)
+	}
+	want := len(e.sim.Objects(backstop.Contacts))
+	for _, line := range []string{"result", "ok", "new", fmt.Sprint(want), "re-emitted"} {
+		if !strings.Contains(stdout, line) {
+			t.Errorf("counts do not show %q:\n%s", line, stdout)
+		}
+	}
+
+	if code, _, stderr := e.run(ctx, "run", "no-such-job"); code != exitUsage || !strings.Contains(stderr, "no-such-job") {
+		t.Errorf("unknown job: exit %d, want 2 naming it\n%s", code, stderr)
+	}
+	if code, _, stderr := e.run(ctx, "run"); code != exitUsage {
+		t.Errorf("no job named: exit %d, want 2\n%s", code, stderr)
+	}
+
+	code, stdout, stderr = e.runKey(ctx, "wrong-key", "run", "payments-hourly", "--json")
+	if code != exitFailure {
+		t.Fatalf("wrong key: exit %d, want 1\n%s", code, stderr)
+	}
+	var run struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &run); err != nil {
+		t.Fatalf("--json: %v\n%s", err, stdout)
+	}
+	if run.Status != "failed" || !strings.Contains(run.Error, "unauthorized") {
+		t.Errorf("failed run printed as %+v", run)
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if code, _, stderr := e.run(cctx, "run", "crm-nightly"); code != exitInterrupted {
+		t.Errorf("interrupted: exit %d, want 130\n%s", code, stderr)
+	}
+
+	// Every run was stored, the failed one with its error.
+	db := e.openStore()
+	runs, err := db.JobRuns(ctx, "payments-hourly", 0)
+	if err != nil || len(runs) != 1 || runs[0].Status != "failed" || runs[0].Error == "" {
+		t.Errorf("payments-hourly runs = %+v, %v; want one failed run with its error", runs, err)
+	}
+}
+
+// A sync job emits its changes: processed events with origin sync and one
+// outbox row per change for the matching target.
+func TestRunSyncJobEmits(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 4, Objects: 30}})
+	e.withJobs()
+	ctx := context.Background()
+	if code, _, stderr := e.run(ctx, "run", "crm-nightly"); code != exitOK {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	db := e.openStore()
+	contacts := e.sim.Objects(backstop.Contacts)
+	for _, o := range contacts {
+		id := backstop.EventID(backstop.DedupKey(backstop.Contacts, o.ID, o.UpdatedAt))
+		pe, ok, err := db.ProcessedEvent(ctx, id)
+		if err != nil || !ok || pe.Origin != backstop.OriginSync {
+			t.Fatalf("%s: processed event %+v ok=%v err=%v, want origin sync", o.ID, pe, ok, err)
+		}
+	}
+	rows, err := db.OutboxRows(ctx, "crm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != len(contacts) {
+		t.Errorf("%d outbox rows for crm, want %d", len(rows), len(contacts))
+	}
+	for _, r := range rows {
+		if !strings.HasPrefix(r.EventType, "contact.") || !strings.Contains(string(r.Payload), `"origin":"sync"`) {
+			t.Errorf("outbox row %s %s: %s", r.EventType, r.EventID, r.Payload)
+			break
+		}
+	}
+	e.assertMirrorEqualsSim(backstop.Contacts)
+}
+
+func TestJobsJSONListsNextAndLastRun(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 5, Objects: 10}})
+	e.withJobs()
+	ctx := context.Background()
+	if code, _, stderr := e.run(ctx, "run", "prune"); code != exitOK {
+		t.Fatalf("run prune: exit %d\n%s", code, stderr)
+	}
+	before := time.Now()
+	code, stdout, stderr := e.run(ctx, "jobs", "--json")
+	if code != exitOK {
+		t.Fatalf("jobs: exit %d\n%s", code, stderr)
+	}
+	var rows []struct {
+		Name     string    `json:"name"`
+		Kind     string    `json:"kind"`
+		Schedule string    `json:"schedule"`
+		NextRun  time.Time `json:"next_run"`
+		LastRun  *struct {
+			Status string `json:"status"`
+		} `json:"last_run"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil {
+		t.Fatalf("%v\n%s", err, stdout)
+	}
+	if len(rows) != 3 {
+		t.Fatalf("%d jobs listed, want 3:\n%s", len(rows), stdout)
+	}
+	want := map[string]struct{ kind, schedule string }{
+		"crm-nightly":     {"sync", "cron 0 3 * * *"},
+		"payments-hourly": {"reconcile", "cron 0 * * * *"},
+		"prune":           {"maintenance", "cron 30 4 * * *"},
+	}
+	for _, r := range rows {
+		w, ok := want[r.Name]
+		if !ok || r.Kind != w.kind || r.Schedule != w.schedule {
+			t.Errorf("job %+v, want %+v", r, w)
+		}
+		if !r.NextRun.After(before) || r.NextRun.After(before.Add(25*time.Hour)) {
+			t.Errorf("%s: next run %v, want within a day after %v", r.Name, r.NextRun, before)
+		}
+		if r.Name == "payments-hourly" && r.NextRun.Minute() != 0 {
+			t.Errorf("payments-hourly next run %v is not on the hour", r.NextRun)
+		}
+		switch {
+		case r.Name == "prune" && (r.LastRun == nil || r.LastRun.Status != "ok"):
+			t.Errorf("prune: last run %+v, want ok", r.LastRun)
+		case r.Name != "prune" && r.LastRun != nil:
+			t.Errorf("%s: last run %+v, want none", r.Name, r.LastRun)
+		}
+	}
+	code, stdout, _ = e.run(ctx, "jobs")
+	if code != exitOK || !strings.Contains(stdout, "NEXT RUN") || !strings.Contains(stdout, "crm-nightly") {
+		t.Errorf("jobs table: exit %d\n%s", code, stdout)
+	}
+}
+
+// serve runs the configured jobs on their schedule and stops them on
+// shutdown, before closing the store.
+func TestServeRunsScheduledJobs(t *testing.T) {
+	addr := freeAddr(t)
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 6, Objects: 20}})
+	base, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(string(base) + `jobs:
+  - name: contacts-often
+    kind: sync
+    resources: [contacts]
+    every: 100ms
+`)
+	t.Setenv("BOTIX_WEBHOOK_SECRET", webhookSecret)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		code, _, stderr := e.run(ctx, "serve")
+		if code != exitOK {
+			t.Errorf("serve: exit %d\n%s", code, stderr)
+		}
+		done <- code
+	}()
+	db := e.openStore()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		runs, err := db.JobRuns(ctx, "contacts-often", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok := 0
+		for _, r := range runs {
+			if r.Status == "ok" {
+				ok++
+			}
+		}
+		if ok >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve ran the job %d times in 20s: %+v", ok, runs)
+		}
+		select {
+		case <-time.After(10 * time.Millisecond): // polling the store, with a deadline
+		case code := <-done:
+			t.Fatalf("serve exited early with %d", code)
+		}
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	e.assertMirrorEqualsSim(backstop.Contacts)
+}

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	bsync "github.com/backstop-sync/backstop/sync"
+)
+
+func (m *Main) runCommand(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "run JOB",
+		Short: "Run one configured job now (for system cron) and print its counts",
+		Long: `run runs the job named JOB from schedules.yaml (jobs:) once, now, whatever its
+schedule, stores the run like backstop serve does, and prints its counts. It is
+for people who schedule with system cron instead of backstop serve.
+
+Exit codes: 0 the run succeeded, 1 it failed, 2 unknown job or bad
+configuration, 130 interrupted (a sync finishes its current page first).`,
+		Example: "  backstop run crm-nightly\n  backstop run payments-hourly --json",
+		Args:    cobraArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			a, err := m.openApp(ctx, g, m.Stderr)
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			s, err := a.scheduler()
+			if err != nil {
+				return err
+			}
+			defer s.Stop()
+			run, runErr := s.RunJob(ctx, args[0])
+			if errors.Is(runErr, bsync.ErrUnknownJob) {
+				return usagef("run %s: no such job in %s (see backstop jobs)", args[0], m.configName(g))
+			}
+			if err := printJobRun(m.Stdout, run, asJSON); err != nil {
+				return err
+			}
+			return runErr
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the run as JSON")
+	return cmd
+}
+
+func printJobRun(w io.Writer, run bsync.JobRun, asJSON bool) error {
+	if asJSON {
+		out := struct {
+			ID         int64           `json:"id"`
+			Job        string          `json:"job"`
+			Kind       string          `json:"kind"`
+			StartedAt  time.Time       `json:"started_at"`
+			FinishedAt time.Time       `json:"finished_at"`
+			Status     string          `json:"status"`
+			Counts     bsync.JobCounts `json:"counts"`
+			Error      string          `json:"error,omitempty"`
+		}{ID: run.ID, Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
+			Status: string(run.Status), Counts: run.Counts}
+		if run.Err != nil {
+			out.Error = run.Err.Error()
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	c := run.Counts
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "job\t%s (%s)\n", run.Job, run.Kind)
+	fmt.Fprintf(tw, "result\t%s\n", run.Status)
+	fmt.Fprintf(tw, "duration\t%s\n", round(run.FinishedAt.Sub(run.StartedAt)))
+	switch run.Kind {
+	case bsync.JobMaintenance:
+		fmt.Fprintf(tw, "pruned\t%d\n", c.Pruned)
+	case bsync.JobReconcile:
+		fmt.Fprintf(tw, "pages\t%d\nscanned\t%d\nmissing\t%d\nbehind\t%d\n", c.Pages, c.Objects, c.Missing, c.Behind)
+	default:
+		fmt.Fprintf(tw, "pages\t%d\nobjects\t%d\nnew\t%d\nupdated\t%d\n", c.Pages, c.Objects, c.New, c.Updated)
+	}
+	if run.Kind != bsync.JobMaintenance {
+		fmt.Fprintf(tw, "re-emitted\t%d\nsuppressed\t%d\nrequests\t%d\n429s\t%d\n",
+			c.Reemitted, c.Suppressed, c.Requests, c.RateLimited)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,124 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+func TestJobRunsSaveListPrune(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	if _, err := db.SaveJobRun(ctx, JobRun{Job: "a", Kind: "sync", Status: "running"}); err == nil {
+		t.Error("status running accepted")
+	}
+	if _, err := db.SaveJobRun(ctx, JobRun{Kind: "sync", Status: "ok"}); err == nil {
+		t.Error("empty job name accepted")
+	}
+	if _, ok, err := db.LastJobRun(ctx, "a"); ok || err != nil {
+		t.Fatalf("LastJobRun of a job that never ran: ok=%v err=%v", ok, err)
+	}
+	old := JobRun{Job: "a", Kind: "sync", StartedAt: t0.Add(-40 * 24 * time.Hour), FinishedAt: t0.Add(-40 * 24 * time.Hour),
+		Status: "failed", Error: "boom"}
+	if _, err := db.SaveJobRun(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	want := JobRun{Job: "a", Kind: "sync", StartedAt: t0, FinishedAt: t0.Add(time.Second), Status: "ok",
+		Counts: JobCounts{Pages: 1, Objects: 2, New: 3, Updated: 4, Missing: 5, Behind: 6, Reemitted: 7,
+			Suppressed: 8, Pruned: 9, Requests: 10, RateLimited: 11}}
+	id, err := db.SaveJobRun(ctx, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.ID = id
+	clk.Set(t0.Add(time.Minute))
+	if _, err := db.SaveJobRun(ctx, JobRun{Job: "b", Kind: "maintenance", Status: "skipped"}); err != nil {
+		t.Fatal(err)
+	}
+	got, ok, err := db.LastJobRun(ctx, "a")
+	if err != nil || !ok {
+		t.Fatalf("LastJobRun: ok=%v err=%v", ok, err)
+	}
+	if !got.StartedAt.Equal(want.StartedAt) || !got.FinishedAt.Equal(want.FinishedAt) {
+		t.Errorf("times %v %v, want %v %v", got.StartedAt, got.FinishedAt, want.StartedAt, want.FinishedAt)
+	}
+	got.StartedAt, got.FinishedAt, want.StartedAt, want.FinishedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	if got != want {
+		t.Errorf("last run %+v, want %+v", got, want)
+	}
+	b, _, _ := db.LastJobRun(ctx, "b")
+	if !b.StartedAt.Equal(t0.Add(time.Minute)) {
+		t.Errorf("zero StartedAt stored as %v, want now", b.StartedAt)
+	}
+	runs, err := db.JobRuns(ctx, "a", 0)
+	if err != nil || len(runs) != 2 || runs[1].Error != "boom" {
+		t.Fatalf("JobRuns = %+v, %v; want newest first, the old failed one last", runs, err)
+	}
+	n, err := db.PruneJobRuns(ctx, t0.Add(-30*24*time.Hour))
+	if err != nil || n != 1 {
+		t.Fatalf("PruneJobRuns = %d, %v; want 1", n, err)
+	}
+	if runs, _ := db.JobRuns(ctx, "a", 0); len(runs) != 1 || runs[0].ID != id {
+		t.Errorf("after prune: %+v", runs)
+	}
+}
+
+// EmitPage commits a page's events and its cursor together: on failure
+// neither is committed; on success both are, and a second emission of the
+// same versions is a duplicate.
+func TestEmitPageCommitsEventsWithCursor(t *testing.T) {
+	db, _ := openTest(t)
+	ctx := context.Background()
+	routes := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}}
+	mk := func(id, at string) backstop.Event {
+		o := obj(t, backstop.Contacts, id, at, nil)
+		return backstop.Event{
+			ID: backstop.EventID(backstop.DedupKey(backstop.Contacts, id, o.UpdatedAt)), Type: "contact.created",
+			Resource: backstop.Contacts, ObjectID: id, UpdatedAt: o.UpdatedAt, Origin: backstop.OriginSync, Data: o.Data,
+		}
+	}
+	e1, e2 := mk("ct_1", "2024-04-01T00:00:00Z"), mk("ct_2", "2024-04-02T00:00:00Z")
+	cur := backstop.Cursor{Resource: backstop.Contacts, Kind: backstop.CursorSync, Value: "c2",
+		Position: backstop.Position{UpdatedAt: e2.UpdatedAt, ID: "ct_2"}}
+
+	bad := e2
+	bad.Data = []byte("{not json")
+	if _, err := db.EmitPage(ctx, []backstop.Event{e1, bad}, routes, cur); err == nil {
+		t.Fatal("EmitPage with a broken event succeeded")
+	}
+	if _, ok, _ := db.Cursor(ctx, backstop.Contacts, backstop.CursorSync); ok {
+		t.Error("cursor saved although the page failed")
+	}
+	if n, _ := db.CountProcessed(ctx); n != 0 {
+		t.Errorf("%d events kept from a failed page", n)
+	}
+
+	res, err := db.EmitPage(ctx, []backstop.Event{e1, e2}, routes, cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Status != backstop.EmitAccepted || !r.MirrorWritten || r.Outbox != 1 {
+			t.Errorf("event %d: %+v, want accepted, mirrored, queued once", i, r)
+		}
+	}
+	c, ok, err := db.Cursor(ctx, backstop.Contacts, backstop.CursorSync)
+	if err != nil || !ok || c.Value != "c2" {
+		t.Fatalf("cursor %+v ok=%v err=%v, want c2", c, ok, err)
+	}
+	if n, _ := db.Count(ctx, backstop.Contacts); n != 2 {
+		t.Errorf("mirror holds %d contacts, want 2", n)
+	}
+	res, err = db.EmitPage(ctx, []backstop.Event{e1}, routes, cur)
+	if err != nil || res[0].Status != backstop.EmitDuplicate {
+		t.Errorf("re-emitted version: %+v, %v; want a duplicate", res, err)
+	}
+	if rows, _ := db.OutboxRows(ctx, "crm"); len(rows) != 2 {
+		t.Errorf("%d outbox rows, want 2", len(rows))
+	}
+	if _, err := db.EmitPage(ctx, nil, routes, backstop.Cursor{Resource: "widgets", Kind: backstop.CursorSync}); err == nil {
+		t.Error("cursor of an unknown resource accepted")
+	}
+}

@@ -1,0 +1,507 @@
+package sync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	stdsync "sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/google/uuid"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// JobKind is what a job does.
+type JobKind string
+
+// The job kinds.
+const (
+	// JobSync reads each resource's feed from its cursor (SyncEmit).
+	JobSync JobKind = "sync"
+	// JobReconcile compares a window with the mirror and re-emits (Reconcile).
+	JobReconcile JobKind = "reconcile"
+	// JobBackfill reads each resource's feed from scratch (Backfill, or
+	// BackfillEmit with Emit).
+	JobBackfill JobKind = "backfill"
+	// JobMaintenance prunes processed events and job runs older than the
+	// retention.
+	JobMaintenance JobKind = "maintenance"
+)
+
+// Job is one configured job. Exactly one of Cron and Every is set.
+type Job struct {
+	Name string
+	Kind JobKind
+	// Resources the job works on, in order; empty means backstop.Resources.
+	Resources []backstop.Resource
+	// Cron is a 5-field cron expression (or a descriptor such as @daily),
+	// in the scheduler's local time.
+	Cron string
+	// Every is a fixed interval.
+	Every time.Duration
+	// Lookback and Full are Reconcile's options.
+	Lookback time.Duration
+	Full     bool
+	// Emit makes a backfill emit its changes.
+	Emit bool
+}
+
+// Schedule describes when j runs: "cron 0 3 * * *" or "every 1h0m0s".
+func (j Job) Schedule() string {
+	if j.Cron != "" {
+		return "cron " + j.Cron
+	}
+	return "every " + j.Every.String()
+}
+
+func (j Job) resources() []backstop.Resource {
+	if len(j.Resources) == 0 {
+		return backstop.Resources
+	}
+	return j.Resources
+}
+
+// JobStatus is the result of one job run.
+type JobStatus string
+
+// The job run results.
+const (
+	JobOK      JobStatus = "ok"
+	JobFailed  JobStatus = "failed"
+	JobSkipped JobStatus = "skipped" // the job was still running
+)
+
+// JobCounts are what one job run counted, summed over its resources.
+type JobCounts struct {
+	Pages       int   `json:"pages"`
+	Objects     int   `json:"objects"`
+	New         int   `json:"new"`
+	Updated     int   `json:"updated"`
+	Missing     int   `json:"missing"`
+	Behind      int   `json:"behind"`
+	Reemitted   int   `json:"reemitted"`
+	Suppressed  int   `json:"suppressed"`
+	Pruned      int64 `json:"pruned"`
+	Requests    int   `json:"requests"`
+	RateLimited int   `json:"rate_limited"`
+}
+
+func (c *JobCounts) addRun(st backstop.RunStats, em EmitStats) {
+	c.Pages += st.Pages
+	c.Objects += st.Objects
+	c.New += st.New
+	c.Updated += st.Updated
+	c.Requests += st.Requests
+	c.RateLimited += st.RateLimited
+	c.Reemitted += em.Emitted
+	c.Suppressed += em.Suppressed
+}
+
+// JobRun is one run of a job, as stored.
+type JobRun struct {
+	ID         int64
+	Job        string
+	Kind       JobKind
+	StartedAt  time.Time
+	FinishedAt time.Time
+	Status     JobStatus
+	Counts     JobCounts
+	// Err is why a failed run failed; nil otherwise.
+	Err error
+}
+
+// JobStore keeps job runs and does the maintenance. The store adapter
+// implements it (cmd wires store.DB to it).
+type JobStore interface {
+	// SaveJobRun stores a finished (or skipped) run and returns its id.
+	SaveJobRun(ctx context.Context, run JobRun) (int64, error)
+	// PruneProcessed deletes processed events received before before.
+	PruneProcessed(ctx context.Context, before time.Time) (int64, error)
+	// PruneJobRuns deletes job runs started before before.
+	PruneJobRuns(ctx context.Context, before time.Time) (int64, error)
+}
+
+// Errors of the scheduler, for errors.Is.
+var (
+	// ErrUnknownJob: no job of that name is configured.
+	ErrUnknownJob = errors.New("sync: unknown job")
+	// ErrJobRunning: the job is running already; the run was skipped.
+	ErrJobRunning = errors.New("sync: job is still running")
+	// ErrInvalidJob: a job's definition cannot be scheduled.
+	ErrInvalidJob = errors.New("sync: invalid job")
+)
+
+// DefaultStopTimeout is how long Stop waits for running jobs by default.
+const DefaultStopTimeout = 30 * time.Second
+
+// DefaultRetention is how long maintenance keeps processed events and job
+// runs by default (DESIGN.md: at least 30 days).
+const DefaultRetention = 30 * 24 * time.Hour
+
+// SchedulerOptions configure a Scheduler. Engine and Store are required.
+type SchedulerOptions struct {
+	Engine *Engine
+	Store  JobStore
+	// Routes are the delivery targets emitted events are queued to.
+	Routes []backstop.Route
+	Logger *slog.Logger
+	// StopTimeout bounds how long Stop waits for running jobs; zero means
+	// DefaultStopTimeout.
+	StopTimeout time.Duration
+	// Retention is maintenance's age limit; zero means DefaultRetention.
+	Retention time.Duration
+	// Location is the time zone of cron expressions; nil means time.Local.
+	Location *time.Location
+	// Now defaults to time.Now.
+	Now func() time.Time
+}
+
+// Scheduler runs configured jobs under one gocron scheduler, each never
+// overlapping with itself: a scheduled run that comes while the job is
+// still running (scheduled or through RunJob) is skipped, logged, counted
+// and stored as a skipped run. It is safe for concurrent use.
+type Scheduler struct {
+	opts  SchedulerOptions
+	log   *slog.Logger
+	cron  gocron.Scheduler
+	jobs  []Job
+	state map[string]*jobState
+
+	mu      stdsync.Mutex
+	started bool
+}
+
+// jobState is a job's guard and its gocron handle.
+type jobState struct {
+	job     Job
+	running atomic.Bool
+	skipped atomic.Int64
+	handle  gocron.Job
+}
+
+// NewScheduler validates jobs and registers them with a new gocron
+// scheduler, which Start starts. It fails with ErrInvalidJob (wrapped,
+// naming the job) on a duplicate or empty name, an unknown kind, a
+// schedule that is missing, doubled or unparsable, or an unknown resource.
+func NewScheduler(jobs []Job, opts SchedulerOptions) (*Scheduler, error) {
+	if opts.Engine == nil || opts.Store == nil {
+		return nil, errors.New("sync: new scheduler: Engine and Store are required")
+	}
+	if opts.StopTimeout <= 0 {
+		opts.StopTimeout = DefaultStopTimeout
+	}
+	if opts.Retention <= 0 {
+		opts.Retention = DefaultRetention
+	}
+	if opts.Location == nil {
+		opts.Location = time.Local
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Scheduler{opts: opts, log: log, jobs: jobs, state: make(map[string]*jobState, len(jobs))}
+	cron, err := gocron.NewScheduler(
+		gocron.WithLogger(gocronLogger{log}),
+		gocron.WithStopTimeout(opts.StopTimeout),
+		gocron.WithLocation(opts.Location),
+		gocron.WithMonitor(skipMonitor{s}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("sync: new scheduler: %w", err)
+	}
+	s.cron = cron
+	for _, j := range jobs {
+		if err := s.add(j); err != nil {
+			_ = cron.Shutdown()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// add validates j and registers it with gocron.
+func (s *Scheduler) add(j Job) error {
+	if err := s.check(j); err != nil {
+		return fmt.Errorf("%w %q: %v", ErrInvalidJob, j.Name, err)
+	}
+	var def gocron.JobDefinition
+	if j.Cron != "" {
+		def = gocron.CronJob(j.Cron, false)
+	} else {
+		def = gocron.DurationJob(j.Every)
+	}
+	st := &jobState{job: j}
+	h, err := s.cron.NewJob(def, gocron.NewTask(func(ctx context.Context) { s.scheduled(ctx, st) }),
+		gocron.WithName(j.Name),
+		gocron.WithSingletonMode(gocron.LimitModeReschedule),
+	)
+	if err != nil {
+		return fmt.Errorf("%w %q: %v", ErrInvalidJob, j.Name, err)
+	}
+	st.handle = h
+	s.state[j.Name] = st
+	return nil
+}
+
+// check validates one job against the ones added before.
+func (s *Scheduler) check(j Job) error {
+	if j.Name == "" {
+		return errors.New("empty name")
+	}
+	if _, dup := s.state[j.Name]; dup {
+		return errors.New("duplicate name")
+	}
+	switch j.Kind {
+	case JobSync, JobReconcile, JobBackfill, JobMaintenance:
+	default:
+		return fmt.Errorf("unknown kind %q", j.Kind)
+	}
+	switch {
+	case j.Cron != "" && j.Every != 0:
+		return errors.New("both cron and every are set")
+	case j.Cron == "" && j.Every <= 0:
+		return errors.New("neither cron nor a positive every is set")
+	case j.Cron != "":
+		if err := gocron.NewDefaultCron(false).IsValid(j.Cron, s.opts.Location, s.opts.Now()); err != nil {
+			return fmt.Errorf("cron %q: %v", j.Cron, err)
+		}
+	}
+	for _, r := range j.Resources {
+		if !r.Valid() {
+			return fmt.Errorf("unknown resource %q", r)
+		}
+	}
+	return nil
+}
+
+// Start starts running the jobs on their schedules. It does not block.
+func (s *Scheduler) Start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.started = true
+	s.cron.Start()
+}
+
+// Stop stops scheduling, cancels the context of the runs in progress (a
+// sync finishes its current page and saves its cursor) and waits for them
+// up to the stop timeout. The Scheduler cannot be started again. The error
+// says when runs were still going at the timeout.
+func (s *Scheduler) Stop() error {
+	if err := s.cron.Shutdown(); err != nil {
+		return fmt.Errorf("stop scheduler: %w", err)
+	}
+	return nil
+}
+
+// Jobs returns the configured jobs in configuration order.
+func (s *Scheduler) Jobs() []Job { return append([]Job(nil), s.jobs...) }
+
+// Skipped returns how many scheduled runs of job were skipped because it
+// was still running.
+func (s *Scheduler) Skipped(job string) int64 {
+	if st, ok := s.state[job]; ok {
+		return st.skipped.Load()
+	}
+	return 0
+}
+
+// NextRun returns when job runs next. While the scheduler runs this is
+// gocron's schedule; before Start it is computed from after (the next cron
+// time, or after plus Every), with after the last run's start or now. It
+// fails with ErrUnknownJob.
+func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
+	st, ok := s.state[job]
+	if !ok {
+		return time.Time{}, fmt.Errorf("%w %q", ErrUnknownJob, job)
+	}
+	s.mu.Lock()
+	started := s.started
+	s.mu.Unlock()
+	if started {
+		if t, err := st.handle.NextRun(); err == nil && !t.IsZero() {
+			return t, nil
+		}
+	}
+	if after.IsZero() {
+		after = s.opts.Now()
+	}
+	if st.job.Cron == "" {
+		next := after.Add(st.job.Every)
+		if now := s.opts.Now(); next.Before(now) {
+			next = now.Add(st.job.Every) // overdue: gocron runs it an interval after start
+		}
+		return next, nil
+	}
+	c := gocron.NewDefaultCron(false)
+	if err := c.IsValid(st.job.Cron, s.opts.Location, after); err != nil {
+		return time.Time{}, err
+	}
+	now := s.opts.Now()
+	if after.Before(now) {
+		after = now
+	}
+	return c.Next(after), nil
+}
+
+// RunJob runs job now, whatever its schedule, and returns its stored run.
+// A job already running is not started again: the run is stored as
+// skipped and the error is ErrJobRunning. It fails with ErrUnknownJob for
+// a name not configured. Otherwise the error is the run's (ctx.Err() when
+// cancelled) and the run is stored as failed; an error storing the run is
+// joined to it.
+func (s *Scheduler) RunJob(ctx context.Context, job string) (JobRun, error) {
+	st, ok := s.state[job]
+	if !ok {
+		return JobRun{Job: job}, fmt.Errorf("%w %q", ErrUnknownJob, job)
+	}
+	return s.run(ctx, st)
+}
+
+// scheduled is gocron's task for one job.
+func (s *Scheduler) scheduled(ctx context.Context, st *jobState) {
+	run, err := s.run(ctx, st)
+	switch {
+	case err == nil, errors.Is(err, ErrJobRunning):
+	case errors.Is(err, context.Canceled):
+		s.log.Info("job stopped", "job", run.Job, "kind", run.Kind)
+	default:
+		s.log.Error("job failed", "job", run.Job, "kind", run.Kind, "err", err)
+	}
+}
+
+// run runs st's job once under its guard and stores the run.
+func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
+	j := st.job
+	run := JobRun{Job: j.Name, Kind: j.Kind, StartedAt: s.opts.Now()}
+	if !st.running.CompareAndSwap(false, true) {
+		s.skip(ctx, st)
+		run.Status, run.FinishedAt, run.Err = JobSkipped, run.StartedAt, ErrJobRunning
+		return run, fmt.Errorf("job %s: %w", j.Name, ErrJobRunning)
+	}
+	defer st.running.Store(false)
+	log := s.log.With("job", j.Name, "kind", j.Kind)
+	log.Info("job started")
+	var err error
+	run.Counts, err = s.work(ctx, j)
+	run.FinishedAt = s.opts.Now()
+	run.Status, run.Err = JobOK, err
+	if err != nil {
+		run.Status = JobFailed
+	}
+	id, serr := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)
+	run.ID = id
+	if serr != nil {
+		err = errors.Join(err, fmt.Errorf("job %s: store run: %w", j.Name, serr))
+	}
+	log.Info("job finished", "status", run.Status, "duration", run.FinishedAt.Sub(run.StartedAt),
+		"pages", run.Counts.Pages, "objects", run.Counts.Objects, "reemitted", run.Counts.Reemitted,
+		"suppressed", run.Counts.Suppressed, "pruned", run.Counts.Pruned)
+	return run, err
+}
+
+// skip counts, logs and stores a skipped run of st's job.
+func (s *Scheduler) skip(ctx context.Context, st *jobState) {
+	n := st.skipped.Add(1)
+	s.log.Warn("job still running: run skipped", "job", st.job.Name, "kind", st.job.Kind, "skipped", n)
+	now := s.opts.Now()
+	run := JobRun{Job: st.job.Name, Kind: st.job.Kind, StartedAt: now, FinishedAt: now, Status: JobSkipped}
+	if _, err := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run); err != nil {
+		s.log.Error("store skipped run", "job", st.job.Name, "err", err)
+	}
+}
+
+// work does j's work over its resources. A failing resource does not stop
+// the others (except on cancellation); the errors are joined.
+func (s *Scheduler) work(ctx context.Context, j Job) (JobCounts, error) {
+	var c JobCounts
+	e := s.opts.Engine
+	if j.Kind == JobMaintenance {
+		return c, s.maintain(ctx, &c)
+	}
+	var errs []error
+	for _, r := range j.resources() {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		var err error
+		switch j.Kind {
+		case JobSync:
+			var st backstop.RunStats
+			var em EmitStats
+			st, em, err = e.SyncEmit(ctx, r, s.opts.Routes)
+			c.addRun(st, em)
+		case JobBackfill:
+			var st backstop.RunStats
+			var em EmitStats
+			if j.Emit {
+				st, em, err = e.BackfillEmit(ctx, r, false, s.opts.Routes)
+			} else {
+				st, err = e.Backfill(ctx, r, false)
+			}
+			c.addRun(st, em)
+		case JobReconcile:
+			var rep ReconcileReport
+			rep, err = e.Reconcile(ctx, r, ReconcileOptions{Lookback: j.Lookback, Full: j.Full, Routes: s.opts.Routes})
+			c.Pages += rep.Pages
+			c.Objects += rep.Scanned
+			c.Missing += rep.Missing
+			c.Behind += rep.Behind
+			c.Reemitted += rep.Reemitted
+			c.Suppressed += rep.Suppressed
+			c.Requests += rep.Requests
+			c.RateLimited += rep.RateLimited
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return c, errors.Join(errs...)
+}
+
+// maintain prunes processed events and job runs older than the retention.
+func (s *Scheduler) maintain(ctx context.Context, c *JobCounts) error {
+	before := s.opts.Now().Add(-s.opts.Retention)
+	n, err := s.opts.Store.PruneProcessed(ctx, before)
+	c.Pruned += n
+	if err != nil {
+		return err
+	}
+	n, err = s.opts.Store.PruneJobRuns(ctx, before)
+	c.Pruned += n
+	return err
+}
+
+// skipMonitor counts gocron's singleton reschedules as skipped runs.
+type skipMonitor struct{ s *Scheduler }
+
+// IncrementJob implements gocron.Monitor.
+func (m skipMonitor) IncrementJob(_ uuid.UUID, name string, _ []string, status gocron.JobStatus) {
+	if status != gocron.SingletonRescheduled {
+		return
+	}
+	if st, ok := m.s.state[name]; ok {
+		m.s.skip(context.Background(), st)
+	}
+}
+
+// RecordJobTiming implements gocron.Monitor.
+func (skipMonitor) RecordJobTiming(time.Time, time.Time, uuid.UUID, string, []string) {}
+
+// gocronLogger adapts slog to gocron.Logger. gocron's messages carry their
+// own "gocron: " prefix; its Info messages (scheduler created, started,
+// stopped) are lifecycle chatter and are logged at Debug.
+type gocronLogger struct{ l *slog.Logger }
+
+func (g gocronLogger) Debug(msg string, args ...any) { g.l.Debug(msg, args...) }
+func (g gocronLogger) Info(msg string, args ...any)  { g.l.Debug(msg, args...) }
+func (g gocronLogger) Warn(msg string, args ...any)  { g.l.Warn(msg, args...) }
+func (g gocronLogger) Error(msg string, args ...any) { g.l.Error(msg, args...) }

@@ -1,0 +1,290 @@
+package sync_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/store"
+	bsync "github.com/backstop-sync/backstop/sync"
+)
+
+// jobStore adapts store.DB to bsync.JobStore, as cmd/backstop does.
+type jobStore struct{ *store.DB }
+
+func (s jobStore) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, error) {
+	r := store.JobRun{Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
+		Status: string(run.Status), Counts: store.JobCounts(run.Counts)}
+	if run.Err != nil {
+		r.Error = run.Err.Error()
+	}
+	return s.DB.SaveJobRun(ctx, r)
+}
+
+// funcSource is a backstop.Source whose List is ListFunc.
+type funcSource struct {
+	ListFunc func(ctx context.Context, req backstop.ListRequest) (backstop.Page, error)
+}
+
+func (f funcSource) List(ctx context.Context, req backstop.ListRequest) (backstop.Page, error) {
+	return f.ListFunc(ctx, req)
+}
+
+func (funcSource) Get(context.Context, backstop.Resource, string) (backstop.Object, backstop.Cost, error) {
+	return backstop.Object{}, backstop.Cost{}, errors.New("not used")
+}
+
+func openStore(t *testing.T) *store.DB {
+	t.Helper()
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "j.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		select {
+		case <-time.After(5 * time.Millisecond):
+		case <-t.Context().Done():
+			t.Fatal(t.Context().Err())
+		}
+	}
+}
+
+// A job whose run takes longer than its interval never runs twice at once:
+// the scheduled runs that come meanwhile are skipped, counted and stored.
+func TestJobLongerThanIntervalNeverOverlaps(t *testing.T) {
+	db := openStore(t)
+	var running, maxRunning, calls atomic.Int32
+	release := make(chan struct{})
+	started := make(chan struct{}, 100)
+	src := funcSource{ListFunc: func(ctx context.Context, req backstop.ListRequest) (backstop.Page, error) {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for {
+			m := maxRunning.Load()
+			if n <= m || maxRunning.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		calls.Add(1)
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return backstop.Page{}, ctx.Err()
+		}
+		return backstop.Page{NextCursor: "c1", Cost: backstop.Cost{Requests: 1}}, nil
+	}}
+	s, err := bsync.NewScheduler([]bsync.Job{{
+		Name: "slow", Kind: bsync.JobSync, Resources: []backstop.Resource{backstop.Contacts}, Every: 100 * time.Millisecond,
+	}}, bsync.SchedulerOptions{
+		Engine: &bsync.Engine{Source: src, Mirror: db},
+		Store:  jobStore{db},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	stopped := false
+	defer func() {
+		if !stopped {
+			s.Stop()
+		}
+	}()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the job never started")
+	}
+	// Three intervals pass while the first run is blocked.
+	waitFor(t, "three skipped runs", func() bool { return s.Skipped("slow") >= 3 })
+	if _, err := s.RunJob(t.Context(), "slow"); !errors.Is(err, bsync.ErrJobRunning) {
+		t.Errorf("RunJob while running: err = %v, want ErrJobRunning", err)
+	}
+	close(release)
+	waitFor(t, "a finished run", func() bool {
+		runs, err := db.JobRuns(t.Context(), "slow", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range runs {
+			if r.Status == "ok" {
+				return true
+			}
+		}
+		return false
+	})
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	stopped = true
+	if got := maxRunning.Load(); got != 1 {
+		t.Errorf("at most %d runs at once, want 1", got)
+	}
+	runs, err := db.JobRuns(t.Context(), "slow", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var skipped int
+	for _, r := range runs {
+		if r.Status == "skipped" {
+			skipped++
+		}
+	}
+	if skipped < 3 {
+		t.Errorf("%d skipped runs stored, want at least 3 (counted %d)", skipped, s.Skipped("slow"))
+	}
+}
+
+// RunJob runs a job now and stores the run with its counts; a sync job
+// emits its changes with origin sync, queued to the matching targets.
+func TestRunJobSyncStoresRunAndEmits(t *testing.T) {
+	w := newWorld(t, 30)
+	ctx := t.Context()
+	routes := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}, {Target: "pay", Events: []string{"payment.*"}}}
+	s, err := bsync.NewScheduler([]bsync.Job{
+		{Name: "crm-nightly", Kind: bsync.JobSync, Resources: []backstop.Resource{backstop.Contacts}, Cron: "0 3 * * *"},
+	}, bsync.SchedulerOptions{Engine: w.engine, Store: jobStore{w.db}, Routes: routes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := s.RunJob(ctx, "crm-nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := len(w.sim.Objects(backstop.Contacts))
+	if run.Status != bsync.JobOK || run.Counts.New != want || run.Counts.Reemitted != want || run.ID == 0 {
+		t.Fatalf("run = %+v, want ok with %d new and re-emitted", run, want)
+	}
+	stored, ok, err := w.db.LastJobRun(ctx, "crm-nightly")
+	if err != nil || !ok {
+		t.Fatalf("last run: ok=%v err=%v", ok, err)
+	}
+	if stored.ID != run.ID || stored.Status != "ok" || stored.Counts.New != want || stored.Kind != "sync" {
+		t.Errorf("stored run = %+v", stored)
+	}
+	for _, o := range w.sim.Objects(backstop.Contacts) {
+		id := backstop.EventID(backstop.DedupKey(backstop.Contacts, o.ID, o.UpdatedAt))
+		pe, ok, err := w.db.ProcessedEvent(ctx, id)
+		if err != nil || !ok {
+			t.Fatalf("%s: processed event ok=%v err=%v", o.ID, ok, err)
+		}
+		if pe.Origin != backstop.OriginSync || pe.Type != "contact.created" {
+			t.Errorf("%s: processed as %s/%s, want sync/contact.created", o.ID, pe.Origin, pe.Type)
+		}
+	}
+	crm, err := w.db.OutboxRows(ctx, "crm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pay, err := w.db.OutboxRows(ctx, "pay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(crm) != want || len(pay) != 0 {
+		t.Errorf("outbox: crm %d pay %d, want %d and 0", len(crm), len(pay), want)
+	}
+	if n, _ := w.db.Count(ctx, backstop.Contacts); n != want {
+		t.Errorf("mirror holds %d contacts, want %d", n, want)
+	}
+	c := w.cursor(t, backstop.Contacts, backstop.CursorSync)
+	if c.Position != lastPosition(w.sim, backstop.Contacts) {
+		t.Errorf("cursor at %v, want the end of the feed", c.Position)
+	}
+
+	// A second run finds nothing new and emits nothing.
+	run, err = s.RunJob(ctx, "crm-nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.Counts.New+run.Counts.Updated+run.Counts.Reemitted != 0 {
+		t.Errorf("second run counts %+v, want nothing new", run.Counts)
+	}
+	if crm, _ = w.db.OutboxRows(ctx, "crm"); len(crm) != want {
+		t.Errorf("outbox after second run: %d rows, want %d", len(crm), want)
+	}
+
+	if _, err := s.RunJob(ctx, "nope"); !errors.Is(err, bsync.ErrUnknownJob) {
+		t.Errorf("unknown job: err = %v", err)
+	}
+}
+
+// A maintenance job prunes processed events and job runs past the retention.
+func TestMaintenanceJobPrunes(t *testing.T) {
+	db := openStore(t)
+	ctx := t.Context()
+	now := time.Now()
+	old := now.Add(-40 * 24 * time.Hour)
+	if _, err := db.SaveJobRun(ctx, store.JobRun{Job: "x", Kind: "sync", StartedAt: old, FinishedAt: old, Status: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := bsync.NewScheduler([]bsync.Job{{Name: "prune", Kind: bsync.JobMaintenance, Cron: "30 4 * * *"}},
+		bsync.SchedulerOptions{Engine: &bsync.Engine{Mirror: db}, Store: jobStore{db}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := s.RunJob(ctx, "prune")
+	if err != nil || run.Status != bsync.JobOK || run.Counts.Pruned != 1 {
+		t.Fatalf("run = %+v, err = %v; want ok with 1 pruned", run, err)
+	}
+	if runs, _ := db.JobRuns(ctx, "x", 0); len(runs) != 0 {
+		t.Errorf("old job run kept: %+v", runs)
+	}
+}
+
+// NewScheduler rejects jobs it could not schedule.
+func TestNewSchedulerRejectsBadJobs(t *testing.T) {
+	db := openStore(t)
+	for _, j := range []bsync.Job{
+		{Name: "", Kind: bsync.JobSync, Every: time.Hour},
+		{Name: "a", Kind: "other", Every: time.Hour},
+		{Name: "a", Kind: bsync.JobSync},
+		{Name: "a", Kind: bsync.JobSync, Every: time.Hour, Cron: "* * * * *"},
+		{Name: "a", Kind: bsync.JobSync, Cron: "61 * * * *"},
+		{Name: "a", Kind: bsync.JobSync, Every: time.Hour, Resources: []backstop.Resource{"widgets"}},
+	} {
+		if _, err := bsync.NewScheduler([]bsync.Job{j}, bsync.SchedulerOptions{Engine: &bsync.Engine{}, Store: jobStore{db}}); !errors.Is(err, bsync.ErrInvalidJob) {
+			t.Errorf("%+v: err = %v, want ErrInvalidJob", j, err)
+		}
+	}
+}
+
+// NextRun before Start follows the schedule.
+func TestNextRunBeforeStart(t *testing.T) {
+	db := openStore(t)
+	now := time.Date(2026, 1, 2, 10, 15, 0, 0, time.UTC)
+	s, err := bsync.NewScheduler([]bsync.Job{
+		{Name: "nightly", Kind: bsync.JobSync, Cron: "0 3 * * *"},
+		{Name: "often", Kind: bsync.JobSync, Every: 10 * time.Minute},
+	}, bsync.SchedulerOptions{Engine: &bsync.Engine{}, Store: jobStore{db}, Location: time.UTC,
+		Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		job  string
+		want time.Time
+	}{
+		{"nightly", time.Date(2026, 1, 3, 3, 0, 0, 0, time.UTC)},
+		{"often", now.Add(10 * time.Minute)},
+	} {
+		got, err := s.NextRun(tc.job, time.Time{})
+		if err != nil || !got.Equal(tc.want) {
+			t.Errorf("%s: next run %v, %v; want %v", tc.job, got, err, tc.want)
+		}
+	}
+}
