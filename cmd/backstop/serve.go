@@ -84,18 +84,12 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := intake.NewMetrics(reg)
-
-	writer := intake.NewBatcher(a.db, intake.BatcherOptions{
-		Routes: routes, Logger: log.With("component", "emit"), Observe: metrics.ObserveCommit,
-	})
-	fetcher := intake.NewFetcher(a.db, a.client, intake.FetcherOptions{
-		Routes: routes, Metrics: metrics, Logger: log.With("component", "truncated"),
-	})
-	handler := intake.NewHandler(verifier, writer, intake.HandlerOptions{
-		Metrics: metrics, Logger: log.With("component", "intake"),
-		OnTruncated: func(backstop.Event) { fetcher.Wake() },
-	})
+	ln, err := net.Listen("tcp", cfg.Intake.Listen)
+	if err != nil {
+		return usagef("intake.listen %s: %v", cfg.Intake.Listen, err)
+	}
+	stack := startIntake(ctx, a.db, a.client, verifier, routes, log, reg)
+	handler := stack.handler
 
 	mux := http.NewServeMux()
 	mux.Handle(cfg.Intake.Path, handler)
@@ -127,21 +121,6 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelWarn),
 	}
-	ln, err := net.Listen("tcp", cfg.Intake.Listen)
-	if err != nil {
-		return usagef("intake.listen %s: %v", cfg.Intake.Listen, err)
-	}
-	writerDone := make(chan struct{})
-	go func() {
-		defer close(writerDone)
-		writer.Run(context.WithoutCancel(ctx))
-	}()
-	fetchCtx, stopFetch := context.WithCancel(context.WithoutCancel(ctx))
-	fetchDone := make(chan struct{})
-	go func() {
-		defer close(fetchDone)
-		fetcher.Run(fetchCtx)
-	}()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	sched.Start()
@@ -168,12 +147,9 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		runErr = errors.Join(runErr, fmt.Errorf("shutdown: %w", err))
 	}
-	if err := writer.Close(sctx); err != nil {
-		runErr = errors.Join(runErr, fmt.Errorf("finish commits: %w", err))
+	if err := stack.stop(sctx); err != nil {
+		runErr = errors.Join(runErr, err)
 	}
-	<-writerDone
-	stopFetch()
-	<-fetchDone
 	if runErr == nil {
 		log.Info("stopped cleanly")
 	}
