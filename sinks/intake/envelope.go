@@ -60,36 +60,37 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 	if firstByte(body) != '{' {
 		return backstop.Event{}, malformed("body must be a JSON object")
 	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
+	var top envelopeFields
+	if err := top.read(body); err != nil {
 		return backstop.Event{}, malformed("body is not valid JSON: %v", err)
 	}
 
 	ev := backstop.Event{Origin: backstop.OriginWebhook}
 	var err error
-	if ev.ID, err = requiredID(top, "event_id", "event_id"); err != nil {
+	if ev.ID, err = requiredID(top.eventID, "event_id"); err != nil {
 		return backstop.Event{}, err
 	}
-	if ev.Type, err = requiredID(top, "event", "event (the event type)"); err != nil {
+	if ev.Type, err = requiredID(top.event, "event (the event type)"); err != nil {
 		return backstop.Event{}, err
 	}
-	if raw, ok := present(top, "created_at"); ok {
+	if raw, ok := present(top.createdAt); ok {
 		if ev.CreatedAt, err = timeField("created_at", raw); err != nil {
 			return backstop.Event{}, err
 		}
 	}
-	if raw, ok := present(top, "truncated"); ok {
-		if err := json.Unmarshal(raw, &ev.Truncated); err != nil {
+	if raw, ok := present(top.truncated); ok {
+		if ev.Truncated, err = boolField(raw); err != nil {
 			return backstop.Event{}, malformed("truncated must be true or false")
 		}
 	}
 
-	data, hasData := present(top, "data")
+	data, hasData := present(top.data)
 	if hasData {
 		if firstByte(data) != '{' {
 			return backstop.Event{}, malformed("data must be a JSON object")
 		}
-		ev.Data = data
+		// A copy: the event must not alias the caller's body.
+		ev.Data = append(json.RawMessage(nil), data...)
 	}
 	resource, known := backstop.ResourceOfEventType(ev.Type)
 	if !known {
@@ -99,14 +100,14 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 	if !hasData {
 		return backstop.Event{}, malformed("data is missing: a %s event must carry its object", ev.Type)
 	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(data, &obj); err != nil {
+	var obj objectFields
+	if err := obj.read(data); err != nil {
 		return backstop.Event{}, malformed("data is not a valid JSON object: %v", err)
 	}
-	if ev.ObjectID, err = requiredID(obj, "id", "data.id"); err != nil {
+	if ev.ObjectID, err = requiredID(obj.id, "data.id"); err != nil {
 		return backstop.Event{}, err
 	}
-	raw, ok := present(obj, "updated_at")
+	raw, ok := present(obj.updatedAt)
 	switch {
 	case ok:
 		t, err := timeField("data.updated_at", raw)
@@ -120,6 +121,213 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 		return backstop.Event{}, malformed("data.updated_at is missing (required unless truncated is true)")
 	}
 	return ev, nil
+}
+
+// envelopeFields are the raw values of the envelope keys ParseEnvelope
+// reads; nil when absent.
+type envelopeFields struct {
+	eventID, event, createdAt, truncated, data json.RawMessage
+}
+
+// read fills f from body, a valid JSON object.
+func (f *envelopeFields) read(body []byte) error {
+	return readMembers(body, func(key string, val json.RawMessage) {
+		switch key {
+		case "event_id":
+			f.eventID = val
+		case "event":
+			f.event = val
+		case "created_at":
+			f.createdAt = val
+		case "truncated":
+			f.truncated = val
+		case "data":
+			f.data = val
+		}
+	})
+}
+
+// objectFields are the raw values of the data keys ParseEnvelope reads.
+type objectFields struct {
+	id, updatedAt json.RawMessage
+}
+
+// read fills f from data, a valid JSON object.
+func (f *objectFields) read(data []byte) error {
+	return readMembers(data, func(key string, val json.RawMessage) {
+		switch key {
+		case "id":
+			f.id = val
+		case "updated_at":
+			f.updatedAt = val
+		}
+	})
+}
+
+// readMembers calls member for each member of obj, a valid JSON object, in
+// order, with its decoded key and its raw value (the value's bytes, which
+// alias obj). A key repeated is reported each time, so the last one wins,
+// as with encoding/json. Objects whose keys hold escapes, which the fast
+// scan does not decode, go through encoding/json.
+func readMembers(obj []byte, member func(key string, val json.RawMessage)) error {
+	if scanMembers(obj, member) {
+		return nil
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(obj, &m); err != nil {
+		return err
+	}
+	for k, v := range m {
+		member(k, v)
+	}
+	return nil
+}
+
+// scanMembers is readMembers' fast path over a valid JSON object: it
+// reports false, having called member for nothing, when a key holds an
+// escape or obj is not as expected.
+func scanMembers(obj []byte, member func(key string, val json.RawMessage)) bool {
+	type span struct{ key, val []byte }
+	var buf [16]span
+	spans := buf[:0]
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return false
+	}
+	i = skipSpace(obj, i+1)
+	if i < len(obj) && obj[i] == '}' {
+		return true
+	}
+	for {
+		if i >= len(obj) || obj[i] != '"' {
+			return false
+		}
+		end := skipString(obj, i)
+		if end < 0 {
+			return false
+		}
+		key := obj[i+1 : end-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			return false
+		}
+		i = skipSpace(obj, end)
+		if i >= len(obj) || obj[i] != ':' {
+			return false
+		}
+		i = skipSpace(obj, i+1)
+		end = skipValue(obj, i)
+		if end < 0 {
+			return false
+		}
+		spans = append(spans, span{key, obj[i:end]})
+		i = skipSpace(obj, end)
+		if i >= len(obj) {
+			return false
+		}
+		if obj[i] == '}' {
+			break
+		}
+		if obj[i] != ',' {
+			return false
+		}
+		i = skipSpace(obj, i+1)
+	}
+	for _, s := range spans {
+		member(string(s.key), s.val)
+	}
+	return true
+}
+
+// skipSpace returns the index of the first byte of b at or after i that is
+// not JSON whitespace.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index just past the JSON string starting at b[i]
+// (a '"'), or -1.
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// skipValue returns the index just past the JSON value starting at b[i] in
+// a valid document, or -1.
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				end := skipString(b, i)
+				if end < 0 {
+					return -1
+				}
+				i = end - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return -1
+	}
+	// A number or a literal runs to the next delimiter.
+	start := i
+	for i < len(b) {
+		switch b[i] {
+		case ',', '}', ']', ' ', '\t', '\r', '\n':
+			if i == start {
+				return -1
+			}
+			return i
+		}
+		i++
+	}
+	return -1
+}
+
+// boolField decodes raw as a JSON boolean.
+func boolField(raw json.RawMessage) (bool, error) {
+	switch string(raw) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	var v bool
+	err := json.Unmarshal(raw, &v)
+	return v, err
+}
+
+// stringField decodes raw as a JSON string; a string without escapes is
+// taken as it is (the body is valid UTF-8, so decoding would not change it).
+func stringField(raw json.RawMessage) (string, error) {
+	if n := len(raw); n >= 2 && raw[0] == '"' && raw[n-1] == '"' && bytes.IndexByte(raw[1:n-1], '\\') < 0 && bytes.IndexByte(raw[1:n-1], '"') < 0 {
+		return string(raw[1 : n-1]), nil
+	}
+	var s string
+	err := json.Unmarshal(raw, &s)
+	return s, err
 }
 
 // checkJSON reports whether body is exactly one JSON value, with a reason
@@ -144,25 +352,24 @@ func firstByte(b []byte) byte {
 	return b[0]
 }
 
-// present returns the raw value of key, ok=false when it is absent or null.
-func present(m map[string]json.RawMessage, key string) (json.RawMessage, bool) {
-	raw, ok := m[key]
-	if !ok || string(raw) == "null" {
+// present returns raw, ok=false when it is absent (nil) or null.
+func present(raw json.RawMessage) (json.RawMessage, bool) {
+	if raw == nil || string(raw) == "null" {
 		return nil, false
 	}
 	return raw, true
 }
 
-// requiredID reads key as an identifier: a non-empty string of at most
+// requiredID reads raw as an identifier: a non-empty string of at most
 // MaxIDBytes bytes without control characters. name is the key as errors
 // call it.
-func requiredID(m map[string]json.RawMessage, key, name string) (string, error) {
-	raw, ok := present(m, key)
+func requiredID(raw json.RawMessage, name string) (string, error) {
+	raw, ok := present(raw)
 	if !ok {
 		return "", malformed("%s is missing", name)
 	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
+	s, err := stringField(raw)
+	if err != nil {
 		return "", malformed("%s must be a string", name)
 	}
 	if err := checkID(s); err != nil {
@@ -198,8 +405,8 @@ func isControl(r rune) bool {
 
 // timeField parses raw as an RFC 3339 timestamp string.
 func timeField(name string, raw json.RawMessage) (time.Time, error) {
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
+	s, err := stringField(raw)
+	if err != nil {
 		return time.Time{}, malformed("%s must be a string (an RFC 3339 timestamp)", name)
 	}
 	parsed, err := backstop.ParseTime(s)

@@ -87,7 +87,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, refuseDraining, "the server is shutting down; retry shortly")
 		return
 	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" && !isJSONMediaType(ct) {
 		h.refuse(w, refuseMediaType, fmt.Sprintf("Content-Type must be application/json, got %q", r.Header.Get("Content-Type")))
 		return
 	}
@@ -95,7 +95,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, refuseTooLarge, fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, MaxBody))
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+	body, err := readBody(http.MaxBytesReader(w, r.Body, MaxBody), r.ContentLength)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		switch {
@@ -138,7 +138,55 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.notify(ev)
 	}
 	h.count(string(res.Status))
-	writeJSON(w, http.StatusOK, map[string]string{"status": string(res.Status)})
+	writeStatus(w, res.Status)
+}
+
+// isJSONMediaType reports whether ct is application/json, parameters allowed.
+func isJSONMediaType(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
+}
+
+// readBody is io.ReadAll that starts with room for the declared length, so
+// that a body is read without growing its buffer.
+func readBody(r io.Reader, contentLength int64) ([]byte, error) {
+	size := int64(512)
+	if contentLength > 0 && contentLength < MaxBody {
+		size = contentLength + 1 // + 1: room to see EOF without growing
+	}
+	b := make([]byte, 0, size)
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+	}
+}
+
+// statusBodies are the 200 answers, as writeJSON would encode them.
+var statusBodies = map[backstop.EmitStatus][]byte{
+	backstop.EmitAccepted:  []byte(`{"status":"` + string(backstop.EmitAccepted) + `"}` + "\n"),
+	backstop.EmitDuplicate: []byte(`{"status":"` + string(backstop.EmitDuplicate) + `"}` + "\n"),
+}
+
+// writeStatus answers 200 {"status":…}.
+func writeStatus(w http.ResponseWriter, status backstop.EmitStatus) {
+	body, ok := statusBodies[status]
+	if !ok {
+		writeJSON(w, http.StatusOK, map[string]string{"status": string(status)})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
 }
 
 func (h *Handler) refuse(w http.ResponseWriter, why refusal, msg string) {
