@@ -123,10 +123,13 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 	db.w.SetMaxIdleConns(1)
 	db.w.SetConnMaxLifetime(0)
 	db.w.SetConnMaxIdleTime(0)
-	if err := db.w.PingContext(ctx); err != nil {
+	// While another process creates the same file (switches it to WAL, runs
+	// the migrations), SQLite can answer SQLITE_BUSY at once, without its
+	// busy handler: retry within the busy timeout.
+	if err := retryBusy(ctx, busy, func() error { return db.w.PingContext(ctx) }); err != nil {
 		return nil, err
 	}
-	if err := db.migrate(ctx); err != nil {
+	if err := retryBusy(ctx, busy, func() error { return db.migrate(ctx) }); err != nil {
 		return nil, err
 	}
 
@@ -141,7 +144,7 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 	readers := max(4, runtime.GOMAXPROCS(0))
 	db.r.SetMaxOpenConns(readers)
 	db.r.SetMaxIdleConns(readers)
-	if err := db.r.PingContext(ctx); err != nil {
+	if err := retryBusy(ctx, busy, func() error { return db.r.PingContext(ctx) }); err != nil {
 		return nil, err
 	}
 
@@ -311,4 +314,30 @@ func (db *DB) apply(ctx context.Context, m migration) error {
 		return err
 	}
 	return tx.Commit()
+}
+
+// retryBusy runs fn until it does not fail with SQLITE_BUSY, for at most
+// limit, pausing a little between tries.
+func retryBusy(ctx context.Context, limit time.Duration, fn func() error) error {
+	deadline := time.Now().Add(limit)
+	pause := 5 * time.Millisecond
+	for {
+		err := fn()
+		if err == nil || !isBusy(err) || time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+	}
+}
+
+// isBusy reports whether err is SQLite's "database is locked".
+func isBusy(err error) bool {
+	return strings.Contains(err.Error(), "SQLITE_BUSY") || strings.Contains(err.Error(), "database is locked")
 }

@@ -49,8 +49,12 @@ stored run and its result. Runs are stored by backstop serve and backstop run.`,
 	return cmd
 }
 
-// jobStore adapts store.DB to the scheduler's JobStore.
-type jobStore struct{ *store.DB }
+// jobStore adapts store.DB to the scheduler's JobStore; every run it saves
+// is also exported as metrics when metrics is set.
+type jobStore struct {
+	*store.DB
+	metrics *jobMetrics
+}
 
 // SaveJobRun stores run with store.DB.SaveJobRun.
 func (s jobStore) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, error) {
@@ -59,6 +63,7 @@ func (s jobStore) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, erro
 	if run.Err != nil {
 		r.Error = run.Err.Error()
 	}
+	s.metrics.observe(run)
 	return s.DB.SaveJobRun(ctx, r)
 }
 
@@ -76,10 +81,13 @@ func schedulerJobs(jobs []config.Job) []bsync.Job {
 
 // scheduler builds the process's one scheduler with the configured jobs,
 // not started. A job it cannot schedule is a configuration error (exit 2).
-func (a *app) scheduler() (*bsync.Scheduler, error) {
+func (a *app) scheduler() (*bsync.Scheduler, error) { return a.schedulerWith(nil) }
+
+// schedulerWith is scheduler with job runs exported on metrics (nil: none).
+func (a *app) schedulerWith(metrics *jobMetrics) (*bsync.Scheduler, error) {
 	s, err := bsync.NewScheduler(schedulerJobs(a.cfg.Jobs), bsync.SchedulerOptions{
 		Engine: a.engine,
-		Store:  jobStore{a.db},
+		Store:  jobStore{DB: a.db, metrics: metrics},
 		Routes: routesOf(a.cfg),
 		Logger: a.log.With("component", "jobs"),
 	})

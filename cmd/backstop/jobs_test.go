@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -233,6 +235,16 @@ func TestServeRunsScheduledJobs(t *testing.T) {
 		case code := <-done:
 			t.Fatalf("serve exited early with %d", code)
 		}
+	}
+	// Job runs are exported on /metrics.
+	res, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if !strings.Contains(string(body), `backstop_job_runs_total{job="contacts-often",status="ok"}`) {
+		t.Errorf("/metrics has no job runs:\n%s", body)
 	}
 	cancel()
 	select {

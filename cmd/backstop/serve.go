@@ -66,7 +66,9 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		return usagef("intake: %v", err)
 	}
 	routes := routesOf(cfg)
-	sched, err := a.scheduler()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	sched, err := a.schedulerWith(newJobMetrics(reg))
 	if err != nil {
 		return err
 	}
@@ -82,8 +84,6 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	}
 	defer stopScheduler()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ln, err := net.Listen("tcp", cfg.Intake.Listen)
 	if err != nil {
 		return usagef("intake.listen %s: %v", cfg.Intake.Listen, err)

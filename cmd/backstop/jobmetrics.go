@@ -1,0 +1,62 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	bsync "github.com/backstop-sync/backstop/sync"
+)
+
+// jobMetrics exports every job run's result and counts (reconciliation
+// reports included) on /metrics.
+type jobMetrics struct {
+	runs        *prometheus.CounterVec
+	objects     *prometheus.CounterVec
+	requests    *prometheus.CounterVec
+	rateLimited *prometheus.CounterVec
+	lastRun     *prometheus.GaugeVec
+}
+
+func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
+	m := &jobMetrics{
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "backstop_job_runs_total",
+			Help: "Job runs by job and status (ok, failed, skipped: still running when due).",
+		}, []string{"job", "status"}),
+		objects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "backstop_job_objects_total",
+			Help: "What job runs counted: new, updated, missing, behind, reemitted, suppressed (reconcile reports), pruned.",
+		}, []string{"job", "count"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "backstop_job_api_requests_total",
+			Help: "Platform API requests made by job runs.",
+		}, []string{"job"}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "backstop_job_api_rate_limited_total",
+			Help: "429 answers job runs received.",
+		}, []string{"job"}),
+		lastRun: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "backstop_job_last_run_timestamp_seconds",
+			Help: "When each job last finished, by status.",
+		}, []string{"job", "status"}),
+	}
+	reg.MustRegister(m.runs, m.objects, m.requests, m.rateLimited, m.lastRun)
+	return m
+}
+
+func (m *jobMetrics) observe(run bsync.JobRun) {
+	if m == nil {
+		return
+	}
+	status := string(run.Status)
+	m.runs.WithLabelValues(run.Job, status).Inc()
+	m.lastRun.WithLabelValues(run.Job, status).Set(float64(run.FinishedAt.Unix()))
+	c := run.Counts
+	for name, v := range map[string]int64{
+		"new": int64(c.New), "updated": int64(c.Updated), "missing": int64(c.Missing), "behind": int64(c.Behind),
+		"reemitted": int64(c.Reemitted), "suppressed": int64(c.Suppressed), "pruned": c.Pruned,
+	} {
+		m.objects.WithLabelValues(run.Job, name).Add(float64(v))
+	}
+	m.requests.WithLabelValues(run.Job).Add(float64(c.Requests))
+	m.rateLimited.WithLabelValues(run.Job).Add(float64(c.RateLimited))
+}
