@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/backstop-sync/backstop/sources/governor"
+	"github.com/backstop-sync/backstop"
 )
 
 // retryPolicy decides the retries of one call. 5xx answers and network
@@ -58,7 +58,7 @@ func (p *retryPolicy) backoff(lo, hi time.Duration, _ int, resp *http.Response) 
 	}
 	d := fullJitter(lo, hi, p.failures-1, p.rand())
 	if resp != nil && resp.StatusCode == http.StatusServiceUnavailable {
-		if ra, ok := governor.ParseRetryAfter(resp.Header.Get("Retry-After"), p.now()); ok {
+		if ra, ok := backstop.ParseRetryAfter(resp.Header.Get("Retry-After"), p.now()); ok {
 			d = max(d, min(ra, hi))
 		}
 	}

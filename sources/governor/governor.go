@@ -9,6 +9,8 @@
 package governor
 
 import (
+	"github.com/backstop-sync/backstop"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -242,7 +244,7 @@ func (t *Ticket) Done(status int, h http.Header) {
 	obs.Status = status
 	obs.Granted = t.granted
 	if status == http.StatusTooManyRequests {
-		obs.RetryAfter, obs.HasRetryAfter = ParseRetryAfter(h.Get("Retry-After"), now)
+		obs.RetryAfter, obs.HasRetryAfter = backstop.ParseRetryAfter(h.Get("Retry-After"), now)
 		obs.Rand = g.rand()
 	}
 	if err := g.store.Observe(t.ctx, g.key, now, obs, g.policy); err != nil {

@@ -1,4 +1,4 @@
-package governor
+package backstop
 
 import (
 	"math"
