@@ -76,16 +76,28 @@ func (row outboxRow) outboxRow() (OutboxRow, error) {
 // is empty, in the order they were queued.
 func (db *DB) OutboxRows(ctx context.Context, target string) ([]OutboxRow, error) {
 	var rows []outboxRow
-	if err := db.r.SelectContext(ctx, &rows, `SELECT id, target, event_id, event_type, payload, status,
-		attempts, next_attempt_at, created_at, updated_at, last_status, last_error
+	if err := db.r.SelectContext(ctx, &rows, `SELECT `+outboxColumns+`
 		FROM outbox WHERE ? = '' OR target = ? ORDER BY id`, target, target); err != nil {
 		return nil, fmt.Errorf("list outbox %s: %w", target, err)
 	}
+	out, err := convertOutbox(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list outbox %s: %w", target, err)
+	}
+	return out, nil
+}
+
+// outboxColumns are the columns outboxRow reads, for SELECT lists.
+const outboxColumns = `id, target, event_id, event_type, payload, status,
+	attempts, next_attempt_at, created_at, updated_at, last_status, last_error`
+
+// convertOutbox converts rows read with outboxColumns.
+func convertOutbox(rows []outboxRow) ([]OutboxRow, error) {
 	out := make([]OutboxRow, len(rows))
 	for i, row := range rows {
 		o, err := row.outboxRow()
 		if err != nil {
-			return nil, fmt.Errorf("list outbox %s: %w", target, err)
+			return nil, err
 		}
 		out[i] = o
 	}

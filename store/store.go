@@ -63,6 +63,7 @@ type DB struct {
 	saveCursor   *sqlx.Stmt
 	insertEvent  *sqlx.Stmt // the dedup insert of the emit path
 	insertOutbox *sqlx.Stmt
+	delivery     *deliveryStmts
 
 	closeOnce sync.Once
 	closeErr  error
@@ -179,7 +180,7 @@ func (db *DB) prepare(ctx context.Context) error {
 	if db.insertOutbox, err = db.w.PreparexContext(ctx, insertOutboxSQL); err != nil {
 		return fmt.Errorf("prepare outbox insert: %w", err)
 	}
-	return nil
+	return db.prepareDelivery(ctx)
 }
 
 // Close closes the store. Methods called after Close return errors. Close is
@@ -195,6 +196,7 @@ func (db *DB) Close() error {
 				errs = append(errs, st.Close())
 			}
 		}
+		db.delivery.close()
 		if db.r != nil {
 			errs = append(errs, db.r.Close())
 		}

@@ -84,6 +84,7 @@ type Intake struct {
 	Secrets     []Secret `yaml:"secrets"`     // more secrets, accepted during rotation
 	Tolerance   Duration `yaml:"tolerance"`   // timestamp tolerance, default 5m
 	Synchronous string   `yaml:"synchronous"` // NORMAL or FULL for intake commits, default FULL
+	ProxyToken  Secret   `yaml:"proxy_token"` // bearer token for POST /outbox/{target} (webhook-proxy mode); empty = off
 }
 
 // AllSecrets returns Secret followed by Secrets, leaving out empty ones.

@@ -1,0 +1,131 @@
+package intake
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Enqueuer queues a payload for a delivery target (the outbox).
+type Enqueuer interface {
+	Enqueue(ctx context.Context, target, eventID, eventType string, payload json.RawMessage, now time.Time) (int64, error)
+}
+
+// Proxy serves POST /outbox/{target}: webhook-proxy mode. Internal services
+// send any JSON body with a bearer token and get 202 once it is durable in
+// the target's queue; backstop owns the retries from there.
+type Proxy struct {
+	queue   Enqueuer
+	token   string
+	targets map[string]bool
+	logger  *slog.Logger
+	now     func() time.Time
+	wake    func(target string)
+}
+
+// ProxyOptions configure a Proxy.
+type ProxyOptions struct {
+	// Token is the bearer token callers must send; empty turns the proxy off
+	// (every request is answered 404).
+	Token   string
+	Targets []string
+	Logger  *slog.Logger
+	Now     func() time.Time
+	// OnQueued, when set, is told the target of every queued payload (to
+	// wake its delivery worker).
+	OnQueued func(target string)
+}
+
+// NewProxy returns the webhook-proxy endpoint over queue.
+func NewProxy(queue Enqueuer, opts ProxyOptions) *Proxy {
+	p := &Proxy{queue: queue, token: opts.Token, targets: map[string]bool{}, logger: opts.Logger, now: opts.Now, wake: opts.OnQueued}
+	for _, t := range opts.Targets {
+		p.targets[t] = true
+	}
+	if p.logger == nil {
+		p.logger = slog.New(slog.DiscardHandler)
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	return p
+}
+
+// ServeHTTP handles POST /outbox/{target}. The event id is the caller's
+// X-Event-Id (or Idempotency-Key), so a retried call is queued once; without
+// one a new id is made.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if p.token == "" {
+		WriteError(w, http.StatusNotFound, "proxy_off", "webhook-proxy mode is off: set intake.proxy_token to turn it on")
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST to queue a payload")
+		return
+	}
+	auth, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(auth), []byte(p.token)) != 1 {
+		WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
+		return
+	}
+	target := r.PathValue("target")
+	if !p.targets[target] {
+		WriteError(w, http.StatusNotFound, "unknown_target", fmt.Sprintf("no target named %q", target))
+		return
+	}
+	if r.ContentLength > MaxBody {
+		WriteError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, MaxBody))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			WriteError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("body is over the %d-byte limit", MaxBody))
+			return
+		}
+		WriteError(w, http.StatusBadRequest, "bad_body", "the request body could not be read: "+err.Error())
+		return
+	}
+	if !json.Valid(body) {
+		WriteError(w, http.StatusBadRequest, "malformed_json", "the body must be JSON")
+		return
+	}
+	eventID := r.Header.Get("X-Event-Id")
+	if eventID == "" {
+		eventID = r.Header.Get("Idempotency-Key")
+	}
+	if eventID == "" {
+		b := make([]byte, 12)
+		rand.Read(b)
+		eventID = "evt_px_" + hex.EncodeToString(b)
+	} else if len(eventID) > MaxIDBytes || strings.ContainsFunc(eventID, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+		WriteError(w, http.StatusBadRequest, "bad_event_id", "X-Event-Id must be at most 200 bytes without control characters")
+		return
+	}
+	eventType := r.Header.Get("X-Event-Type")
+	if eventType == "" {
+		eventType = "proxy"
+	}
+	id, err := p.queue.Enqueue(r.Context(), target, eventID, eventType, body, p.now())
+	if err != nil {
+		p.logger.Error("proxy payload not queued", "target", target, "error", err)
+		w.Header().Set("Retry-After", "5")
+		WriteError(w, http.StatusServiceUnavailable, "store_unavailable", "the payload could not be stored; retry later")
+		return
+	}
+	if p.wake != nil {
+		p.wake(target)
+	}
+	writeJSON(w, http.StatusAccepted, map[string]any{"status": "queued", "id": id, "event_id": eventID})
+}

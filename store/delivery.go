@@ -1,0 +1,709 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// Delivery statuses of an outbox row.
+const (
+	StatusPending    = "pending"
+	StatusRetrying   = "retrying"
+	StatusDelivered  = "delivered"
+	StatusDeadLetter = "dead_letter"
+)
+
+// MaxAttemptBody is how much of a response body an attempt keeps: the first
+// 4 KiB (DESIGN.md, Delivery).
+const MaxAttemptBody = 4 << 10
+
+// defaultDeliveriesLimit is the page size of Deliveries when the filter sets
+// none.
+const defaultDeliveriesLimit = 100
+
+// noTime is what a time column without a value holds where the column is
+// NOT NULL (outbox.next_attempt_at of a row that is not retrying): the
+// canonical zero time, which reads back as the zero time.Time and sorts
+// before every real time, so such a row is always due.
+var noTime = backstop.CanonicalTime(time.Time{})
+
+// Attempt is one delivery attempt as logged in delivery_attempts.
+type Attempt struct {
+	ID         int64
+	DeliveryID int64
+	Target     string
+	URL        string
+	// Attempt is the 1-based attempt number of the delivery. A redirect logs
+	// the delivery's current count + 1 but does not change the delivery.
+	Attempt int
+	// StatusCode is the HTTP status of the answer; 0 when nothing answered
+	// (timeout, connection error, refused by the SSRF guard).
+	StatusCode int
+	Error      string
+	// Body is the first MaxAttemptBody bytes of the response body; the store
+	// cuts a longer one.
+	Body      string
+	RequestID string
+	Duration  time.Duration
+	At        time.Time
+	// Redirect marks a manual redirect of the delivery to another URL.
+	Redirect bool
+}
+
+// Outcome is what an attempt did to its delivery.
+type Outcome struct {
+	// Status is StatusDelivered, StatusRetrying or StatusDeadLetter.
+	Status string
+	// NextAttemptAt is when a retrying delivery is due again; ignored for
+	// other statuses.
+	NextAttemptAt time.Time
+}
+
+// DeliveryFilter selects outbox rows for Deliveries. Zero fields select
+// everything.
+type DeliveryFilter struct {
+	Status    string    // one of the Status* constants
+	Target    string    // a target's name
+	EventType string    // an event type such as "payment.succeeded"
+	Since     time.Time // rows queued at or after Since
+	Limit     int       // at most this many rows; 0 means 100
+	Offset    int       // skip this many rows first
+}
+
+// TargetState is a delivery target's queue and its remembered state.
+type TargetState struct {
+	Name string
+	// PausedUntil is the end of the target's latest pause (429
+	// Retry-After), zero when it was never paused or was re-enabled. It may
+	// lie in the past: the target is paused only while now is before it.
+	PausedUntil    time.Time
+	Disabled       bool
+	DisabledReason string
+	DisabledAt     time.Time
+	// Outbox rows of the target by status.
+	Pending, Retrying, Delivered, DeadLetter int
+}
+
+// Statements of the dispatcher's hot path: every claim and every attempt.
+const (
+	claimSelectSQL = `SELECT ` + outboxColumns + ` FROM outbox
+		WHERE target = ? AND (status = 'pending' OR status = 'retrying') AND next_attempt_at <= ?
+		ORDER BY next_attempt_at, id LIMIT ?`
+	claimLeaseSQL = `UPDATE outbox SET next_attempt_at = ? WHERE id IN (SELECT id FROM outbox
+		WHERE target = ? AND (status = 'pending' OR status = 'retrying') AND next_attempt_at <= ?
+		ORDER BY next_attempt_at, id LIMIT ?)`
+	insertAttemptSQL = `INSERT INTO delivery_attempts
+		(delivery_id, target, url, attempt, status_code, error, body, request_id, duration_ms, at, redirect)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	recordOutcomeSQL = `UPDATE outbox SET status = ?, attempts = ?, next_attempt_at = ?,
+		last_status = ?, last_error = ?, updated_at = ? WHERE id = ?`
+	deliveryExistsSQL = `SELECT count(*) FROM outbox WHERE id = ?`
+)
+
+// deliveryStmts are the delivery hot-path statements, prepared once per DB
+// on the writer connection (in prepare) and closed with it.
+type deliveryStmts struct {
+	claimSelect, claimLease, insertAttempt, recordOutcome *sqlx.Stmt
+}
+
+// prepareDelivery prepares db's delivery statements.
+func (db *DB) prepareDelivery(ctx context.Context) error {
+	st := &deliveryStmts{}
+	for _, p := range []struct {
+		dst **sqlx.Stmt
+		sql string
+	}{
+		{&st.claimSelect, claimSelectSQL},
+		{&st.claimLease, claimLeaseSQL},
+		{&st.insertAttempt, insertAttemptSQL},
+		{&st.recordOutcome, recordOutcomeSQL},
+	} {
+		s, err := db.w.PreparexContext(ctx, p.sql)
+		if err != nil {
+			st.close()
+			return fmt.Errorf("prepare delivery statements: %w", err)
+		}
+		*p.dst = s
+	}
+	db.delivery = st
+	return nil
+}
+
+// deliveryStmts returns db's delivery statements.
+func (db *DB) deliveryStmts(context.Context) (*deliveryStmts, error) {
+	if db.delivery == nil {
+		return nil, errors.New("store is closed or not open")
+	}
+	return db.delivery, nil
+}
+
+// close closes the statements prepared so far.
+func (st *deliveryStmts) close() {
+	if st == nil {
+		return
+	}
+	for _, s := range []*sqlx.Stmt{st.claimSelect, st.claimLease, st.insertAttempt, st.recordOutcome} {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
+
+// ClaimDue returns up to limit rows of target that are due at now (status
+// pending or retrying, next_attempt_at not after now), oldest first by
+// next_attempt_at then id, and in the same transaction leases them: their
+// next_attempt_at moves to now+lease, so that no other claim returns them
+// before the lease ends and, should the process die mid-attempt, they are
+// due again after it (at-least-once). The rows returned show their values
+// before the claim. A target's pause or disabled state is not consulted:
+// that is the dispatcher's decision.
+func (db *DB) ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]OutboxRow, error) {
+	if limit <= 0 || lease <= 0 {
+		return nil, fmt.Errorf("claim due deliveries of %s: limit %d and lease %v must be positive", target, limit, lease)
+	}
+	st, err := db.deliveryStmts(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("claim due deliveries of %s: %w", target, err)
+	}
+	rows, err := db.claimDue(ctx, st, target, now, limit, lease)
+	if err != nil {
+		return nil, fmt.Errorf("claim due deliveries of %s: %w", target, err)
+	}
+	return rows, nil
+}
+
+func (db *DB) claimDue(ctx context.Context, st *deliveryStmts, target string, now time.Time, limit int, lease time.Duration) ([]OutboxRow, error) {
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	// As in emit: no goroutine per statement to watch ctx; a cancelled ctx
+	// still fails the commit.
+	sctx := context.WithoutCancel(ctx)
+	stamp := backstop.CanonicalTime(now)
+	var raw []outboxRow
+	if err := tx.StmtxContext(sctx, st.claimSelect).SelectContext(sctx, &raw, target, stamp, limit); err != nil {
+		return nil, err
+	}
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	rows, err := convertOutbox(raw)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.StmtxContext(sctx, st.claimLease).ExecContext(sctx,
+		backstop.CanonicalTime(now.Add(lease)), target, stamp, limit); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return rows, nil
+}
+
+// RecordAttempt logs attempt a and, in the same transaction, applies its
+// outcome to the delivery a.DeliveryID: status out.Status, attempts
+// a.Attempt, next attempt out.NextAttemptAt for a retrying delivery (none
+// otherwise), the last status code and the last error (a.Error, or the
+// first MaxAttemptBody bytes of the body when a.Error is empty), updated at
+// a.At. A redirect (a.Redirect) is logged only; out is ignored and the
+// delivery is left as it was. A zero a.At means the store's clock. It
+// returns the attempt's id, and an error wrapping backstop.ErrNotFound when
+// there is no such delivery.
+func (db *DB) RecordAttempt(ctx context.Context, a Attempt, out Outcome) (int64, error) {
+	id, err := db.recordAttempt(ctx, a, out)
+	if err != nil {
+		return 0, fmt.Errorf("record attempt %d of delivery %d: %w", a.Attempt, a.DeliveryID, err)
+	}
+	return id, nil
+}
+
+func (db *DB) recordAttempt(ctx context.Context, a Attempt, out Outcome) (int64, error) {
+	if a.Attempt < 1 {
+		return 0, errors.New("attempt numbers start at 1")
+	}
+	next := noTime
+	if !a.Redirect {
+		switch out.Status {
+		case StatusRetrying:
+			if out.NextAttemptAt.IsZero() {
+				return 0, errors.New("a retrying outcome needs its next attempt time")
+			}
+			next = backstop.CanonicalTime(out.NextAttemptAt)
+		case StatusDelivered, StatusDeadLetter:
+		default:
+			return 0, fmt.Errorf("outcome status %q: want %s, %s or %s", out.Status, StatusDelivered, StatusRetrying, StatusDeadLetter)
+		}
+	}
+	if a.At.IsZero() {
+		a.At = db.now()
+	}
+	at := backstop.CanonicalTime(a.At)
+	body := truncateBody(a.Body)
+
+	st, err := db.deliveryStmts(ctx)
+	if err != nil {
+		return 0, err
+	}
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	sctx := context.WithoutCancel(ctx)
+
+	if a.Redirect {
+		var n int
+		if err := tx.GetContext(sctx, &n, deliveryExistsSQL, a.DeliveryID); err != nil {
+			return 0, err
+		}
+		if n == 0 {
+			return 0, fmt.Errorf("no such delivery: %w", backstop.ErrNotFound)
+		}
+	} else {
+		lastErr := a.Error
+		if lastErr == "" {
+			lastErr = body
+		}
+		res, err := tx.StmtxContext(sctx, st.recordOutcome).ExecContext(sctx,
+			out.Status, a.Attempt, next, nullInt(a.StatusCode), nullString(lastErr), at, a.DeliveryID)
+		if err != nil {
+			return 0, err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return 0, err
+		} else if n == 0 {
+			return 0, fmt.Errorf("no such delivery: %w", backstop.ErrNotFound)
+		}
+	}
+	res, err := tx.StmtxContext(sctx, st.insertAttempt).ExecContext(sctx,
+		a.DeliveryID, a.Target, a.URL, a.Attempt, a.StatusCode, a.Error, body, a.RequestID,
+		float64(a.Duration)/float64(time.Millisecond), at, a.Redirect)
+	if err != nil {
+		return 0, err
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	return id, nil
+}
+
+// truncateBody returns the first MaxAttemptBody bytes of s, cut back to the
+// start of a UTF-8 sequence so that a character is not split.
+func truncateBody(s string) string {
+	if len(s) <= MaxAttemptBody {
+		return s
+	}
+	n := MaxAttemptBody
+	for n > MaxAttemptBody-utf8.UTFMax && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// nullInt is n, or NULL when n is zero.
+func nullInt(n int) any {
+	if n == 0 {
+		return nil
+	}
+	return n
+}
+
+// attemptRow is one row of delivery_attempts as read back.
+type attemptRow struct {
+	ID         int64   `db:"id"`
+	DeliveryID int64   `db:"delivery_id"`
+	Target     string  `db:"target"`
+	URL        string  `db:"url"`
+	Attempt    int     `db:"attempt"`
+	StatusCode int     `db:"status_code"`
+	Error      string  `db:"error"`
+	Body       string  `db:"body"`
+	RequestID  string  `db:"request_id"`
+	DurationMS float64 `db:"duration_ms"`
+	At         string  `db:"at"`
+	Redirect   bool    `db:"redirect"`
+}
+
+// Attempts returns the attempts logged for the delivery deliveryID, redirects
+// included, oldest first; none for an unknown delivery.
+func (db *DB) Attempts(ctx context.Context, deliveryID int64) ([]Attempt, error) {
+	var rows []attemptRow
+	if err := db.r.SelectContext(ctx, &rows, `SELECT id, delivery_id, target, url, attempt, status_code,
+		error, body, request_id, duration_ms, at, redirect
+		FROM delivery_attempts WHERE delivery_id = ? ORDER BY at, id`, deliveryID); err != nil {
+		return nil, fmt.Errorf("list attempts of delivery %d: %w", deliveryID, err)
+	}
+	out := make([]Attempt, len(rows))
+	for i, r := range rows {
+		at, err := backstop.ParseTime(r.At)
+		if err != nil {
+			return nil, fmt.Errorf("list attempts of delivery %d: attempt %d: %w", deliveryID, r.ID, err)
+		}
+		out[i] = Attempt{
+			ID:         r.ID,
+			DeliveryID: r.DeliveryID,
+			Target:     r.Target,
+			URL:        r.URL,
+			Attempt:    r.Attempt,
+			StatusCode: r.StatusCode,
+			Error:      r.Error,
+			Body:       r.Body,
+			RequestID:  r.RequestID,
+			Duration:   time.Duration(math.Round(r.DurationMS * float64(time.Millisecond))),
+			At:         at,
+			Redirect:   r.Redirect,
+		}
+	}
+	return out, nil
+}
+
+// Deliveries returns the outbox rows f selects, newest first (the most
+// recently queued first). It fails on an unknown f.Status.
+func (db *DB) Deliveries(ctx context.Context, f DeliveryFilter) ([]OutboxRow, error) {
+	q := `SELECT ` + outboxColumns + ` FROM outbox WHERE 1 = 1`
+	var args []any
+	switch f.Status {
+	case "":
+	case StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter:
+		q += ` AND status = ?`
+		args = append(args, f.Status)
+	default:
+		return nil, fmt.Errorf("list deliveries: status %q: want %s, %s, %s or %s",
+			f.Status, StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter)
+	}
+	if f.Target != "" {
+		q += ` AND target = ?`
+		args = append(args, f.Target)
+	}
+	if f.EventType != "" {
+		q += ` AND event_type = ?`
+		args = append(args, f.EventType)
+	}
+	if !f.Since.IsZero() {
+		q += ` AND created_at >= ?`
+		args = append(args, backstop.CanonicalTime(f.Since))
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = defaultDeliveriesLimit
+	}
+	q += ` ORDER BY id DESC LIMIT ? OFFSET ?`
+	args = append(args, limit, max(f.Offset, 0))
+	var raw []outboxRow
+	if err := db.r.SelectContext(ctx, &raw, q, args...); err != nil {
+		return nil, fmt.Errorf("list deliveries: %w", err)
+	}
+	rows, err := convertOutbox(raw)
+	if err != nil {
+		return nil, fmt.Errorf("list deliveries: %w", err)
+	}
+	return rows, nil
+}
+
+// Delivery returns the outbox row id; ok is false when there is none.
+func (db *DB) Delivery(ctx context.Context, id int64) (row OutboxRow, ok bool, err error) {
+	var raw outboxRow
+	err = db.r.GetContext(ctx, &raw, `SELECT `+outboxColumns+` FROM outbox WHERE id = ?`, id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return OutboxRow{}, false, nil
+	}
+	if err != nil {
+		return OutboxRow{}, false, fmt.Errorf("read delivery %d: %w", id, err)
+	}
+	if row, err = raw.outboxRow(); err != nil {
+		return OutboxRow{}, false, fmt.Errorf("read delivery %d: %w", id, err)
+	}
+	return row, true, nil
+}
+
+// requeueSQL puts outbox rows back in their queue, due at once, with their
+// attempts counted from zero again; the last status and error are kept.
+const requeueSQL = `UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = ?, updated_at = ?`
+
+// RetryDelivery puts the delivery id, whatever its status, back in its
+// target's queue: pending, due at now, attempts counted from zero, last
+// status and error kept. It fails with an error wrapping backstop.ErrNotFound
+// when there is no such delivery.
+func (db *DB) RetryDelivery(ctx context.Context, id int64, now time.Time) error {
+	stamp := backstop.CanonicalTime(now)
+	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE id = ?`, stamp, stamp, id)
+	if err != nil {
+		return fmt.Errorf("retry delivery %d: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("retry delivery %d: %w", id, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("retry delivery %d: no such delivery: %w", id, backstop.ErrNotFound)
+	}
+	return nil
+}
+
+// RetryDead puts every dead letter of target back in its queue as
+// RetryDelivery does, and returns how many. target must not be empty.
+func (db *DB) RetryDead(ctx context.Context, target string, now time.Time) (int64, error) {
+	if target == "" {
+		return 0, errors.New("retry dead letters: empty target")
+	}
+	stamp := backstop.CanonicalTime(now)
+	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE target = ? AND status = 'dead_letter'`, stamp, stamp, target)
+	if err != nil {
+		return 0, fmt.Errorf("retry dead letters of %s: %w", target, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("retry dead letters of %s: %w", target, err)
+	}
+	return n, nil
+}
+
+// PurgeDead deletes the dead letters last updated before before, with their
+// attempts, and returns how many deliveries it deleted. It deletes in short
+// transactions: on error, the count says how many were deleted before it.
+func (db *DB) PurgeDead(ctx context.Context, before time.Time) (int64, error) {
+	// Attempts go with their delivery (ON DELETE CASCADE).
+	n, err := db.pruneChunked(ctx, `DELETE FROM outbox WHERE id IN (
+		SELECT id FROM outbox WHERE status = 'dead_letter' AND updated_at < ? LIMIT ?)`, before)
+	if err != nil {
+		return n, fmt.Errorf("purge dead letters: %w", err)
+	}
+	return n, nil
+}
+
+// PruneAttempts deletes the attempts made before before, whatever their
+// delivery's status, and returns how many it deleted. It deletes in short
+// transactions: on error, the count says how many were deleted before it.
+func (db *DB) PruneAttempts(ctx context.Context, before time.Time) (int64, error) {
+	n, err := db.pruneChunked(ctx, `DELETE FROM delivery_attempts WHERE id IN (
+		SELECT id FROM delivery_attempts WHERE at < ? LIMIT ?)`, before)
+	if err != nil {
+		return n, fmt.Errorf("prune delivery attempts: %w", err)
+	}
+	return n, nil
+}
+
+// pruneChunked runs del, a DELETE taking the cutoff time and a row limit,
+// until it deletes fewer than pruneChunk rows, and returns the total.
+func (db *DB) pruneChunked(ctx context.Context, del string, before time.Time) (int64, error) {
+	cutoff := backstop.CanonicalTime(before)
+	var total int64
+	for {
+		res, err := db.w.ExecContext(ctx, del, cutoff, pruneChunk)
+		if err != nil {
+			return total, err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, err
+		}
+		total += n
+		if n < pruneChunk {
+			return total, nil
+		}
+	}
+}
+
+// Enqueue queues payload, which must be valid JSON, for delivery to target
+// as event eventID of type eventType, pending and due at now, and returns
+// the delivery's id (webhook-proxy mode: payload is delivered as given). A
+// (target, eventID) pair is queued once: a repeat changes nothing and
+// returns the id queued first.
+func (db *DB) Enqueue(ctx context.Context, target, eventID, eventType string, payload json.RawMessage, now time.Time) (int64, error) {
+	id, err := db.enqueue(ctx, target, eventID, eventType, payload, now)
+	if err != nil {
+		return 0, fmt.Errorf("enqueue %s for %s: %w", eventID, target, err)
+	}
+	return id, nil
+}
+
+func (db *DB) enqueue(ctx context.Context, target, eventID, eventType string, payload json.RawMessage, now time.Time) (int64, error) {
+	switch {
+	case target == "":
+		return 0, errors.New("empty target")
+	case eventID == "":
+		return 0, errors.New("empty event id")
+	case eventType == "":
+		return 0, errors.New("empty event type")
+	case !json.Valid(payload):
+		return 0, errors.New("payload is not valid JSON")
+	}
+	stamp := backstop.CanonicalTime(now)
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	res, err := tx.StmtxContext(ctx, db.insertOutbox).ExecContext(ctx,
+		target, eventID, eventType, string(payload), stamp, stamp, stamp)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	var id int64
+	if n == 1 {
+		if id, err = res.LastInsertId(); err != nil {
+			return 0, err
+		}
+	} else if err := tx.GetContext(ctx, &id, `SELECT id FROM outbox WHERE target = ? AND event_id = ?`, target, eventID); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	return id, nil
+}
+
+// TargetStates returns the state of each of names, in the same order: its
+// outbox rows counted by status, its pause and whether it is disabled. A
+// name the store knows nothing about gets a zero state.
+func (db *DB) TargetStates(ctx context.Context, names []string) ([]TargetState, error) {
+	out := make([]TargetState, len(names))
+	byName := make(map[string][]*TargetState, len(names))
+	for i, n := range names {
+		out[i].Name = n
+		byName[n] = append(byName[n], &out[i])
+	}
+	if len(names) == 0 {
+		return out, nil
+	}
+	// One read transaction, so the counts and the states are one snapshot.
+	tx, err := db.r.BeginTxx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("read target states: begin: %w", err)
+	}
+	defer tx.Rollback()
+	for start := 0; start < len(names); start += maxIn {
+		chunk := names[start:min(start+maxIn, len(names))]
+		if err := readTargetStates(ctx, tx, chunk, byName); err != nil {
+			return nil, fmt.Errorf("read target states: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// readTargetStates fills byName's states for names, at most maxIn of them.
+func readTargetStates(ctx context.Context, tx *sqlx.Tx, names []string, byName map[string][]*TargetState) error {
+	args := make([]any, len(names))
+	for i, n := range names {
+		args[i] = n
+	}
+	in := placeholders(len(names))
+	var counts []struct {
+		Target string `db:"target"`
+		Status string `db:"status"`
+		N      int    `db:"n"`
+	}
+	if err := tx.SelectContext(ctx, &counts, `SELECT target, status, count(*) AS n FROM outbox
+		WHERE target IN (`+in+`) GROUP BY target, status`, args...); err != nil {
+		return err
+	}
+	for _, c := range counts {
+		for _, ts := range byName[c.Target] {
+			switch c.Status {
+			case StatusPending:
+				ts.Pending = c.N
+			case StatusRetrying:
+				ts.Retrying = c.N
+			case StatusDelivered:
+				ts.Delivered = c.N
+			case StatusDeadLetter:
+				ts.DeadLetter = c.N
+			}
+		}
+	}
+	var states []struct {
+		Name           string         `db:"name"`
+		PausedUntil    sql.NullString `db:"paused_until"`
+		Disabled       bool           `db:"disabled"`
+		DisabledReason string         `db:"disabled_reason"`
+		DisabledAt     sql.NullString `db:"disabled_at"`
+	}
+	if err := tx.SelectContext(ctx, &states, `SELECT name, paused_until, disabled, disabled_reason, disabled_at
+		FROM target_state WHERE name IN (`+in+`)`, args...); err != nil {
+		return err
+	}
+	for _, s := range states {
+		var paused, disabledAt time.Time
+		var err error
+		if s.PausedUntil.Valid {
+			if paused, err = backstop.ParseTime(s.PausedUntil.String); err != nil {
+				return fmt.Errorf("target %s: paused_until: %w", s.Name, err)
+			}
+		}
+		if s.DisabledAt.Valid {
+			if disabledAt, err = backstop.ParseTime(s.DisabledAt.String); err != nil {
+				return fmt.Errorf("target %s: disabled_at: %w", s.Name, err)
+			}
+		}
+		for _, ts := range byName[s.Name] {
+			ts.PausedUntil = paused
+			ts.Disabled = s.Disabled
+			ts.DisabledReason = s.DisabledReason
+			ts.DisabledAt = disabledAt
+		}
+	}
+	return nil
+}
+
+// PauseTarget pauses target name until until. A pause is only ever
+// extended: an earlier until than the current pause's end changes nothing.
+func (db *DB) PauseTarget(ctx context.Context, name string, until time.Time) error {
+	if name == "" {
+		return errors.New("pause target: empty name")
+	}
+	if _, err := db.w.ExecContext(ctx, `INSERT INTO target_state (name, paused_until) VALUES (?, ?)
+		ON CONFLICT (name) DO UPDATE SET paused_until = max(coalesce(paused_until, ''), excluded.paused_until)`,
+		name, backstop.CanonicalTime(until)); err != nil {
+		return fmt.Errorf("pause target %s: %w", name, err)
+	}
+	return nil
+}
+
+// DisableTarget disables target name from now with reason (a 410 answer,
+// say) until EnableTarget. Disabling a disabled target replaces its reason
+// and time.
+func (db *DB) DisableTarget(ctx context.Context, name, reason string, now time.Time) error {
+	if name == "" {
+		return errors.New("disable target: empty name")
+	}
+	if _, err := db.w.ExecContext(ctx, `INSERT INTO target_state (name, disabled, disabled_reason, disabled_at)
+		VALUES (?, 1, ?, ?)
+		ON CONFLICT (name) DO UPDATE SET disabled = 1, disabled_reason = excluded.disabled_reason,
+			disabled_at = excluded.disabled_at`,
+		name, reason, backstop.CanonicalTime(now)); err != nil {
+		return fmt.Errorf("disable target %s: %w", name, err)
+	}
+	return nil
+}
+
+// EnableTarget re-enables target name and ends its pause, if any. Enabling
+// a target that is neither disabled nor paused changes nothing.
+func (db *DB) EnableTarget(ctx context.Context, name string) error {
+	if _, err := db.w.ExecContext(ctx, `UPDATE target_state
+		SET disabled = 0, disabled_reason = '', disabled_at = NULL, paused_until = NULL
+		WHERE name = ?`, name); err != nil {
+		return fmt.Errorf("enable target %s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,519 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// enqueue queues a delivery of evt to target at now and returns its id.
+func enqueue(t *testing.T, db *DB, target, eventID, eventType string, now time.Time) int64 {
+	t.Helper()
+	payload := fmt.Sprintf(`{"event_id":%q,"event":%q,"data":{}}`, eventID, eventType)
+	id, err := db.Enqueue(context.Background(), target, eventID, eventType, json.RawMessage(payload), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func mustDelivery(t *testing.T, db *DB, id int64) OutboxRow {
+	t.Helper()
+	row, ok, err := db.Delivery(context.Background(), id)
+	if err != nil || !ok {
+		t.Fatalf("Delivery(%d) = %v, %v; want the row", id, ok, err)
+	}
+	return row
+}
+
+func record(t *testing.T, db *DB, a Attempt, out Outcome) int64 {
+	t.Helper()
+	id, err := db.RecordAttempt(context.Background(), a, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func claimIDs(t *testing.T, db *DB, target string, now time.Time, limit int, lease time.Duration) []int64 {
+	t.Helper()
+	rows, err := db.ClaimDue(context.Background(), target, now, limit, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+func rowIDs(rows []OutboxRow) []int64 {
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+func sameIDs(a, b []int64) bool {
+	return fmt.Sprint(a) == fmt.Sprint(b)
+}
+
+func TestClaimDueLeases(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	// Queued in reverse of their due order: the claim orders by due time.
+	c := enqueue(t, db, "crm", "evt_c", "payment.succeeded", t0.Add(2*time.Second))
+	b := enqueue(t, db, "crm", "evt_b", "payment.succeeded", t0.Add(time.Second))
+	a := enqueue(t, db, "crm", "evt_a", "payment.succeeded", t0)
+	other := enqueue(t, db, "billing", "evt_a", "payment.succeeded", t0)
+	notYet := enqueue(t, db, "crm", "evt_later", "payment.succeeded", t0.Add(time.Hour))
+
+	now := t0.Add(5 * time.Second)
+	const lease = 30 * time.Second
+	rows, err := db.ClaimDue(ctx, "crm", now, 2, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rowIDs(rows); !sameIDs(got, []int64{a, b}) {
+		t.Fatalf("first claim = %v, want [%d %d]", got, a, b)
+	}
+	// The rows show their values before the claim.
+	if !rows[0].NextAttemptAt.Equal(t0) || rows[0].EventID != "evt_a" || rows[0].Status != StatusPending {
+		t.Errorf("claimed row = %+v, want evt_a pending due at %v", rows[0], t0)
+	}
+	if got := mustDelivery(t, db, a).NextAttemptAt; !got.Equal(now.Add(lease)) {
+		t.Errorf("leased row due at %v, want %v", got, now.Add(lease))
+	}
+	if got := claimIDs(t, db, "crm", now, 10, lease); !sameIDs(got, []int64{c}) {
+		t.Errorf("second claim = %v, want only the unclaimed [%d]", got, c)
+	}
+	if got := claimIDs(t, db, "crm", now.Add(lease-time.Nanosecond), 10, lease); len(got) != 0 {
+		t.Errorf("claim before the lease ends = %v, want none", got)
+	}
+	// The leases ended (the process died mid-attempt, say): due again, all
+	// at the same time now, so in id order.
+	if got := claimIDs(t, db, "crm", now.Add(lease), 10, lease); !sameIDs(got, []int64{c, b, a}) {
+		t.Errorf("claim after the lease = %v, want [%d %d %d]", got, c, b, a)
+	}
+	if got := claimIDs(t, db, "billing", now, 10, lease); !sameIDs(got, []int64{other}) {
+		t.Errorf("billing claim = %v, want [%d]: one target's claims leave another's rows alone", got, other)
+	}
+	if got := claimIDs(t, db, "crm", t0.Add(time.Hour), 10, lease); !sameIDs(got, []int64{c, b, a, notYet}) {
+		t.Errorf("claim an hour later = %v, want [%d %d %d %d]", got, c, b, a, notYet)
+	}
+	if _, err := db.ClaimDue(ctx, "crm", now, 0, lease); err == nil {
+		t.Error("ClaimDue with limit 0 did not fail")
+	}
+}
+
+func TestRecordAttemptTransitions(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	id := enqueue(t, db, "crm", "evt_1", "payment.succeeded", t0)
+	const url = "https://crm.example/hook"
+
+	// 503: retrying at the next time of the schedule.
+	first := Attempt{DeliveryID: id, Target: "crm", URL: url, Attempt: 1, StatusCode: 503,
+		Body: "busy", RequestID: "req_1", Duration: 1500 * time.Microsecond, At: t0.Add(time.Second)}
+	record(t, db, first, Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(time.Minute)})
+	row := mustDelivery(t, db, id)
+	if row.Status != StatusRetrying || row.Attempts != 1 || !row.NextAttemptAt.Equal(t0.Add(time.Minute)) ||
+		row.LastStatus != 503 || row.LastError != "busy" || !row.UpdatedAt.Equal(first.At) {
+		t.Errorf("after a 503: %+v; want retrying, 1 attempt, due %v, last 503 busy", row, t0.Add(time.Minute))
+	}
+	if got := claimIDs(t, db, "crm", t0.Add(59*time.Second), 10, time.Minute); len(got) != 0 {
+		t.Errorf("claimed %v before the retry is due", got)
+	}
+	if got := claimIDs(t, db, "crm", t0.Add(time.Minute), 10, time.Minute); !sameIDs(got, []int64{id}) {
+		t.Errorf("claim at the retry time = %v, want [%d]", got, id)
+	}
+
+	// No answer: the error is the last error, the status 0.
+	record(t, db, Attempt{DeliveryID: id, Target: "crm", URL: url, Attempt: 2, Error: "connection refused",
+		RequestID: "req_2", At: t0.Add(time.Minute)}, Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(11 * time.Minute)})
+	row = mustDelivery(t, db, id)
+	if row.Status != StatusRetrying || row.Attempts != 2 || row.LastStatus != 0 || row.LastError != "connection refused" {
+		t.Errorf("after a refused connection: %+v", row)
+	}
+
+	// 200: delivered, never due again.
+	record(t, db, Attempt{DeliveryID: id, Target: "crm", URL: url, Attempt: 3, StatusCode: 200,
+		RequestID: "req_3", At: t0.Add(11 * time.Minute)}, Outcome{Status: StatusDelivered})
+	row = mustDelivery(t, db, id)
+	if row.Status != StatusDelivered || row.Attempts != 3 || !row.NextAttemptAt.IsZero() || row.LastStatus != 200 || row.LastError != "" {
+		t.Errorf("after a 200: %+v; want delivered, 3 attempts, no next attempt", row)
+	}
+	if got := claimIDs(t, db, "crm", t0.Add(48*time.Hour), 10, time.Minute); len(got) != 0 {
+		t.Errorf("a delivered row was claimed: %v", got)
+	}
+
+	atts, err := db.Attempts(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(atts) != 3 {
+		t.Fatalf("Attempts = %d rows, want 3", len(atts))
+	}
+	want := first
+	want.ID = atts[0].ID
+	if atts[0] != want {
+		t.Errorf("first attempt read back as\n%+v\nwant\n%+v", atts[0], want)
+	}
+	for i, a := range atts {
+		if a.Attempt != i+1 || a.RequestID != fmt.Sprintf("req_%d", i+1) {
+			t.Errorf("attempt %d = %+v, out of order", i, a)
+		}
+	}
+
+	// 400 with a long body: dead at once; body and last error cut to 4 KiB.
+	dead := enqueue(t, db, "crm", "evt_2", "payment.succeeded", t0)
+	long := strings.Repeat("x", MaxAttemptBody-1) + "é" + strings.Repeat("y", 100)
+	record(t, db, Attempt{DeliveryID: dead, Target: "crm", URL: url, Attempt: 1, StatusCode: 400,
+		Body: long, At: t0.Add(time.Second)}, Outcome{Status: StatusDeadLetter})
+	row = mustDelivery(t, db, dead)
+	if row.Status != StatusDeadLetter || row.Attempts != 1 || row.LastStatus != 400 {
+		t.Errorf("after a 400: %+v; want dead_letter after 1 attempt", row)
+	}
+	if want := strings.Repeat("x", MaxAttemptBody-1); row.LastError != want {
+		t.Errorf("last error has %d bytes, want the body cut before the split character (%d)", len(row.LastError), len(want))
+	}
+	atts, err = db.Attempts(ctx, dead)
+	if err != nil || len(atts) != 1 || len(atts[0].Body) != MaxAttemptBody-1 {
+		t.Errorf("Attempts(dead) = %d rows, %v; want 1 with a cut body", len(atts), err)
+	}
+
+	// A redirect is logged, the dead letter left exactly as it was.
+	before := mustDelivery(t, db, dead)
+	record(t, db, Attempt{DeliveryID: dead, Target: "crm", URL: "https://inspector.example/x", Attempt: 2,
+		StatusCode: 200, Redirect: true, At: t0.Add(time.Hour)}, Outcome{})
+	if after := mustDelivery(t, db, dead); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("redirect changed the delivery:\n%+v\nwas\n%+v", after, before)
+	}
+	atts, err = db.Attempts(ctx, dead)
+	if err != nil || len(atts) != 2 || !atts[1].Redirect || atts[1].URL != "https://inspector.example/x" || atts[1].Attempt != 2 {
+		t.Errorf("Attempts after redirect = %+v, %v", atts, err)
+	}
+
+	// Errors.
+	for name, c := range map[string]struct {
+		a   Attempt
+		out Outcome
+	}{
+		"unknown delivery":          {Attempt{DeliveryID: 999, Attempt: 1}, Outcome{Status: StatusDelivered}},
+		"redirect unknown delivery": {Attempt{DeliveryID: 999, Attempt: 1, Redirect: true}, Outcome{}},
+	} {
+		if _, err := db.RecordAttempt(ctx, c.a, c.out); !errors.Is(err, backstop.ErrNotFound) {
+			t.Errorf("%s: err = %v, want ErrNotFound", name, err)
+		}
+	}
+	for name, c := range map[string]struct {
+		a   Attempt
+		out Outcome
+	}{
+		"bad status":            {Attempt{DeliveryID: id, Attempt: 4}, Outcome{Status: "lost"}},
+		"pending is no outcome": {Attempt{DeliveryID: id, Attempt: 4}, Outcome{Status: StatusPending}},
+		"retrying without time": {Attempt{DeliveryID: id, Attempt: 4}, Outcome{Status: StatusRetrying}},
+		"attempt 0":             {Attempt{DeliveryID: id}, Outcome{Status: StatusDelivered}},
+	} {
+		if _, err := db.RecordAttempt(ctx, c.a, c.out); err == nil {
+			t.Errorf("%s: RecordAttempt did not fail", name)
+		}
+	}
+	if atts, _ := db.Attempts(ctx, id); len(atts) != 3 {
+		t.Errorf("failed RecordAttempt calls logged attempts: %d rows, want 3", len(atts))
+	}
+}
+
+func TestDeliveries(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	a := enqueue(t, db, "crm", "evt_a", "payment.succeeded", t0)
+	b := enqueue(t, db, "crm", "evt_b", "contact.created", t0.Add(time.Hour))
+	c := enqueue(t, db, "billing", "evt_a", "payment.succeeded", t0.Add(2*time.Hour))
+	d := enqueue(t, db, "billing", "evt_d", "payment.failed", t0.Add(3*time.Hour))
+	record(t, db, Attempt{DeliveryID: b, Target: "crm", Attempt: 1, StatusCode: 404, At: t0.Add(time.Hour)},
+		Outcome{Status: StatusDeadLetter})
+	record(t, db, Attempt{DeliveryID: c, Target: "billing", Attempt: 1, StatusCode: 200, At: t0.Add(2 * time.Hour)},
+		Outcome{Status: StatusDelivered})
+
+	for _, c := range []struct {
+		name string
+		f    DeliveryFilter
+		want []int64
+	}{
+		{"all, newest first", DeliveryFilter{}, []int64{d, c, b, a}},
+		{"status", DeliveryFilter{Status: StatusPending}, []int64{d, a}},
+		{"dead", DeliveryFilter{Status: StatusDeadLetter}, []int64{b}},
+		{"target", DeliveryFilter{Target: "crm"}, []int64{b, a}},
+		{"event type", DeliveryFilter{EventType: "payment.succeeded"}, []int64{c, a}},
+		{"since is inclusive", DeliveryFilter{Since: t0.Add(time.Hour)}, []int64{d, c, b}},
+		{"combined", DeliveryFilter{Target: "billing", Status: StatusPending, Since: t0}, []int64{d}},
+		{"limit", DeliveryFilter{Limit: 2}, []int64{d, c}},
+		{"offset", DeliveryFilter{Limit: 2, Offset: 2}, []int64{b, a}},
+		{"nothing", DeliveryFilter{Target: "nobody"}, []int64{}},
+	} {
+		rows, err := db.Deliveries(ctx, c.f)
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if got := rowIDs(rows); !sameIDs(got, c.want) {
+			t.Errorf("%s: Deliveries = %v, want %v", c.name, got, c.want)
+		}
+	}
+	if _, err := db.Deliveries(ctx, DeliveryFilter{Status: "lost"}); err == nil {
+		t.Error("Deliveries with an unknown status did not fail")
+	}
+
+	row := mustDelivery(t, db, b)
+	if row.Target != "crm" || row.EventID != "evt_b" || row.EventType != "contact.created" ||
+		row.Status != StatusDeadLetter || row.LastStatus != 404 || !row.CreatedAt.Equal(t0.Add(time.Hour)) {
+		t.Errorf("Delivery(%d) = %+v", b, row)
+	}
+	if _, ok, err := db.Delivery(ctx, 999); ok || err != nil {
+		t.Errorf("Delivery(999) = %v, %v; want not found", ok, err)
+	}
+}
+
+func TestRetryDeliveryAndRetryDead(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	deadCRM1 := enqueue(t, db, "crm", "evt_1", "payment.succeeded", t0)
+	deadCRM2 := enqueue(t, db, "crm", "evt_2", "payment.succeeded", t0)
+	deadBilling := enqueue(t, db, "billing", "evt_1", "payment.succeeded", t0)
+	delivered := enqueue(t, db, "crm", "evt_3", "payment.succeeded", t0)
+	for _, id := range []int64{deadCRM1, deadCRM2, deadBilling} {
+		record(t, db, Attempt{DeliveryID: id, Attempt: 5, StatusCode: 500, Body: "oops", At: t0.Add(time.Hour)},
+			Outcome{Status: StatusDeadLetter})
+	}
+	record(t, db, Attempt{DeliveryID: delivered, Attempt: 1, StatusCode: 204, At: t0.Add(time.Minute)},
+		Outcome{Status: StatusDelivered})
+
+	now := t0.Add(24 * time.Hour)
+	n, err := db.RetryDead(ctx, "crm", now)
+	if err != nil || n != 2 {
+		t.Fatalf("RetryDead(crm) = %d, %v; want 2", n, err)
+	}
+	for _, id := range []int64{deadCRM1, deadCRM2} {
+		row := mustDelivery(t, db, id)
+		if row.Status != StatusPending || row.Attempts != 0 || !row.NextAttemptAt.Equal(now) ||
+			row.LastStatus != 500 || row.LastError != "oops" || !row.UpdatedAt.Equal(now) {
+			t.Errorf("retried dead letter %d = %+v; want pending, 0 attempts, due %v, last 500 oops kept", id, row, now)
+		}
+	}
+	if row := mustDelivery(t, db, deadBilling); row.Status != StatusDeadLetter {
+		t.Errorf("billing's dead letter became %s; RetryDead(crm) must leave other targets alone", row.Status)
+	}
+	if got := claimIDs(t, db, "crm", now, 10, time.Minute); !sameIDs(got, []int64{deadCRM1, deadCRM2}) {
+		t.Errorf("claim after RetryDead = %v, want [%d %d]", got, deadCRM1, deadCRM2)
+	}
+	if n, err := db.RetryDead(ctx, "crm", now); err != nil || n != 0 {
+		t.Errorf("second RetryDead(crm) = %d, %v; want 0", n, err)
+	}
+
+	// Any status can be retried by id.
+	if err := db.RetryDelivery(ctx, delivered, now); err != nil {
+		t.Fatal(err)
+	}
+	if row := mustDelivery(t, db, delivered); row.Status != StatusPending || row.Attempts != 0 ||
+		!row.NextAttemptAt.Equal(now) || row.LastStatus != 204 {
+		t.Errorf("retried delivered row = %+v", row)
+	}
+	if err := db.RetryDelivery(ctx, 999, now); !errors.Is(err, backstop.ErrNotFound) {
+		t.Errorf("RetryDelivery(999) = %v, want ErrNotFound", err)
+	}
+	if _, err := db.RetryDead(ctx, "", now); err == nil {
+		t.Error("RetryDead with an empty target did not fail")
+	}
+}
+
+func TestPurgeDeadAndPruneAttempts(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	oldDead := enqueue(t, db, "crm", "evt_1", "payment.succeeded", t0)
+	newDead := enqueue(t, db, "crm", "evt_2", "payment.succeeded", t0)
+	oldDelivered := enqueue(t, db, "crm", "evt_3", "payment.succeeded", t0)
+	record(t, db, Attempt{DeliveryID: oldDead, Attempt: 1, StatusCode: 500, At: t0},
+		Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(time.Minute)})
+	record(t, db, Attempt{DeliveryID: oldDead, Attempt: 2, StatusCode: 400, At: t0.Add(time.Minute)},
+		Outcome{Status: StatusDeadLetter})
+	record(t, db, Attempt{DeliveryID: newDead, Attempt: 1, StatusCode: 400, At: t0.Add(2 * time.Hour)},
+		Outcome{Status: StatusDeadLetter})
+	record(t, db, Attempt{DeliveryID: oldDelivered, Attempt: 1, StatusCode: 200, At: t0},
+		Outcome{Status: StatusDelivered})
+
+	n, err := db.PurgeDead(ctx, t0.Add(time.Hour))
+	if err != nil || n != 1 {
+		t.Fatalf("PurgeDead = %d, %v; want 1", n, err)
+	}
+	if _, ok, _ := db.Delivery(ctx, oldDead); ok {
+		t.Error("the old dead letter was kept")
+	}
+	if atts, err := db.Attempts(ctx, oldDead); err != nil || len(atts) != 0 {
+		t.Errorf("the purged dead letter kept %d attempts (%v)", len(atts), err)
+	}
+	mustDelivery(t, db, newDead)
+	mustDelivery(t, db, oldDelivered)
+
+	// Attempts are pruned by age whatever their delivery's status; the
+	// deliveries stay.
+	n, err = db.PruneAttempts(ctx, t0.Add(time.Hour))
+	if err != nil || n != 1 {
+		t.Fatalf("PruneAttempts = %d, %v; want 1 (the delivered row's)", n, err)
+	}
+	if atts, _ := db.Attempts(ctx, oldDelivered); len(atts) != 0 {
+		t.Errorf("old attempt kept: %+v", atts)
+	}
+	if atts, _ := db.Attempts(ctx, newDead); len(atts) != 1 {
+		t.Errorf("new attempt pruned: %+v", atts)
+	}
+	mustDelivery(t, db, oldDelivered)
+	if n, err := db.PruneAttempts(ctx, t0.Add(time.Hour)); err != nil || n != 0 {
+		t.Errorf("second PruneAttempts = %d, %v; want 0", n, err)
+	}
+}
+
+func TestEnqueue(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	payload := json.RawMessage(`{"any":["json",1]}`)
+	id, err := db.Enqueue(ctx, "crm", "evt_1", "order.created", payload, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := mustDelivery(t, db, id)
+	if row.Target != "crm" || row.EventID != "evt_1" || row.EventType != "order.created" || string(row.Payload) != string(payload) ||
+		row.Status != StatusPending || row.Attempts != 0 || !row.NextAttemptAt.Equal(t0) || !row.CreatedAt.Equal(t0) {
+		t.Errorf("enqueued row = %+v", row)
+	}
+	again, err := db.Enqueue(ctx, "crm", "evt_1", "order.created", json.RawMessage(`{"other":true}`), t0.Add(time.Hour))
+	if err != nil || again != id {
+		t.Errorf("repeated Enqueue = %d, %v; want the first id %d", again, err, id)
+	}
+	if row := mustDelivery(t, db, id); string(row.Payload) != string(payload) || !row.CreatedAt.Equal(t0) {
+		t.Errorf("a repeated Enqueue changed the row: %+v", row)
+	}
+	other, err := db.Enqueue(ctx, "billing", "evt_1", "order.created", payload, t0)
+	if err != nil || other == id {
+		t.Errorf("Enqueue for another target = %d, %v; want a new row", other, err)
+	}
+	for name, p := range map[string]json.RawMessage{"invalid": json.RawMessage(`{"a":`), "empty": nil} {
+		if _, err := db.Enqueue(ctx, "crm", "evt_x", "x", p, t0); err == nil {
+			t.Errorf("Enqueue of %s JSON did not fail", name)
+		}
+	}
+	if rows := outboxRows(t, db, ""); len(rows) != 2 {
+		t.Errorf("outbox has %d rows, want 2", len(rows))
+	}
+}
+
+func TestTargetStates(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	enqueue(t, db, "crm", "evt_1", "payment.succeeded", t0)
+	r := enqueue(t, db, "crm", "evt_2", "payment.succeeded", t0)
+	dl := enqueue(t, db, "crm", "evt_3", "payment.succeeded", t0)
+	dv := enqueue(t, db, "crm", "evt_4", "payment.succeeded", t0)
+	enqueue(t, db, "crm", "evt_5", "payment.succeeded", t0)
+	enqueue(t, db, "billing", "evt_1", "payment.succeeded", t0)
+	record(t, db, Attempt{DeliveryID: r, Attempt: 1, StatusCode: 503, At: t0}, Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(time.Minute)})
+	record(t, db, Attempt{DeliveryID: dl, Attempt: 1, StatusCode: 404, At: t0}, Outcome{Status: StatusDeadLetter})
+	record(t, db, Attempt{DeliveryID: dv, Attempt: 1, StatusCode: 200, At: t0}, Outcome{Status: StatusDelivered})
+
+	states := func(names ...string) []TargetState {
+		t.Helper()
+		got, err := db.TargetStates(ctx, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(names) {
+			t.Fatalf("TargetStates(%v) = %d states", names, len(got))
+		}
+		return got
+	}
+	got := states("crm", "nobody", "billing", "crm")
+	want := []TargetState{
+		{Name: "crm", Pending: 2, Retrying: 1, DeadLetter: 1, Delivered: 1},
+		{Name: "nobody"},
+		{Name: "billing", Pending: 1},
+		{Name: "crm", Pending: 2, Retrying: 1, DeadLetter: 1, Delivered: 1},
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("state %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if got, err := db.TargetStates(ctx, nil); err != nil || len(got) != 0 {
+		t.Errorf("TargetStates(nil) = %v, %v", got, err)
+	}
+
+	// A pause only ever grows.
+	for _, c := range []struct {
+		until, want time.Time
+	}{
+		{t0.Add(10 * time.Second), t0.Add(10 * time.Second)},
+		{t0.Add(5 * time.Second), t0.Add(10 * time.Second)},
+		{t0.Add(20 * time.Second), t0.Add(20 * time.Second)},
+	} {
+		if err := db.PauseTarget(ctx, "crm", c.until); err != nil {
+			t.Fatal(err)
+		}
+		if got := states("crm")[0].PausedUntil; !got.Equal(c.want) {
+			t.Errorf("after PauseTarget(%v): paused until %v, want %v", c.until, got, c.want)
+		}
+	}
+	if got := states("billing")[0].PausedUntil; !got.IsZero() {
+		t.Errorf("billing paused until %v, want not paused", got)
+	}
+
+	// Disabled until enabled; enabling also ends the pause.
+	if err := db.DisableTarget(ctx, "crm", "410 Gone", t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	s := states("crm")[0]
+	if !s.Disabled || s.DisabledReason != "410 Gone" || !s.DisabledAt.Equal(t0.Add(time.Minute)) || !s.PausedUntil.Equal(t0.Add(20*time.Second)) {
+		t.Errorf("disabled state = %+v", s)
+	}
+	if err := db.DisableTarget(ctx, "billing", "410 Gone", t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.EnableTarget(ctx, "crm"); err != nil {
+		t.Fatal(err)
+	}
+	s = states("crm")[0]
+	if s.Disabled || s.DisabledReason != "" || !s.DisabledAt.IsZero() || !s.PausedUntil.IsZero() || s.Pending != 2 {
+		t.Errorf("enabled state = %+v; want neither disabled nor paused", s)
+	}
+	if !states("billing")[0].Disabled {
+		t.Error("enabling crm enabled billing")
+	}
+	if err := db.EnableTarget(ctx, "nobody"); err != nil {
+		t.Errorf("EnableTarget of an unknown target = %v", err)
+	}
+}
+
+// TestDeliveryAfterClose: the delivery methods fail, not panic, on a closed
+// store, also once their statements are prepared.
+func TestDeliveryAfterClose(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	id := enqueue(t, db, "crm", "evt_1", "x", t0)
+	claimIDs(t, db, "crm", t0, 1, time.Minute)
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ClaimDue(ctx, "crm", t0.Add(time.Hour), 1, time.Minute); err == nil {
+		t.Error("ClaimDue after Close did not fail")
+	}
+	if _, err := db.RecordAttempt(ctx, Attempt{DeliveryID: id, Attempt: 1}, Outcome{Status: StatusDelivered}); err == nil {
+		t.Error("RecordAttempt after Close did not fail")
+	}
+}
