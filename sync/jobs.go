@@ -123,6 +123,9 @@ type JobStore interface {
 	PruneProcessed(ctx context.Context, before time.Time) (int64, error)
 	// PruneJobRuns deletes job runs started before before.
 	PruneJobRuns(ctx context.Context, before time.Time) (int64, error)
+	// PruneAttempts deletes delivery attempts made before before (dead
+	// letters themselves are kept until retried or purged).
+	PruneAttempts(ctx context.Context, before time.Time) (int64, error)
 }
 
 // Errors of the scheduler, for errors.Is.
@@ -467,7 +470,8 @@ func (s *Scheduler) work(ctx context.Context, j Job) (JobCounts, error) {
 	return c, errors.Join(errs...)
 }
 
-// maintain prunes processed events and job runs older than the retention.
+// maintain prunes processed events and job runs older than the retention,
+// and delivery attempts older than AttemptRetention.
 func (s *Scheduler) maintain(ctx context.Context, c *JobCounts) error {
 	before := s.opts.Now().Add(-s.opts.Retention)
 	n, err := s.opts.Store.PruneProcessed(ctx, before)
@@ -477,8 +481,16 @@ func (s *Scheduler) maintain(ctx context.Context, c *JobCounts) error {
 	}
 	n, err = s.opts.Store.PruneJobRuns(ctx, before)
 	c.Pruned += n
+	if err != nil {
+		return err
+	}
+	n, err = s.opts.Store.PruneAttempts(ctx, s.opts.Now().Add(-AttemptRetention))
+	c.Pruned += n
 	return err
 }
+
+// AttemptRetention is how long maintenance keeps delivery attempts.
+const AttemptRetention = 14 * 24 * time.Hour
 
 // skipMonitor counts gocron's singleton reschedules as skipped runs.
 type skipMonitor struct{ s *Scheduler }

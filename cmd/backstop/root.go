@@ -53,6 +53,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 		m.runCommand(g),
 		m.jobsCommand(g),
 		m.demoCommand(g),
+		m.deliveriesCommand(g),
 		m.serveCommand(g),
 		m.simCommand(g),
 		m.versionCommand(),

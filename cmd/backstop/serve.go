@@ -16,6 +16,7 @@ import (
 
 	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/cmd/backstop/config"
+	"github.com/backstop-sync/backstop/sinks/delivery"
 	"github.com/backstop-sync/backstop/sinks/intake"
 )
 
@@ -90,9 +91,31 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	}
 	stack := startIntake(ctx, a.db, a.client, verifier, routes, log, reg)
 	handler := stack.handler
+	dispatcher, err := delivery.New(deliveryQueue{a.db}, deliveryTargets(cfg), delivery.Options{
+		Logger: log.With("component", "delivery"), Registerer: reg,
+	})
+	if err != nil {
+		ln.Close()
+		stack.stop(ctx)
+		return usagef("targets: %v", err)
+	}
+	dispatchCtx, stopDispatch := context.WithCancel(context.WithoutCancel(ctx))
+	dispatchDone := make(chan struct{})
+	go func() {
+		defer close(dispatchDone)
+		dispatcher.Run(dispatchCtx)
+	}()
+	targetNames := make([]string, len(cfg.Targets))
+	for i, t := range cfg.Targets {
+		targetNames[i] = t.Name
+	}
 
 	mux := http.NewServeMux()
 	mux.Handle(cfg.Intake.Path, handler)
+	mux.Handle("/outbox/{target}", intake.NewProxy(a.db, intake.ProxyOptions{
+		Token: cfg.Intake.ProxyToken.Value(), Targets: targetNames, Logger: log.With("component", "proxy"),
+		OnQueued: dispatcher.Wake,
+	}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSONStatus(w, http.StatusOK, "ok")
 	})
@@ -150,6 +173,10 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	if err := stack.stop(sctx); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
+	// Attempts in flight are abandoned: their rows stay leased and are sent
+	// again after a restart (at-least-once, same event id).
+	stopDispatch()
+	<-dispatchDone
 	if runErr == nil {
 		log.Info("stopped cleanly")
 	}

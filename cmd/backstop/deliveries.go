@@ -1,0 +1,469 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/cmd/backstop/config"
+	"github.com/backstop-sync/backstop/sinks/delivery"
+	"github.com/backstop-sync/backstop/store"
+)
+
+func (m *Main) deliveriesCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "deliveries",
+		Short: "Inspect and steer outbound deliveries (list, show, retry, redirect, purge, targets)",
+		Long: `deliveries works on the outbox: one row per event and target, delivered by
+serve with a retry schedule, then dead-lettered. Each attempt is logged with its
+URL, status, error, the first 4 KiB of the answer, request id and duration.`,
+	}
+	cmd.AddCommand(
+		m.deliveriesListCommand(g),
+		m.deliveriesShowCommand(g),
+		m.deliveriesRetryCommand(g),
+		m.deliveriesRedirectCommand(g),
+		m.deliveriesPurgeCommand(g),
+		m.targetsCommand(g),
+	)
+	return cmd
+}
+
+func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
+	var (
+		f      store.DeliveryFilter
+		since  string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List deliveries, newest first",
+		Args:  cobraArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch f.Status {
+			case "", "pending", "retrying", "delivered", "dead_letter":
+			default:
+				return usagef("--status %q: want pending, retrying, delivered or dead_letter", f.Status)
+			}
+			if since != "" {
+				t, err := parseSince(since, time.Now())
+				if err != nil {
+					return usageError{err}
+				}
+				f.Since = t
+			}
+			db, _, err := m.openStore(cmd.Context(), g)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			rows, err := db.Deliveries(cmd.Context(), f)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSONOut(m.Stdout, deliveryRows(rows))
+			}
+			if len(rows) == 0 {
+				_, err := fmt.Fprintln(m.Stdout, "no deliveries match")
+				return err
+			}
+			tw := tabwriter.NewWriter(m.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tTARGET\tEVENT\tEVENT ID\tSTATUS\tATTEMPTS\tLAST\tNEXT ATTEMPT\tCREATED")
+			for _, r := range rows {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.ID, r.Target, r.EventType, r.EventID, r.Status,
+					r.Attempts, lastOutcome(r), timeOrDash(r.NextAttemptAt), r.CreatedAt.UTC().Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.Status, "status", "", "pending, retrying, delivered or dead_letter")
+	fl.StringVar(&f.Target, "target", "", "only this target")
+	fl.StringVar(&f.EventType, "event", "", "only this event type")
+	fl.StringVar(&since, "since", "14d", "only deliveries created since: a duration back (14d, 2h) or an RFC 3339 time")
+	fl.IntVar(&f.Limit, "limit", 100, "at most this many rows")
+	fl.BoolVar(&asJSON, "json", false, "print as JSON")
+	return cmd
+}
+
+func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show one delivery: its payload and every attempt",
+		Args:  cobraArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseID(args[0])
+			if err != nil {
+				return err
+			}
+			db, _, err := m.openStore(cmd.Context(), g)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			row, ok, err := db.Delivery(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("delivery %d: %w", id, backstop.ErrNotFound)
+			}
+			attempts, err := db.Attempts(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSONOut(m.Stdout, struct {
+					Delivery deliveryRow  `json:"delivery"`
+					Payload  any          `json:"payload"`
+					Attempts []attemptRow `json:"attempts"`
+				}{deliveryRows([]store.OutboxRow{row})[0], json.RawMessage(row.Payload), attemptRows(attempts)})
+			}
+			w := m.Stdout
+			fmt.Fprintf(w, "delivery %d  target %s  event %s (%s)\nstatus %s  attempts %d  next attempt %s\n\npayload:\n",
+				row.ID, row.Target, row.EventID, row.EventType, row.Status, row.Attempts, timeOrDash(row.NextAttemptAt))
+			var pretty any
+			if json.Unmarshal(row.Payload, &pretty) == nil {
+				enc := json.NewEncoder(w)
+				enc.SetIndent("  ", "  ")
+				enc.Encode(pretty)
+			}
+			fmt.Fprintln(w, "\nattempts:")
+			if len(attempts) == 0 {
+				fmt.Fprintln(w, "  none yet")
+			}
+			for _, a := range attempts {
+				kind := ""
+				if a.Redirect {
+					kind = " (redirect)"
+				}
+				fmt.Fprintf(w, "  #%d%s %s %s  status %s  %s  request %s\n", a.Attempt, kind, a.At.UTC().Format(time.RFC3339),
+					a.URL, statusOrDash(a.StatusCode), round(a.Duration), a.RequestID)
+				if a.Error != "" {
+					fmt.Fprintf(w, "     error: %s\n", a.Error)
+				}
+				if a.Body != "" {
+					fmt.Fprintf(w, "     body: %s\n", oneLine(a.Body, 300))
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	return cmd
+}
+
+func (m *Main) deliveriesRetryCommand(g *globals) *cobra.Command {
+	var (
+		dead   bool
+		target string
+	)
+	cmd := &cobra.Command{
+		Use:   "retry [ID | --dead --target T]",
+		Short: "Queue a delivery (or every dead letter of a target) to be sent again",
+		Long: `retry puts a delivery back in its target's queue with a fresh retry schedule:
+the same event id, a new request id on the next attempt. With --dead --target
+it does that for every dead letter of the target. A running serve sends them
+within its poll interval.`,
+		Args: cobraArgs(cobra.MaximumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if dead == (len(args) == 1) {
+				return usagef("give a delivery ID, or --dead --target T")
+			}
+			db, cfg, err := m.openStore(cmd.Context(), g)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			now := time.Now()
+			if dead {
+				if !hasTarget(cfg.Targets, target) {
+					return usagef("--target %q: no such target in the configuration", target)
+				}
+				n, err := db.RetryDead(cmd.Context(), target, now)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(m.Stdout, "%d dead letters of %s queued again\n", n, target)
+				return err
+			}
+			id, err := parseID(args[0])
+			if err != nil {
+				return err
+			}
+			if err := db.RetryDelivery(cmd.Context(), id, now); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(m.Stdout, "delivery %d queued again\n", id)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&dead, "dead", false, "every dead letter of --target")
+	cmd.Flags().StringVar(&target, "target", "", "the target, with --dead")
+	return cmd
+}
+
+func (m *Main) deliveriesPurgeCommand(g *globals) *cobra.Command {
+	var (
+		dead   bool
+		before string
+	)
+	cmd := &cobra.Command{
+		Use:   "purge --dead --before D",
+		Short: "Delete dead letters older than D (they are otherwise kept until retried)",
+		Args:  cobraArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !dead || before == "" {
+				return usagef("purge needs --dead and --before (a duration back such as 30d, or an RFC 3339 time)")
+			}
+			t, err := parseSince(before, time.Now())
+			if err != nil {
+				return usageError{err}
+			}
+			db, _, err := m.openStore(cmd.Context(), g)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			n, err := db.PurgeDead(cmd.Context(), t)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(m.Stdout, "%d dead letters from before %s purged\n", n, t.UTC().Format(time.RFC3339))
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&dead, "dead", false, "purge dead letters")
+	cmd.Flags().StringVar(&before, "before", "", "only those last changed before this (30d, or an RFC 3339 time)")
+	return cmd
+}
+
+func (m *Main) targetsCommand(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "targets",
+		Short: "Show each target's state: queue depth, dead letters, paused until, disabled",
+		Args:  cobraArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			db, cfg, err := m.openStore(cmd.Context(), g)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			names := make([]string, len(cfg.Targets))
+			for i, t := range cfg.Targets {
+				names[i] = t.Name
+			}
+			states, err := db.TargetStates(cmd.Context(), names)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSONOut(m.Stdout, states)
+			}
+			tw := tabwriter.NewWriter(m.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "TARGET\tPENDING\tRETRYING\tDELIVERED\tDEAD\tPAUSED UNTIL\tDISABLED")
+			for _, s := range states {
+				disabled := "no"
+				if s.Disabled {
+					disabled = "yes: " + s.DisabledReason
+				}
+				paused := "-"
+				if s.PausedUntil.After(time.Now()) {
+					paused = s.PausedUntil.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\n", s.Name, s.Pending, s.Retrying, s.Delivered, s.DeadLetter, paused, disabled)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	enable := &cobra.Command{
+		Use:   "enable NAME",
+		Short: "Enable a target that a 410 answer disabled (and lift any pause)",
+		Args:  cobraArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			db, cfg, err := m.openStore(cmd.Context(), g)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			if !hasTarget(cfg.Targets, args[0]) {
+				return usagef("no target %q in the configuration", args[0])
+			}
+			if err := db.EnableTarget(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(m.Stdout, "target %s enabled\n", args[0])
+			return err
+		},
+	}
+	cmd.AddCommand(enable)
+	return cmd
+}
+
+// deliveryRow is a delivery as --json prints it.
+type deliveryRow struct {
+	ID            int64      `json:"id"`
+	Target        string     `json:"target"`
+	EventID       string     `json:"event_id"`
+	EventType     string     `json:"event_type"`
+	Status        string     `json:"status"`
+	Attempts      int        `json:"attempts"`
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+	LastStatus    int        `json:"last_status,omitempty"`
+	LastError     string     `json:"last_error,omitempty"`
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+}
+
+func deliveryRows(rows []store.OutboxRow) []deliveryRow {
+	out := make([]deliveryRow, len(rows))
+	for i, r := range rows {
+		out[i] = deliveryRow{ID: r.ID, Target: r.Target, EventID: r.EventID, EventType: r.EventType, Status: r.Status,
+			Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: r.LastError, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC()}
+		if !r.NextAttemptAt.IsZero() {
+			t := r.NextAttemptAt.UTC()
+			out[i].NextAttemptAt = &t
+		}
+	}
+	return out
+}
+
+// attemptRow is an attempt as --json prints it.
+type attemptRow struct {
+	Attempt    int       `json:"attempt"`
+	URL        string    `json:"url"`
+	StatusCode int       `json:"status_code"`
+	Error      string    `json:"error,omitempty"`
+	Body       string    `json:"body,omitempty"`
+	RequestID  string    `json:"request_id"`
+	DurationMS int64     `json:"duration_ms"`
+	At         time.Time `json:"at"`
+	Redirect   bool      `json:"redirect"`
+}
+
+func attemptRows(as []store.Attempt) []attemptRow {
+	out := make([]attemptRow, len(as))
+	for i, a := range as {
+		out[i] = attemptRow{Attempt: a.Attempt, URL: a.URL, StatusCode: a.StatusCode, Error: a.Error, Body: a.Body,
+			RequestID: a.RequestID, DurationMS: a.Duration.Milliseconds(), At: a.At.UTC(), Redirect: a.Redirect}
+	}
+	return out
+}
+
+func writeJSONOut(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func parseID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, usagef("%q is not a delivery id (a positive number, see deliveries list)", s)
+	}
+	return id, nil
+}
+
+func lastOutcome(r store.OutboxRow) string {
+	switch {
+	case r.LastStatus != 0:
+		return strconv.Itoa(r.LastStatus)
+	case r.LastError != "":
+		return oneLine(r.LastError, 40)
+	}
+	return "-"
+}
+
+func timeOrDash(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func statusOrDash(code int) string {
+	if code == 0 {
+		return "-"
+	}
+	return strconv.Itoa(code)
+}
+
+func oneLine(s string, n int) string {
+	b := []rune(s)
+	for i, r := range b {
+		if r == '\n' || r == '\r' || r == '\t' {
+			b[i] = ' '
+		}
+	}
+	if len(b) > n {
+		return string(b[:n]) + "…"
+	}
+	return string(b)
+}
+
+func hasTarget(targets []config.Target, name string) bool {
+	for _, t := range targets {
+		if t.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Main) deliveriesRedirectCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "redirect ID URL",
+		Short: "Send one delivery once, now, to another URL (an inspector, say)",
+		Long: `redirect sends the delivery's payload once to URL, signed as for its target,
+through the same SSRF guard (private and loopback addresses are refused unless
+the target has allow_private). The attempt is logged with the delivery's
+attempts, marked as a redirect; the delivery's own status does not change.`,
+		Args: cobraArgs(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseID(args[0])
+			if err != nil {
+				return err
+			}
+			if u, err := url.Parse(args[1]); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return usagef("%q: want an http or https URL", args[1])
+			}
+			db, cfg, err := m.openStore(cmd.Context(), g)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			row, ok, err := db.Delivery(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("delivery %d: %w", id, backstop.ErrNotFound)
+			}
+			d, err := delivery.New(deliveryQueue{db}, deliveryTargets(cfg), delivery.Options{})
+			if err != nil {
+				return usageError{err}
+			}
+			a, err := d.Redirect(cmd.Context(), toDeliveryRow(row), args[1])
+			if err != nil {
+				return err
+			}
+			if a.StatusCode >= 200 && a.StatusCode < 300 {
+				_, err = fmt.Fprintf(m.Stdout, "delivery %d sent to %s: %d in %s (request %s)\n", id, args[1], a.StatusCode, round(a.Duration), a.RequestID)
+				return err
+			}
+			fmt.Fprintf(m.Stdout, "delivery %d sent to %s: %s %s (request %s)\n", id, args[1], statusOrDash(a.StatusCode), a.Error, a.RequestID)
+			return fmt.Errorf("redirect of delivery %d to %s did not succeed", id, args[1])
+		},
+	}
+}

@@ -1,0 +1,557 @@
+package delivery
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/backstop-sync/backstop/sinks/intake"
+)
+
+const testSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+// hit is one request a test server saw.
+type hit struct {
+	at     time.Time
+	header http.Header
+	body   []byte
+	path   string
+}
+
+// recorder is a test target: answer decides each response from the
+// request's number (1-based); every request is kept.
+type recorder struct {
+	mu     sync.Mutex
+	hits   []hit
+	answer func(n int, w http.ResponseWriter, r *http.Request)
+	srv    *httptest.Server
+}
+
+func newRecorder(t *testing.T, answer func(n int, w http.ResponseWriter, r *http.Request)) *recorder {
+	t.Helper()
+	rec := &recorder{answer: answer}
+	rec.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		rec.mu.Lock()
+		rec.hits = append(rec.hits, hit{at: time.Now(), header: r.Header.Clone(), body: body, path: r.URL.Path})
+		n := len(rec.hits)
+		rec.mu.Unlock()
+		rec.answer(n, w, r)
+	}))
+	t.Cleanup(rec.srv.Close)
+	return rec
+}
+
+func (rec *recorder) all() []hit {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return append([]hit(nil), rec.hits...)
+}
+
+func status(code int) func(int, http.ResponseWriter, *http.Request) {
+	return func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(code) }
+}
+
+// start runs a dispatcher over q until the test ends.
+func start(t *testing.T, q Queue, targets []Target, opts Options) *Dispatcher {
+	t.Helper()
+	if opts.Poll == 0 {
+		opts.Poll = 20 * time.Millisecond
+	}
+	if opts.Rand == nil {
+		opts.Rand = func() float64 { return 0.5 } // no jitter
+	}
+	d, err := New(q, targets, opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("Run did not return after cancel")
+		}
+	})
+	return d
+}
+
+func ms(steps ...int) []time.Duration {
+	out := make([]time.Duration, len(steps))
+	for i, s := range steps {
+		out[i] = time.Duration(s) * time.Millisecond
+	}
+	return out
+}
+
+func codes(as []Attempt) []int {
+	out := make([]int, len(as))
+	for i, a := range as {
+		out[i] = a.StatusCode
+	}
+	return out
+}
+
+func TestRetriesOnScheduleThenDelivers(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+		if n <= 3 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	sched := ms(40, 80, 120, 160)
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "payment.succeeded", `{"id":"pay_1"}`)
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, RetrySchedule: sched}}, Options{})
+
+	q.waitFor(t, 10*time.Second, "delivery", q.rowStatus(t, id, StatusDelivered))
+	as := q.attemptsOf(t, id)
+	if got, want := fmt.Sprint(codes(as)), "[503 503 503 200]"; got != want {
+		t.Fatalf("attempt codes %s, want %s", got, want)
+	}
+	for i, a := range as {
+		if a.Attempt != i+1 || a.Redirect || a.RequestID == "" || a.URL != rec.srv.URL {
+			t.Errorf("attempt %d = %+v", i+1, a)
+		}
+		if i > 0 {
+			if gap := a.At.Sub(as[i-1].At); gap < sched[i-1] {
+				t.Errorf("attempt %d came %v after attempt %d, want at least %v", i+1, gap, i, sched[i-1])
+			}
+		}
+	}
+	hits := rec.all()
+	seen := map[string]bool{}
+	for i, h := range hits {
+		if got := h.header.Get(HeaderDeliveryAttempt); got != fmt.Sprint(i+1) {
+			t.Errorf("request %d: %s %q", i+1, HeaderDeliveryAttempt, got)
+		}
+		if got := h.header.Get(HeaderEventID); got != "evt_1" {
+			t.Errorf("request %d: %s %q, want evt_1 on every attempt", i+1, HeaderEventID, got)
+		}
+		rid := h.header.Get(HeaderRequestID)
+		if rid == "" || seen[rid] {
+			t.Errorf("request %d: %s %q is empty or repeated", i+1, HeaderRequestID, rid)
+		}
+		seen[rid] = true
+	}
+	if r := q.row(t, id); r.Attempts != 4 || r.LastStatus != 200 {
+		t.Errorf("row = %+v, want 4 attempts, last status 200", r)
+	}
+}
+
+func TestAlwaysFailingDeadLettersAfterFiveAttempts(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+		fmt.Fprintf(w, "boom %d", n)
+	})
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, RetrySchedule: ms(5, 5, 5, 5)}}, Options{})
+
+	q.waitFor(t, 10*time.Second, "dead letter", q.rowStatus(t, id, StatusDeadLetter))
+	as := q.attemptsOf(t, id)
+	if got, want := fmt.Sprint(codes(as)), "[500 500 500 500 500]"; got != want {
+		t.Fatalf("attempt codes %s, want %s", got, want)
+	}
+	if last := as[4]; last.Body != "boom 5" || last.Attempt != 5 {
+		t.Errorf("last attempt %+v, want attempt 5 with body %q", last, "boom 5")
+	}
+	if r := q.row(t, id); r.LastStatus != 500 || r.Attempts != 5 {
+		t.Errorf("row = %+v, want last status 500 after 5 attempts", r)
+	}
+}
+
+func TestLongBodyKeepsFirst4KiB(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, func(_ int, w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, strings.Repeat("x", 10000))
+	})
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{})
+	q.waitFor(t, 10*time.Second, "dead letter", q.rowStatus(t, id, StatusDeadLetter))
+	if n := len(q.attemptsOf(t, id)[0].Body); n != 4096 {
+		t.Errorf("logged body is %d bytes, want 4096", n)
+	}
+}
+
+func TestClientErrorsDeadLetterAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, code := range []int{400, 401, 404, 422} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			t.Parallel()
+			rec := newRecorder(t, status(code))
+			q := newStoreQueue(t)
+			id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+			start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, RetrySchedule: ms(5, 5, 5, 5)}}, Options{})
+			q.waitFor(t, 10*time.Second, "dead letter", q.rowStatus(t, id, StatusDeadLetter))
+			if as := q.attemptsOf(t, id); len(as) != 1 || as[0].StatusCode != code {
+				t.Errorf("attempts %v, want one %d", codes(as), code)
+			}
+			if q.state(t, "crm").Disabled {
+				t.Errorf("target disabled after %d, want only after 410", code)
+			}
+		})
+	}
+}
+
+func TestGoneDeadLettersAndDisablesTarget(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, status(http.StatusGone))
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	d := start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{})
+	q.waitFor(t, 10*time.Second, "dead letter", q.rowStatus(t, id, StatusDeadLetter))
+	q.waitFor(t, 10*time.Second, "target disabled", func() bool { return q.state(t, "crm").Disabled })
+	if r := q.state(t, "crm").DisabledReason; !strings.Contains(r, "410") {
+		t.Errorf("disabled reason %q does not name the 410", r)
+	}
+
+	// A later row is not attempted: wait for two whole worker passes after
+	// queueing it.
+	id2 := q.add(t, "crm", "evt_2", "contact.created", `{"id":"ct_2"}`)
+	passes := q.passesOf("crm")
+	d.Wake("crm")
+	q.waitFor(t, 10*time.Second, "two passes", func() bool { return q.passesOf("crm") >= passes+2 })
+	if r := q.row(t, id2); r.Status != StatusPending || r.Attempts != 0 {
+		t.Errorf("row for a disabled target = %+v, want pending and untouched", r)
+	}
+	if n := len(rec.all()); n != 1 {
+		t.Errorf("disabled target got %d requests, want 1", n)
+	}
+}
+
+func TestRetryAfterPausesOnlyThatTarget(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		// retryAfter returns the header to send at now and the earliest
+		// time the target may be asked again.
+		retryAfter func(now time.Time) (string, time.Time)
+	}{
+		{"delta seconds", func(now time.Time) (string, time.Time) { return "1", now.Add(time.Second) }},
+		{"HTTP-date", func(now time.Time) (string, time.Time) {
+			until := now.Add(2 * time.Second).UTC().Truncate(time.Second)
+			return until.Format(http.TimeFormat), until
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var until atomic.Value
+			limited := newRecorder(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+				if n == 1 {
+					v, u := tt.retryAfter(time.Now())
+					until.Store(u)
+					w.Header().Set("Retry-After", v)
+					w.WriteHeader(http.StatusTooManyRequests)
+					return
+				}
+				w.WriteHeader(http.StatusOK)
+			})
+			other := newRecorder(t, status(http.StatusOK))
+			q := newStoreQueue(t)
+			a1 := q.add(t, "limited", "evt_a1", "contact.created", `{"id":"ct_1"}`)
+			a2 := q.add(t, "limited", "evt_a2", "contact.created", `{"id":"ct_2"}`)
+			d := start(t, q, []Target{
+				{Name: "limited", URL: limited.srv.URL, AllowPrivate: true, RetrySchedule: ms(5, 5, 5, 5)},
+				{Name: "other", URL: other.srv.URL, AllowPrivate: true},
+			}, Options{})
+
+			q.waitFor(t, 10*time.Second, "the 429", func() bool { return q.row(t, a1).Attempts == 1 })
+			// While "limited" is paused, "other" keeps delivering.
+			for i := range 3 {
+				id := q.add(t, "other", fmt.Sprintf("evt_b%d", i), "contact.created", `{"id":"ct_3"}`)
+				d.Wake("other")
+				q.waitFor(t, 10*time.Second, "other's delivery", q.rowStatus(t, id, StatusDelivered))
+			}
+			otherDone := time.Now()
+			q.waitFor(t, 10*time.Second, "limited's deliveries", func() bool {
+				return q.row(t, a1).Status == StatusDelivered && q.row(t, a2).Status == StatusDelivered
+			})
+
+			hits := limited.all()
+			if len(hits) != 3 {
+				t.Fatalf("limited got %d requests, want 3 (429, then the two rows)", len(hits))
+			}
+			u := until.Load().(time.Time)
+			if hits[1].at.Before(u) {
+				t.Errorf("limited was asked again %v before its Retry-After ended", u.Sub(hits[1].at))
+			}
+			if !otherDone.Before(u) {
+				t.Errorf("other's deliveries ended at %v, after limited's pause (%v): not shown to go on meanwhile", otherDone, u)
+			}
+			if r := q.row(t, a1); r.Attempts != 2 {
+				t.Errorf("row after 429 then 200: %d attempts, want 2", r.Attempts)
+			}
+		})
+	}
+}
+
+func TestSignatureAndHeaders(t *testing.T) {
+	t.Parallel()
+	verifier, err := intake.NewVerifier(intake.SchemeStandardWebhooks, intake.SchemeOptions{Secrets: []string{testSecret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed := newRecorder(t, func(_ int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	unsigned := newRecorder(t, status(http.StatusOK))
+	q := newStoreQueue(t)
+	small := q.add(t, "signed", "evt_small", "payment.succeeded", `{"id":"pay_1","amount":100}`)
+	big := q.add(t, "signed", "evt_big", "message.created", fmt.Sprintf(`{"id":"msg_1","text":%q}`, strings.Repeat("a", 500)))
+	plain := q.add(t, "unsigned", "evt_plain", "chat.opened", `{"id":"chat_1"}`)
+	start(t, q, []Target{
+		{Name: "signed", URL: signed.srv.URL, Secret: testSecret, AllowPrivate: true, MaxPayload: 300,
+			Headers: map[string]string{"X-Custom": "yes", "Content-Type": "text/plain"}},
+		{Name: "unsigned", URL: unsigned.srv.URL, AllowPrivate: true},
+	}, Options{})
+	for _, id := range []int64{small, big, plain} {
+		q.waitFor(t, 10*time.Second, "delivery", q.rowStatus(t, id, StatusDelivered))
+	}
+
+	hits := signed.all()
+	if len(hits) != 2 {
+		t.Fatalf("signed target got %d requests, want 2", len(hits))
+	}
+	for _, h := range hits {
+		if err := verifier.Verify(h.header, h.body, time.Now()); err != nil {
+			t.Errorf("signature of %s: %v", h.header.Get(HeaderEventID), err)
+		}
+		for k, want := range map[string]string{"Content-Type": "application/json", "X-Custom": "yes",
+			HeaderDeliveryAttempt: "1", intake.HeaderWebhookID: h.header.Get(HeaderEventID)} {
+			if got := h.header.Get(k); got != want {
+				t.Errorf("%s: %s %q, want %q", h.header.Get(HeaderEventID), k, got, want)
+			}
+		}
+		if h.header.Get(HeaderRequestID) == "" {
+			t.Errorf("no %s", HeaderRequestID)
+		}
+	}
+	if got := hits[0].header.Get(HeaderEventType); got != "payment.succeeded" {
+		t.Errorf("%s %q", HeaderEventType, got)
+	}
+	if got, want := string(hits[0].body), string(q.row(t, small).Payload); got != want {
+		t.Errorf("small body %s, want the stored payload %s", got, want)
+	}
+	var env struct {
+		EventID   string          `json:"event_id"`
+		Data      json.RawMessage `json:"data"`
+		Truncated bool            `json:"truncated"`
+	}
+	if err := json.Unmarshal(hits[1].body, &env); err != nil {
+		t.Fatalf("big body: %v", err)
+	}
+	if !env.Truncated || string(env.Data) != `{"id":"msg_1"}` || env.EventID != "evt_big" || len(hits[1].body) > 300 {
+		t.Errorf("big body not cut to its id: %s", hits[1].body)
+	}
+
+	uh := unsigned.all()
+	if len(uh) != 1 || uh[0].header.Get(intake.HeaderWebhookSignature) != "" {
+		t.Errorf("target without secret: got a %s header", intake.HeaderWebhookSignature)
+	}
+}
+
+func TestRedirectsAreNotFollowed(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/elsewhere" {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		http.Redirect(w, r, "/elsewhere", http.StatusTemporaryRedirect)
+	})
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL + "/hook", AllowPrivate: true, RetrySchedule: ms(3600000)}}, Options{})
+	q.waitFor(t, 10*time.Second, "retrying", q.rowStatus(t, id, StatusRetrying))
+	if as := q.attemptsOf(t, id); len(as) != 1 || as[0].StatusCode != http.StatusTemporaryRedirect {
+		t.Errorf("attempts %v, want one 307", codes(as))
+	}
+	for _, h := range rec.all() {
+		if h.path == "/elsewhere" {
+			t.Errorf("the redirect was followed")
+		}
+	}
+}
+
+func TestSSRFRefusedTargetLogsClearError(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, status(http.StatusOK))
+	_, port, _ := net.SplitHostPort(rec.srv.Listener.Addr().String())
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	// A name passes CheckURL; the dial-time guard refuses what it resolves to.
+	start(t, q, []Target{{Name: "crm", URL: "http://localhost:" + port + "/", RetrySchedule: ms(3600000)}}, Options{})
+	q.waitFor(t, 10*time.Second, "the refused attempt", func() bool { return q.row(t, id).Attempts == 1 })
+	a := q.attemptsOf(t, id)[0]
+	if a.StatusCode != 0 || !strings.HasPrefix(a.Error, "refused: ") ||
+		!strings.HasSuffix(a.Error, " is a loopback address (set allow_private on the target to allow)") {
+		t.Errorf("attempt = %+v, want a clear loopback refusal", a)
+	}
+	if r := q.row(t, id); r.Status != StatusRetrying {
+		t.Errorf("row status %s, want retrying (a connection error)", r.Status)
+	}
+	if n := len(rec.all()); n != 0 {
+		t.Errorf("the server was reached %d times", n)
+	}
+}
+
+func TestRedirectSendsOnceAndLeavesDeliveryUnchanged(t *testing.T) {
+	t.Parallel()
+	failing := newRecorder(t, func(_ int, w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+		io.WriteString(w, "down")
+	})
+	inspector := newRecorder(t, func(_ int, w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "got it") })
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	d := start(t, q, []Target{
+		{Name: "crm", URL: failing.srv.URL, Secret: testSecret, AllowPrivate: true, RetrySchedule: []time.Duration{}},
+	}, Options{})
+	q.waitFor(t, 10*time.Second, "dead letter", q.rowStatus(t, id, StatusDeadLetter))
+	before := q.row(t, id)
+
+	a, err := d.Redirect(context.Background(), before, inspector.srv.URL+"/inspect")
+	if err != nil {
+		t.Fatalf("Redirect: %v", err)
+	}
+	if !a.Redirect || a.StatusCode != 200 || a.Body != "got it" || a.ID == 0 || a.URL != inspector.srv.URL+"/inspect" {
+		t.Errorf("redirect attempt = %+v", a)
+	}
+	if after := q.row(t, id); !reflect.DeepEqual(after, before) {
+		t.Errorf("row changed by a redirect:\n%+v\nwas\n%+v", after, before)
+	}
+	if hits := inspector.all(); len(hits) != 1 || hits[0].header.Get(HeaderEventID) != "evt_1" ||
+		string(hits[0].body) != string(before.Payload) {
+		t.Errorf("inspector got %d requests, want the payload once", len(hits))
+	}
+	if n := len(q.attemptsOf(t, id)); n != 2 {
+		t.Errorf("%d attempts logged, want 2 (the failure and the redirect)", n)
+	}
+}
+
+func TestRedirectToRefusedURL(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, status(http.StatusOK))
+	_, port, _ := net.SplitHostPort(rec.srv.Listener.Addr().String())
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	// Dead-letter it in the store: five failed attempts, the last a 500.
+	for n := 1; n <= 5; n++ {
+		out := Outcome{Status: StatusRetrying, NextAttemptAt: time.Now().Add(time.Hour)}
+		if n == 5 {
+			out = Outcome{Status: StatusDeadLetter}
+		}
+		if _, err := q.RecordAttempt(context.Background(), Attempt{DeliveryID: id, Target: "crm",
+			URL: "https://crm.example.com/hook", Attempt: n, StatusCode: 500, RequestID: fmt.Sprint("req_", n), At: time.Now()}, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Not started: Redirect needs no running worker.
+	d, err := New(q, []Target{{Name: "crm", URL: "https://crm.example.com/hook"}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := q.row(t, id)
+	for _, u := range []string{"http://127.0.0.1:" + port, "http://[::1]:" + port, "http://[::ffff:127.0.0.1]:" + port,
+		"http://169.254.169.254", "http://10.0.0.1", "http://100.64.0.1", "http://[fc00::1]", "http://0.0.0.0:" + port,
+		"http://2130706433:" + port, "file:///etc/passwd", "http://localhost:" + port} {
+		a, err := d.Redirect(context.Background(), row, u)
+		if !errors.Is(err, ErrRefused) {
+			t.Errorf("Redirect to %s: %v, want a refusal", u, err)
+		}
+		if !a.Redirect || a.ID == 0 || !strings.HasPrefix(a.Error, "refused: ") {
+			t.Errorf("Redirect to %s: attempt %+v, want a recorded refusal", u, a)
+		}
+	}
+	if after := q.row(t, id); !reflect.DeepEqual(after, row) {
+		t.Errorf("dead letter changed by refused redirects: %+v", after)
+	}
+	if n := len(rec.all()); n != 0 {
+		t.Errorf("the server was reached %d times", n)
+	}
+	if _, err := d.Redirect(context.Background(), Row{ID: 9, Target: "nope"}, rec.srv.URL); err == nil {
+		t.Errorf("Redirect for an unknown target: nil error")
+	}
+}
+
+func TestWakeDeliversWithoutWaitingForThePoll(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, status(http.StatusOK))
+	q := newStoreQueue(t)
+	d := start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Poll: time.Hour})
+	q.waitFor(t, 10*time.Second, "the first pass", func() bool { return q.passesOf("crm") >= 1 })
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	d.Wake("crm")
+	d.Wake("unknown") // ignored
+	q.waitFor(t, 10*time.Second, "delivery after Wake", q.rowStatus(t, id, StatusDelivered))
+}
+
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, status(http.StatusNotFound))
+	reg := prometheus.NewRegistry()
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Registerer: reg})
+	q.waitFor(t, 10*time.Second, "dead letter", q.rowStatus(t, id, StatusDeadLetter))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if c := m.GetCounter(); c != nil {
+				got[mf.GetName()] += c.GetValue()
+			}
+		}
+	}
+	if got["backstop_delivery_attempts_total"] != 1 || got["backstop_delivery_dead_letters_total"] != 1 {
+		t.Errorf("counters %v, want one attempt and one dead letter", got)
+	}
+}
+
+func TestNewValidatesTargets(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		targets []Target
+	}{
+		{"no name", []Target{{URL: "https://example.com"}}},
+		{"file URL", []Target{{Name: "a", URL: "file:///etc/passwd"}}},
+		{"private literal", []Target{{Name: "a", URL: "http://10.0.0.1/"}}},
+		{"bad secret", []Target{{Name: "a", URL: "https://example.com", Secret: "whsec_!!"}}},
+		{"zero step", []Target{{Name: "a", URL: "https://example.com", RetrySchedule: []time.Duration{0}}}},
+		{"duplicate", []Target{{Name: "a", URL: "https://example.com"}, {Name: "a", URL: "https://example.org"}}},
+	} {
+		if _, err := New(newStoreQueue(t), tc.targets, Options{}); err == nil {
+			t.Errorf("%s: New accepted %+v", tc.name, tc.targets)
+		}
+	}
+	if _, err := New(newStoreQueue(t), []Target{{Name: "a", URL: "http://10.0.0.1/", AllowPrivate: true}}, Options{}); err != nil {
+		t.Errorf("private literal with AllowPrivate: %v", err)
+	}
+}

@@ -1,0 +1,55 @@
+package delivery
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the dispatcher's Prometheus collectors.
+type metrics struct {
+	depth       *prometheus.GaugeVec
+	attempts    *prometheus.CounterVec
+	deadLetters *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	request     *prometheus.HistogramVec
+	paused      prometheus.Gauge
+	disabled    prometheus.Gauge
+}
+
+// newMetrics creates the collectors and registers them on reg when it is
+// not nil.
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "backstop_delivery_queue_depth",
+			Help: "Deliveries waiting (pending or retrying) per target, refreshed on every poll.",
+		}, []string{"target"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "backstop_delivery_attempts_total",
+			Help: "Delivery attempts by target and outcome (delivered, retrying, dead_letter, redirect).",
+		}, []string{"target", "outcome"}),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "backstop_delivery_dead_letters_total",
+			Help: "Deliveries dead-lettered, by target.",
+		}, []string{"target"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "backstop_delivery_latency_seconds",
+			Help:    "Time from queueing to successful delivery, by target.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 4, 12),
+		}, []string{"target"}),
+		request: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "backstop_delivery_request_seconds",
+			Help:    "Duration of each delivery attempt's HTTP exchange, by target.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, []string{"target"}),
+		paused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "backstop_delivery_paused_targets",
+			Help: "Targets paused by a 429 Retry-After.",
+		}),
+		disabled: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "backstop_delivery_disabled_targets",
+			Help: "Targets disabled (after a 410) until re-enabled.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.depth, m.attempts, m.deadLetters, m.latency, m.request, m.paused, m.disabled)
+	}
+	return m
+}

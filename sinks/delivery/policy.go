@@ -1,0 +1,96 @@
+package delivery
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// DefaultRetrySchedule is the delay before each retry: after the first,
+// second, third and fourth failed attempt. The fifth failure dead-letters.
+var DefaultRetrySchedule = []time.Duration{time.Minute, 10 * time.Minute, time.Hour, 24 * time.Hour}
+
+const (
+	// jitter is the spread of a retry delay: ±10%.
+	jitter = 0.1
+	// minPause and maxPause bound a 429's pause. The floor keeps a target
+	// that answers "Retry-After: 0" from being hammered; the ceiling bounds
+	// a far-future date.
+	minPause = time.Second
+	maxPause = 24 * time.Hour
+)
+
+// Decision is what the retry policy makes of one attempt.
+type Decision struct {
+	// Status is StatusDelivered, StatusRetrying or StatusDeadLetter.
+	Status string
+	// NextAttemptAt is when a retrying row is due again; zero otherwise.
+	NextAttemptAt time.Time
+	// Pause, when positive, is how long the whole target must wait (429).
+	Pause time.Duration
+	// Disable says the target must be disabled (410 Gone).
+	Disable bool
+	// Reason says in a few words why, for logs and the disable reason.
+	Reason string
+}
+
+// Next is the retry policy. attempt is the number of the attempt just made
+// (1-based); status its HTTP status (0 when err says no answer came);
+// retryAfter the answer's Retry-After header; rnd a number in [0, 1) that
+// places the jitter.
+//
+//   - 2xx: delivered.
+//   - 429: retrying, and the target pauses for Retry-After (either form,
+//     read by backstop.ParseRetryAfter, kept within 1 s..24 h), or for the
+//     schedule's first step when there is none. The row is due when the
+//     pause ends. A 429 is the target's flow control, not a failure: it
+//     never dead-letters the row by itself, however many attempts it has
+//     had. It is still an attempt (it is logged and numbered), so a later
+//     failure past the schedule's end dead-letters at once.
+//   - 410: dead-letter, and the target is disabled.
+//   - other 4xx: dead-letter at once.
+//   - 5xx, 3xx (redirects are not followed), any other status, a timeout or
+//     a connection error (err != nil): retrying after schedule[attempt-1]
+//     ±10%, or dead-letter when attempt > len(schedule), so the default
+//     schedule dead-letters on the 5th failed attempt.
+func Next(schedule []time.Duration, attempt int, status int, retryAfter string, err error, now time.Time, rnd float64) Decision {
+	if err == nil {
+		switch {
+		case status >= 200 && status <= 299:
+			return Decision{Status: StatusDelivered, Reason: fmt.Sprintf("HTTP %d", status)}
+		case status == http.StatusTooManyRequests:
+			pause, ok := backstop.ParseRetryAfter(retryAfter, now)
+			if !ok {
+				pause = minPause
+				if len(schedule) > 0 {
+					pause = schedule[0]
+				}
+			} else {
+				pause = min(max(pause, minPause), maxPause)
+			}
+			return Decision{Status: StatusRetrying, NextAttemptAt: now.Add(pause), Pause: pause,
+				Reason: fmt.Sprintf("HTTP 429, paused for %v", pause)}
+		case status == http.StatusGone:
+			return Decision{Status: StatusDeadLetter, Disable: true, Reason: "HTTP 410 Gone"}
+		case status >= 400 && status <= 499:
+			return Decision{Status: StatusDeadLetter, Reason: fmt.Sprintf("HTTP %d", status)}
+		}
+	}
+	reason := fmt.Sprintf("HTTP %d", status)
+	if err != nil {
+		reason = "no answer"
+	}
+	attempt = max(attempt, 1)
+	if attempt > len(schedule) {
+		return Decision{Status: StatusDeadLetter, Reason: fmt.Sprintf("%s on attempt %d, the last", reason, attempt)}
+	}
+	return Decision{Status: StatusRetrying, NextAttemptAt: now.Add(jittered(schedule[attempt-1], rnd)), Reason: reason}
+}
+
+// jittered spreads d by ±10% as rnd goes from 0 to 1.
+func jittered(d time.Duration, rnd float64) time.Duration {
+	rnd = min(max(rnd, 0), 1)
+	return time.Duration(float64(d) * (1 - jitter + 2*jitter*rnd))
+}

@@ -1,0 +1,181 @@
+package delivery
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop/store"
+)
+
+// storeQueue is the dispatcher tests' Queue: the real store in a
+// t.TempDir(), through the same few lines as cmd/backstop's deliveryQueue
+// adapter. It adds what the tests wait on: a count of worker passes per
+// target (one TargetStates call each) and a signal on every change made
+// through it.
+type storeQueue struct {
+	db *store.DB
+
+	mu      sync.Mutex
+	passes  map[string]int
+	changed chan struct{} // closed and replaced on every change
+}
+
+var _ Queue = (*storeQueue)(nil)
+
+// newStoreQueue opens a fresh store for the test and closes it at its end
+// (after the dispatcher's cleanup, which was registered later).
+func newStoreQueue(t testing.TB) *storeQueue {
+	t.Helper()
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "backstop.db"), store.Options{})
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := db.Close(); err != nil {
+			t.Errorf("close store: %v", err)
+		}
+	})
+	return &storeQueue{db: db, passes: map[string]int{}, changed: make(chan struct{})}
+}
+
+func (q *storeQueue) notify() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	close(q.changed)
+	q.changed = make(chan struct{})
+}
+
+func (q *storeQueue) ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]Row, error) {
+	rows, err := q.db.ClaimDue(ctx, target, now, limit, lease)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Row, len(rows))
+	for i, r := range rows {
+		out[i] = Row(r)
+	}
+	return out, nil
+}
+
+func (q *storeQueue) RecordAttempt(ctx context.Context, a Attempt, o Outcome) (int64, error) {
+	defer q.notify()
+	return q.db.RecordAttempt(ctx, store.Attempt(a), store.Outcome(o))
+}
+
+func (q *storeQueue) PauseTarget(ctx context.Context, name string, until time.Time) error {
+	defer q.notify()
+	return q.db.PauseTarget(ctx, name, until)
+}
+
+func (q *storeQueue) DisableTarget(ctx context.Context, name, reason string, now time.Time) error {
+	defer q.notify()
+	return q.db.DisableTarget(ctx, name, reason, now)
+}
+
+func (q *storeQueue) TargetStates(ctx context.Context, names []string) ([]TargetState, error) {
+	states, err := q.db.TargetStates(ctx, names)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TargetState, len(states))
+	for i, s := range states {
+		out[i] = TargetState(s)
+	}
+	q.mu.Lock()
+	for _, n := range names {
+		q.passes[n]++
+	}
+	q.mu.Unlock()
+	q.notify()
+	return out, nil
+}
+
+// add queues an event for target with store.Enqueue and returns the row's
+// id.
+func (q *storeQueue) add(t testing.TB, target, eventID, eventType, data string) int64 {
+	t.Helper()
+	payload := fmt.Sprintf(`{"event_id":%q,"event":%q,"created_at":"2026-01-02T03:04:05Z","origin":"webhook","data":%s}`,
+		eventID, eventType, data)
+	id, err := q.db.Enqueue(context.Background(), target, eventID, eventType, json.RawMessage(payload), time.Now())
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	q.notify()
+	return id
+}
+
+// row returns row id as the store holds it.
+func (q *storeQueue) row(t testing.TB, id int64) Row {
+	t.Helper()
+	r, ok, err := q.db.Delivery(context.Background(), id)
+	if err != nil || !ok {
+		t.Fatalf("read delivery %d: ok %v, %v", id, ok, err)
+	}
+	return Row(r)
+}
+
+// attemptsOf returns the attempts recorded for row id, in order.
+func (q *storeQueue) attemptsOf(t testing.TB, id int64) []Attempt {
+	t.Helper()
+	as, err := q.db.Attempts(context.Background(), id)
+	if err != nil {
+		t.Fatalf("read attempts of %d: %v", id, err)
+	}
+	out := make([]Attempt, len(as))
+	for i, a := range as {
+		out[i] = Attempt(a)
+	}
+	return out
+}
+
+// state returns the target's state as the store holds it, without
+// counting a pass.
+func (q *storeQueue) state(t testing.TB, name string) TargetState {
+	t.Helper()
+	states, err := q.db.TargetStates(context.Background(), []string{name})
+	if err != nil {
+		t.Fatalf("read state of %s: %v", name, err)
+	}
+	return TargetState(states[0])
+}
+
+// passesOf returns how many worker passes looked at target so far.
+func (q *storeQueue) passesOf(target string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.passes[target]
+}
+
+// waitFor waits until cond holds, checking it after every change made
+// through q and at least every 10ms, or fails the test after timeout.
+func (q *storeQueue) waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		q.mu.Lock()
+		ch := q.changed
+		q.mu.Unlock()
+		if cond() {
+			return
+		}
+		select {
+		case <-ch:
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+	}
+}
+
+// rowStatus is a condition on row id's status, for waitFor.
+func (q *storeQueue) rowStatus(t testing.TB, id int64, status string) func() bool {
+	return func() bool { return q.row(t, id).Status == status }
+}
