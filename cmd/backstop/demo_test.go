@@ -24,7 +24,7 @@ func TestDemo(t *testing.T) {
 	if !strings.Contains(stdout, "mirror matches platform: yes") {
 		t.Fatalf("no passing check line:\n%s", stdout)
 	}
-	for _, want := range []string{"webhooks lost", "duplicate webhooks suppressed", "reconcile: re-emitted"} {
+	for _, want := range []string{"webhooks lost", "duplicate webhooks suppressed", "reconcile: re-emitted", "dead 0, still queued 0"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("report lacks %q:\n%s", want, stdout)
 		}
