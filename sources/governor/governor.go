@@ -274,14 +274,31 @@ func (t *Ticket) Abort() {
 	}
 }
 
-// parseHeaders reads X-RateLimit-Limit, -Remaining and -Reset. Reset is Unix
-// seconds (fractions allowed); a value too small to be a date (under ten
-// years of seconds) is read as seconds from now, as some platforms send.
+// parseHeaders reads X-RateLimit-Limit, -Remaining and -Reset, or Discord's
+// -Reset-After (seconds until the reset). Reset is Unix seconds (fractions
+// allowed); a value too small to be a date (under ten years of seconds) is
+// read as seconds from now, as some platforms send.
 func parseHeaders(h http.Header, now time.Time) Observation {
 	var obs Observation
 	rem, err1 := strconv.Atoi(strings.TrimSpace(h.Get("X-RateLimit-Remaining")))
 	reset, err2 := strconv.ParseFloat(strings.TrimSpace(h.Get("X-RateLimit-Reset")), 64)
-	if err1 != nil || err2 != nil || rem < 0 || reset < 0 || reset > 1e11 {
+	after, err3 := strconv.ParseFloat(strings.TrimSpace(h.Get("X-RateLimit-Reset-After")), 64)
+	if err1 != nil || rem < 0 {
+		return obs
+	}
+	switch {
+	case err3 == nil && after >= 0 && after < 1e9:
+		// Discord's form: seconds until the bucket resets (more precise
+		// than its X-RateLimit-Reset, so preferred).
+		obs.HasBudget, obs.Remaining = true, rem
+		obs.Reset = now.Add(time.Duration(after * float64(time.Second)))
+	case err2 != nil || reset < 0 || reset > 1e11:
+		return obs
+	}
+	if obs.HasBudget {
+		if l, err := strconv.Atoi(strings.TrimSpace(h.Get("X-RateLimit-Limit"))); err == nil && l > 0 {
+			obs.Limit = l
+		}
 		return obs
 	}
 	obs.HasBudget = true

@@ -339,6 +339,11 @@ func TestParseHeaders(t *testing.T) {
 		{"garbage remaining", map[string]string{"X-RateLimit-Remaining": "x", "X-RateLimit-Reset": "1700000001"}, Observation{}},
 		{"negative remaining", map[string]string{"X-RateLimit-Remaining": "-1", "X-RateLimit-Reset": "1700000001"}, Observation{}},
 		{"none", nil, Observation{}},
+		{"Discord reset-after wins over reset", map[string]string{"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "4",
+			"X-RateLimit-Reset": "1700000009", "X-RateLimit-Reset-After": "1.25"},
+			Observation{HasBudget: true, Limit: 5, Remaining: 4, Reset: now.Add(1250 * time.Millisecond)}},
+		{"reset-after alone", map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset-After": "2"},
+			Observation{HasBudget: true, Remaining: 0, Reset: now.Add(2 * time.Second)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
