@@ -17,6 +17,7 @@ build: ## build bin/backstop
 
 .PHONY: test
 test: lint ## what CI runs: go vet, gofmt check, then every test with -race
+	npm ci --prefix sinks/delivery/testdata/node --no-audit --no-fund
 	$(GO) test -race -count=1 -timeout 45m $(PKGS)
 
 .PHONY: race

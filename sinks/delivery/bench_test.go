@@ -1,0 +1,227 @@
+package delivery
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// BenchmarkDeliveryFanout is the issue's delivery-fanout benchmark: 10
+// local targets, one answering in 100 ms, every 20th answer of each a 500
+// (5%). It prints one BENCH line: the dispatcher's deliveries per second
+// on the real store until the nine fast targets are done, the same for a
+// bare net/http POST loop with one goroutine per target over the same
+// servers in the same run, their ratio (goal ≥ 0.7), and the fast
+// targets' p99 request time (as the dispatcher logs it in each attempt)
+// without and with the slow target (goal ≤ 1.2×).
+func BenchmarkDeliveryFanout(b *testing.B) {
+	const (
+		targets   = 10
+		perTarget = 200
+	)
+	for range b.N {
+		urls := fanoutServers(b, targets)
+		base := baselineFanout(b, urls, perTarget)
+		with := dispatchFanout(b, urls, perTarget)
+		without := dispatchFanout(b, urls[1:], perTarget)
+		fmt.Printf("BENCH delivery-fanout targets=%d deliveries_per_s=%.0f baseline_per_s=%.0f ratio=%.2f fast_p99_ms=%.2f fast_p99_with_slow_ms=%.2f p99_ratio=%.2f\n",
+			targets, with.perSecond, base.perSecond, with.perSecond/base.perSecond,
+			ms64(without.fastP99), ms64(with.fastP99), float64(with.fastP99)/float64(without.fastP99))
+	}
+}
+
+// fanoutResult is one fan-out run's figures.
+type fanoutResult struct {
+	perSecond float64       // successful deliveries per second, all targets
+	fastP99   time.Duration // p99 request time of the fast targets
+}
+
+func ms64(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// fanoutServers starts n targets; the first answers after 100 ms. Each
+// answers 500 to every 20th request it gets.
+func fanoutServers(b *testing.B, n int) []string {
+	b.Helper()
+	urls := make([]string, n)
+	for i := range n {
+		var count atomic.Int64
+		delay := time.Duration(0)
+		if i == 0 {
+			delay = 100 * time.Millisecond
+		}
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = bytes.NewBuffer(nil).ReadFrom(r.Body)
+			if delay > 0 {
+				timer := time.NewTimer(delay)
+				select {
+				case <-timer.C:
+				case <-r.Context().Done():
+					timer.Stop()
+				}
+			}
+			if count.Add(1)%20 == 0 {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			w.WriteHeader(http.StatusOK)
+		}))
+		b.Cleanup(srv.Close)
+		urls[i] = srv.URL
+	}
+	return urls
+}
+
+func p99(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[(len(ds)*99+99)/100-1]
+}
+
+// baselineFanout POSTs perTarget bodies to each URL from one goroutine per
+// URL, repeating a 500 at once, until the fast URLs (all but the first)
+// are done.
+func baselineFanout(b *testing.B, urls []string, perTarget int) fanoutResult {
+	b.Helper()
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 4
+	client := &http.Client{Transport: tr}
+	defer tr.CloseIdleConnections()
+	body := []byte(`{"event_id":"evt_1","event":"contact.created","created_at":"2026-01-02T03:04:05Z","origin":"webhook","data":{"id":"ct_1"}}`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		delivered atomic.Int64
+		mu        sync.Mutex
+		fastTimes []time.Duration
+		fast      sync.WaitGroup
+		all       sync.WaitGroup
+	)
+	began := time.Now()
+	for i, u := range urls {
+		if i > 0 {
+			fast.Add(1)
+		}
+		all.Add(1)
+		go func() {
+			defer all.Done()
+			if i > 0 {
+				defer fast.Done()
+			}
+			var times []time.Duration
+			for done := 0; done < perTarget && ctx.Err() == nil; {
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				req.Header.Set("Content-Type", "application/json")
+				start := time.Now()
+				resp, err := client.Do(req)
+				if err != nil {
+					if ctx.Err() == nil {
+						b.Error(err)
+					}
+					return
+				}
+				_, _ = bytes.NewBuffer(nil).ReadFrom(resp.Body)
+				resp.Body.Close()
+				times = append(times, time.Since(start))
+				if resp.StatusCode < 300 {
+					done++
+					delivered.Add(1)
+				}
+			}
+			if i > 0 {
+				mu.Lock()
+				fastTimes = append(fastTimes, times...)
+				mu.Unlock()
+			}
+		}()
+	}
+	fast.Wait()
+	took := time.Since(began)
+	n := delivered.Load()
+	cancel()
+	all.Wait()
+	return fanoutResult{perSecond: float64(n) / took.Seconds(), fastP99: p99(fastTimes)}
+}
+
+// dispatchFanout queues perTarget events for each URL on a fresh store
+// and runs the dispatcher (500s retried after 10 ms) until the fast URLs
+// (all but the first when there are 10) have all been delivered.
+func dispatchFanout(b *testing.B, urls []string, perTarget int) fanoutResult {
+	b.Helper()
+	q := newStoreQueue(b)
+	var targets []Target
+	var names, fastNames []string
+	ids := map[string][]int64{}
+	for i, u := range urls {
+		name := fmt.Sprintf("t%d", i)
+		if len(urls) == 10 && i == 0 {
+			name = "slow"
+		} else {
+			fastNames = append(fastNames, name)
+		}
+		names = append(names, name)
+		targets = append(targets, Target{Name: name, URL: u, Secret: testSecret, AllowPrivate: true, RetrySchedule: ms(10, 10, 10, 10)})
+		for j := range perTarget {
+			ids[name] = append(ids[name], q.add(b, name, fmt.Sprintf("evt_%s_%d", name, j), "contact.created", fmt.Sprintf(`{"id":"ct_%d"}`, j)))
+		}
+	}
+	d, err := New(q, targets, Options{Poll: 10 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	began := time.Now()
+	go func() { done <- d.Run(ctx) }()
+	var took time.Duration
+	var delivered int
+	deadline := time.Now().Add(5 * time.Minute)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		states, err := q.db.TargetStates(context.Background(), names)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fastDone, total := true, 0
+		for _, st := range states {
+			total += st.Delivered
+			if st.Name != "slow" && st.Delivered < perTarget {
+				fastDone = false
+			}
+		}
+		if fastDone {
+			took, delivered = time.Since(began), total
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("fast targets not done after 5 minutes: %+v", states)
+		}
+		<-tick.C
+	}
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	var fastTimes []time.Duration
+	for _, name := range fastNames {
+		for _, id := range ids[name] {
+			for _, a := range q.attemptsOf(b, id) {
+				fastTimes = append(fastTimes, a.Duration)
+			}
+		}
+	}
+	return fanoutResult{perSecond: float64(delivered) / took.Seconds(), fastP99: p99(fastTimes)}
+}
