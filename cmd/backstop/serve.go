@@ -93,6 +93,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	handler := stack.handler
 	dispatcher, err := delivery.New(deliveryQueue{a.db}, deliveryTargets(cfg), delivery.Options{
 		Logger: log.With("component", "delivery"), Registerer: reg,
+		Pacers: targetPacers(cfg.Targets, log.With("component", "target-governor")),
 	})
 	if err != nil {
 		ln.Close()

@@ -59,11 +59,30 @@ type Options struct {
 	Lease time.Duration
 	// Batch is how many due rows a worker claims at a time (default 16).
 	Batch int
+	// Pacers, by target name, pace a target's attempts from the
+	// rate-limit headers it answers with (X-RateLimit-Remaining with
+	// X-RateLimit-Reset or Discord's X-RateLimit-Reset-After), and from its
+	// configured rate_limit before the first answer.
+	Pacers map[string]Pacer
+}
+
+// Pacer paces one target's requests (the rate-limit governor serves).
+type Pacer interface {
+	// Acquire blocks until a request may be sent, or ctx ends.
+	Acquire(ctx context.Context) (PaceTicket, error)
+}
+
+// PaceTicket is one paced request: Done with its answer, or Abort when
+// there was none.
+type PaceTicket interface {
+	Done(status int, h http.Header)
+	Abort()
 }
 
 // Dispatcher delivers each target's due rows, one worker per target, so a
 // slow, limited or dead target never delays another.
 type Dispatcher struct {
+	pacers  map[string]Pacer
 	q       Queue
 	workers []*worker
 	byName  map[string]*worker
@@ -108,6 +127,7 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 		opts.Batch = 16
 	}
 	d := &Dispatcher{
+		pacers:  opts.Pacers,
 		q:       q,
 		byName:  make(map[string]*worker, len(targets)),
 		logger:  opts.Logger.With("component", "delivery"),
@@ -404,13 +424,27 @@ func (d *Dispatcher) send(ctx context.Context, t Target, client *http.Client, ro
 	req.Header.Set(HeaderDeliveryAttempt, strconv.Itoa(attempt))
 	req.Header.Set(HeaderRequestID, a.RequestID)
 
+	var ticket PaceTicket
+	if p := d.pacers[t.Name]; p != nil && !redirect {
+		// The target's own X-RateLimit-* answers pace its queue, so it
+		// never has to answer 429.
+		if ticket, err = p.Acquire(ctx); err != nil {
+			return fail(err)
+		}
+	}
 	start := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
 		a.Duration = time.Since(start)
+		if ticket != nil {
+			ticket.Abort()
+		}
 		return fail(err)
 	}
 	defer resp.Body.Close()
+	if ticket != nil {
+		ticket.Done(resp.StatusCode, resp.Header)
+	}
 	a.StatusCode = resp.StatusCode
 	logged, _ := io.ReadAll(io.LimitReader(resp.Body, maxLoggedBody))
 	a.Body = strings.ToValidUTF8(string(logged), "\uFFFD")

@@ -135,7 +135,7 @@ func (b *Budget) Observe(now time.Time, obs Observation, p Policy) {
 	}
 	b.roll(now, p)
 	if obs.HasBudget {
-		b.observeHeaders(obs)
+		b.observeHeaders(obs, p)
 	}
 	switch {
 	case obs.Aborted:
@@ -176,8 +176,16 @@ func (b Budget) State(now time.Time, p Policy) State {
 	}
 }
 
-func (b *Budget) observeHeaders(obs Observation) {
+func (b *Budget) observeHeaders(obs Observation, p Policy) {
 	r := obs.Reset
+	// A reset given relative to the answer (X-RateLimit-Reset-After, or a
+	// small X-RateLimit-Reset) moves a little with every answer; within
+	// ResetMargin of the window known it is that window, not a new one.
+	if !b.Observed.IsZero() && p.ResetMargin > 0 {
+		if d := r.Sub(b.Observed); d > -p.ResetMargin && d < p.ResetMargin {
+			r = b.Observed
+		}
+	}
 	switch {
 	case b.Observed.IsZero() || r.After(b.Observed):
 		if !b.Observed.IsZero() {

@@ -300,3 +300,20 @@ func TestPauseForJitterBounds(t *testing.T) {
 		}
 	}
 }
+
+// Resets given relative to each answer (Discord's Reset-After) jitter by a
+// few milliseconds; they must not be taken for new, tiny windows.
+func TestRelativeResetJitterIsOneWindow(t *testing.T) {
+	p := Policy{Limit: 10, Window: time.Minute, Reserve: 0, MaxPause: time.Minute, ResetMargin: 100 * time.Millisecond}
+	base := time.Unix(1_700_000_000, 0)
+	var b Budget
+	b.Observe(base, Observation{Status: 200, HasBudget: true, Limit: 10, Remaining: 9, Reset: base.Add(500 * time.Millisecond)}, p)
+	b.Observe(base.Add(20*time.Millisecond), Observation{Status: 200, HasBudget: true, Limit: 10, Remaining: 8,
+		Reset: base.Add(503 * time.Millisecond)}, p)
+	if b.Window != 0 && b.Window < 100*time.Millisecond {
+		t.Fatalf("learned a %v window from reset jitter", b.Window)
+	}
+	if !b.Reset.Equal(base.Add(500*time.Millisecond)) || b.Remaining != 8 {
+		t.Fatalf("budget after jittered resets: reset %v remaining %d, want the first window with 8 left", b.Reset.Sub(base), b.Remaining)
+	}
+}
