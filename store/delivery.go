@@ -213,6 +213,13 @@ func (db *DB) claimDue(ctx context.Context, st *deliveryStmts, target string, no
 	return rows, nil
 }
 
+// AttemptOutcome is one attempt to record and what it did to its delivery,
+// for RecordAttempts.
+type AttemptOutcome struct {
+	Attempt Attempt
+	Outcome Outcome
+}
+
 // RecordAttempt logs attempt a and, in the same transaction, applies its
 // outcome to the delivery a.DeliveryID: status out.Status, attempts
 // a.Attempt, next attempt out.NextAttemptAt for a retrying delivery (none
@@ -223,50 +230,115 @@ func (db *DB) claimDue(ctx context.Context, st *deliveryStmts, target string, no
 // returns the attempt's id, and an error wrapping backstop.ErrNotFound when
 // there is no such delivery.
 func (db *DB) RecordAttempt(ctx context.Context, a Attempt, out Outcome) (int64, error) {
-	id, err := db.recordAttempt(ctx, a, out)
+	ids, err := db.RecordAttempts(ctx, []AttemptOutcome{{Attempt: a, Outcome: out}})
 	if err != nil {
-		return 0, fmt.Errorf("record attempt %d of delivery %d: %w", a.Attempt, a.DeliveryID, err)
+		return 0, err
 	}
-	return id, nil
+	return ids[0], nil
 }
 
-func (db *DB) recordAttempt(ctx context.Context, a Attempt, out Outcome) (int64, error) {
+// RecordAttempts records each of items as RecordAttempt does, in order and
+// in one transaction, and returns the attempts' ids in the same order. It
+// records all of them or none: when one fails (an invalid outcome, or an
+// error wrapping backstop.ErrNotFound for an unknown delivery) the error
+// names that item and nothing is recorded. Recording the same delivery
+// twice in one call applies both outcomes in order.
+func (db *DB) RecordAttempts(ctx context.Context, items []AttemptOutcome) ([]int64, error) {
+	if len(items) == 0 {
+		return []int64{}, nil
+	}
+	ids, i, err := db.recordAttempts(ctx, items)
+	switch {
+	case err == nil:
+		return ids, nil
+	case len(items) == 1:
+		a := items[0].Attempt
+		return nil, fmt.Errorf("record attempt %d of delivery %d: %w", a.Attempt, a.DeliveryID, err)
+	case i < 0:
+		return nil, fmt.Errorf("record %d attempts: %w", len(items), err)
+	default:
+		a := items[i].Attempt
+		return nil, fmt.Errorf("record %d attempts: item %d, attempt %d of delivery %d: %w",
+			len(items), i+1, a.Attempt, a.DeliveryID, err)
+	}
+}
+
+// attemptArgs are the statement arguments of one validated attempt.
+type attemptArgs struct {
+	next, at, body string
+}
+
+// checkAttempt validates one attempt and its outcome and returns its
+// statement arguments; a zero a.At becomes now.
+func checkAttempt(a Attempt, out Outcome, now func() time.Time) (attemptArgs, error) {
 	if a.Attempt < 1 {
-		return 0, errors.New("attempt numbers start at 1")
+		return attemptArgs{}, errors.New("attempt numbers start at 1")
 	}
 	next := noTime
 	if !a.Redirect {
 		switch out.Status {
 		case StatusRetrying:
 			if out.NextAttemptAt.IsZero() {
-				return 0, errors.New("a retrying outcome needs its next attempt time")
+				return attemptArgs{}, errors.New("a retrying outcome needs its next attempt time")
 			}
 			next = backstop.CanonicalTime(out.NextAttemptAt)
 		case StatusDelivered, StatusDeadLetter:
 		default:
-			return 0, fmt.Errorf("outcome status %q: want %s, %s or %s", out.Status, StatusDelivered, StatusRetrying, StatusDeadLetter)
+			return attemptArgs{}, fmt.Errorf("outcome status %q: want %s, %s or %s", out.Status, StatusDelivered, StatusRetrying, StatusDeadLetter)
 		}
 	}
-	if a.At.IsZero() {
-		a.At = db.now()
+	at := a.At
+	if at.IsZero() {
+		at = now()
 	}
-	at := backstop.CanonicalTime(a.At)
-	body := truncateBody(a.Body)
+	return attemptArgs{next: next, at: backstop.CanonicalTime(at), body: truncateBody(a.Body)}, nil
+}
 
+// recordAttempts records items in one transaction. On error, failed is the
+// index of the item at fault, or -1 when the transaction as a whole failed.
+func (db *DB) recordAttempts(ctx context.Context, items []AttemptOutcome) (ids []int64, failed int, err error) {
+	args := make([]attemptArgs, len(items))
+	for i, it := range items {
+		if args[i], err = checkAttempt(it.Attempt, it.Outcome, db.now); err != nil {
+			return nil, i, err
+		}
+	}
 	st, err := db.deliveryStmts(ctx)
 	if err != nil {
-		return 0, err
+		return nil, -1, err
 	}
 	tx, err := db.w.BeginTxx(ctx, nil)
 	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
+		return nil, -1, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback()
+	// As in emit: no goroutine per statement to watch ctx; ctx is checked
+	// between items and a cancelled ctx still fails the commit.
 	sctx := context.WithoutCancel(ctx)
+	outcome := tx.StmtxContext(sctx, st.recordOutcome)
+	insert := tx.StmtxContext(sctx, st.insertAttempt)
+	ids = make([]int64, len(items))
+	for i, it := range items {
+		if err := ctx.Err(); err != nil {
+			return nil, -1, err
+		}
+		if ids[i], err = recordOne(sctx, tx, outcome, insert, it, args[i]); err != nil {
+			return nil, i, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, -1, fmt.Errorf("commit: %w", err)
+	}
+	return ids, -1, nil
+}
 
+// recordOne records one validated attempt inside tx, through outcome and
+// insert (the delivery statements bound to tx), and returns its id.
+func recordOne(ctx context.Context, tx *sqlx.Tx, outcome, insert *sqlx.Stmt, it AttemptOutcome, args attemptArgs) (int64, error) {
+	a, out := it.Attempt, it.Outcome
 	if a.Redirect {
 		var n int
-		if err := tx.GetContext(sctx, &n, deliveryExistsSQL, a.DeliveryID); err != nil {
+		if err := tx.GetContext(ctx, &n, deliveryExistsSQL, a.DeliveryID); err != nil {
 			return 0, err
 		}
 		if n == 0 {
@@ -275,10 +347,10 @@ func (db *DB) recordAttempt(ctx context.Context, a Attempt, out Outcome) (int64,
 	} else {
 		lastErr := a.Error
 		if lastErr == "" {
-			lastErr = body
+			lastErr = args.body
 		}
-		res, err := tx.StmtxContext(sctx, st.recordOutcome).ExecContext(sctx,
-			out.Status, a.Attempt, next, nullInt(a.StatusCode), nullString(lastErr), at, a.DeliveryID)
+		res, err := outcome.ExecContext(ctx,
+			out.Status, a.Attempt, args.next, nullInt(a.StatusCode), nullString(lastErr), args.at, a.DeliveryID)
 		if err != nil {
 			return 0, err
 		}
@@ -288,20 +360,13 @@ func (db *DB) recordAttempt(ctx context.Context, a Attempt, out Outcome) (int64,
 			return 0, fmt.Errorf("no such delivery: %w", backstop.ErrNotFound)
 		}
 	}
-	res, err := tx.StmtxContext(sctx, st.insertAttempt).ExecContext(sctx,
-		a.DeliveryID, a.Target, a.URL, a.Attempt, a.StatusCode, a.Error, body, a.RequestID,
-		float64(a.Duration)/float64(time.Millisecond), at, a.Redirect)
+	res, err := insert.ExecContext(ctx,
+		a.DeliveryID, a.Target, a.URL, a.Attempt, a.StatusCode, a.Error, args.body, a.RequestID,
+		float64(a.Duration)/float64(time.Millisecond), args.at, a.Redirect)
 	if err != nil {
 		return 0, err
 	}
-	id, err := res.LastInsertId()
-	if err != nil {
-		return 0, err
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("commit: %w", err)
-	}
-	return id, nil
+	return res.LastInsertId()
 }
 
 // truncateBody returns the first MaxAttemptBody bytes of s, cut back to the

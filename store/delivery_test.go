@@ -517,3 +517,72 @@ func TestDeliveryAfterClose(t *testing.T) {
 		t.Error("RecordAttempt after Close did not fail")
 	}
 }
+
+func TestRecordAttempts(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	a := enqueue(t, db, "crm", "evt_a", "contact.created", t0)
+	b := enqueue(t, db, "crm", "evt_b", "contact.created", t0)
+	c := enqueue(t, db, "billing", "evt_a", "contact.created", t0)
+
+	if ids, err := db.RecordAttempts(ctx, nil); err != nil || len(ids) != 0 {
+		t.Errorf("RecordAttempts(nil) = %v, %v; want no ids", ids, err)
+	}
+
+	// One transaction for many: each item as RecordAttempt would record it,
+	// in order (b twice: its second outcome wins).
+	ids, err := db.RecordAttempts(ctx, []AttemptOutcome{
+		{Attempt{DeliveryID: a, Target: "crm", Attempt: 1, StatusCode: 200, At: t0}, Outcome{Status: StatusDelivered}},
+		{Attempt{DeliveryID: b, Target: "crm", Attempt: 1, StatusCode: 500, Body: "oops", At: t0},
+			Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(time.Minute)}},
+		{Attempt{DeliveryID: b, Target: "crm", Attempt: 2, StatusCode: 404, At: t0.Add(time.Minute)}, Outcome{Status: StatusDeadLetter}},
+		{Attempt{DeliveryID: c, Target: "billing", URL: "https://inspector.example/x", Attempt: 1, StatusCode: 200,
+			Redirect: true, At: t0}, Outcome{}},
+	})
+	if err != nil || len(ids) != 4 {
+		t.Fatalf("RecordAttempts = %v, %v; want 4 ids", ids, err)
+	}
+	for i := 1; i < len(ids); i++ {
+		if ids[i] <= ids[i-1] {
+			t.Errorf("ids %v not in recording order", ids)
+		}
+	}
+	if r := mustDelivery(t, db, a); r.Status != StatusDelivered || r.Attempts != 1 || r.LastStatus != 200 {
+		t.Errorf("delivery a = %+v", r)
+	}
+	if r := mustDelivery(t, db, b); r.Status != StatusDeadLetter || r.Attempts != 2 || r.LastStatus != 404 {
+		t.Errorf("delivery b = %+v", r)
+	}
+	if r := mustDelivery(t, db, c); r.Status != StatusPending || r.Attempts != 0 {
+		t.Errorf("redirect changed delivery c: %+v", r)
+	}
+	if atts, err := db.Attempts(ctx, b); err != nil || len(atts) != 2 || atts[0].ID != ids[1] || atts[0].Body != "oops" {
+		t.Errorf("Attempts(b) = %+v, %v", atts, err)
+	}
+
+	// All or nothing: one bad item records none of the others, and the
+	// error names it.
+	d := enqueue(t, db, "crm", "evt_d", "contact.created", t0)
+	good := AttemptOutcome{Attempt{DeliveryID: d, Target: "crm", Attempt: 1, StatusCode: 200, At: t0}, Outcome{Status: StatusDelivered}}
+	for name, bad := range map[string]AttemptOutcome{
+		"unknown delivery": {Attempt{DeliveryID: 999, Attempt: 1}, Outcome{Status: StatusDelivered}},
+		"bad status":       {Attempt{DeliveryID: a, Attempt: 2}, Outcome{Status: "lost"}},
+	} {
+		_, err := db.RecordAttempts(ctx, []AttemptOutcome{good, bad})
+		if err == nil {
+			t.Fatalf("%s: RecordAttempts did not fail", name)
+		}
+		if !strings.Contains(err.Error(), "item 2") {
+			t.Errorf("%s: error %q does not name item 2", name, err)
+		}
+		if name == "unknown delivery" && !errors.Is(err, backstop.ErrNotFound) {
+			t.Errorf("%s: err = %v, want ErrNotFound", name, err)
+		}
+	}
+	if r := mustDelivery(t, db, d); r.Status != StatusPending || r.Attempts != 0 {
+		t.Errorf("a failed RecordAttempts changed delivery d: %+v", r)
+	}
+	if atts, _ := db.Attempts(ctx, d); len(atts) != 0 {
+		t.Errorf("a failed RecordAttempts logged %d attempts of d", len(atts))
+	}
+}

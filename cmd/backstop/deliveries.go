@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -450,7 +451,11 @@ attempts, marked as a redirect; the delivery's own status does not change.`,
 			if !ok {
 				return fmt.Errorf("delivery %d: %w", id, backstop.ErrNotFound)
 			}
-			d, err := delivery.New(deliveryQueue{db}, deliveryTargets(cfg), delivery.Options{})
+			queue := newDeliveryQueue(db)
+			// Close fails only when its ctx ends; this one does not. It runs
+			// before db.Close, deferred earlier.
+			defer queue.Close(context.WithoutCancel(cmd.Context()))
+			d, err := delivery.New(queue, deliveryTargets(cfg), delivery.Options{})
 			if err != nil {
 				return usageError{err}
 			}

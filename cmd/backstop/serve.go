@@ -91,13 +91,15 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	}
 	stack := startIntake(ctx, a.db, a.client, verifier, routes, log, reg)
 	handler := stack.handler
-	dispatcher, err := delivery.New(deliveryQueue{a.db}, deliveryTargets(cfg), delivery.Options{
+	queue := newDeliveryQueue(a.db)
+	dispatcher, err := delivery.New(queue, deliveryTargets(cfg), delivery.Options{
 		Logger: log.With("component", "delivery"), Registerer: reg,
 		Pacers: targetPacers(cfg.Targets, log.With("component", "target-governor")),
 	})
 	if err != nil {
 		ln.Close()
 		stack.stop(ctx)
+		queue.Close(ctx)
 		return usagef("targets: %v", err)
 	}
 	dispatchCtx, stopDispatch := context.WithCancel(context.WithoutCancel(ctx))
@@ -178,6 +180,9 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	// again after a restart (at-least-once, same event id).
 	stopDispatch()
 	<-dispatchDone
+	if err := queue.Close(sctx); err != nil {
+		runErr = errors.Join(runErr, fmt.Errorf("save delivery attempts: %w", err))
+	}
 	if runErr == nil {
 		log.Info("stopped cleanly")
 	}

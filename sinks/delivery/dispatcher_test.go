@@ -518,19 +518,26 @@ func TestMetrics(t *testing.T) {
 	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
 	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Registerer: reg})
 	q.waitFor(t, 10*time.Second, "dead letter", q.rowStatus(t, id, StatusDeadLetter))
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			if c := m.GetCounter(); c != nil {
-				got[mf.GetName()] += c.GetValue()
+	counters := func() map[string]float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if c := m.GetCounter(); c != nil {
+					got[mf.GetName()] += c.GetValue()
+				}
 			}
 		}
+		return got
 	}
-	if got["backstop_delivery_attempts_total"] != 1 || got["backstop_delivery_dead_letters_total"] != 1 {
+	// The counters move just after the attempt is recorded.
+	q.waitFor(t, 10*time.Second, "the dead-letter counter", func() bool {
+		return counters()["backstop_delivery_dead_letters_total"] >= 1
+	})
+	if got := counters(); got["backstop_delivery_attempts_total"] != 1 || got["backstop_delivery_dead_letters_total"] != 1 {
 		t.Errorf("counters %v, want one attempt and one dead letter", got)
 	}
 }

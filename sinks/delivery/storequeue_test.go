@@ -9,16 +9,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/backstop-sync/backstop/internal/groupcommit"
 	"github.com/backstop-sync/backstop/store"
 )
 
 // storeQueue is the dispatcher tests' Queue: the real store in a
 // t.TempDir(), through the same few lines as cmd/backstop's deliveryQueue
-// adapter. It adds what the tests wait on: a count of worker passes per
+// adapter (made by newDeliveryQueue): attempts are recorded in group
+// commits over store.RecordAttempts. It adds what the tests wait on: a count of worker passes per
 // target (one TargetStates call each) and a signal on every change made
 // through it.
 type storeQueue struct {
-	db *store.DB
+	db       *store.DB
+	attempts *groupcommit.Writer[store.AttemptOutcome, int64]
 
 	mu      sync.Mutex
 	passes  map[string]int
@@ -40,7 +43,14 @@ func newStoreQueue(t testing.TB) *storeQueue {
 			t.Errorf("close store: %v", err)
 		}
 	})
-	return &storeQueue{db: db, passes: map[string]int{}, changed: make(chan struct{})}
+	w := groupcommit.New(db.RecordAttempts, groupcommit.Options{})
+	go w.Run(context.Background())
+	t.Cleanup(func() { // before the store closes, after the dispatcher stops
+		if err := w.Close(context.Background()); err != nil {
+			t.Errorf("close attempt writer: %v", err)
+		}
+	})
+	return &storeQueue{db: db, attempts: w, passes: map[string]int{}, changed: make(chan struct{})}
 }
 
 func (q *storeQueue) notify() {
@@ -64,7 +74,7 @@ func (q *storeQueue) ClaimDue(ctx context.Context, target string, now time.Time,
 
 func (q *storeQueue) RecordAttempt(ctx context.Context, a Attempt, o Outcome) (int64, error) {
 	defer q.notify()
-	return q.db.RecordAttempt(ctx, store.Attempt(a), store.Outcome(o))
+	return q.attempts.Submit(ctx, store.AttemptOutcome{Attempt: store.Attempt(a), Outcome: store.Outcome(o)})
 }
 
 func (q *storeQueue) PauseTarget(ctx context.Context, name string, until time.Time) error {

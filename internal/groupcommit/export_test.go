@@ -1,0 +1,4 @@
+package groupcommit
+
+// Queued returns how many submitted items wait for a commit.
+func Queued[T, R any](w *Writer[T, R]) int { return len(w.in) }

@@ -1,0 +1,232 @@
+package groupcommit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop/internal/groupcommit"
+)
+
+// start runs w until the test ends.
+func start[T, R any](t *testing.T, w *groupcommit.Writer[T, R]) {
+	t.Helper()
+	go w.Run(context.Background())
+	t.Cleanup(func() {
+		if err := w.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+}
+
+func TestGathersWhileCommitting(t *testing.T) {
+	const n = 20
+	release := make(chan struct{})
+	entered := make(chan struct{}, n)
+	var mu sync.Mutex
+	var sizes []int
+	w := groupcommit.New(func(_ context.Context, items []int) ([]string, error) {
+		entered <- struct{}{}
+		<-release
+		out := make([]string, len(items))
+		for i, it := range items {
+			out[i] = fmt.Sprint(it * 10)
+		}
+		return out, nil
+	}, groupcommit.Options{Observe: func(size int, _ time.Duration, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		sizes = append(sizes, size)
+	}})
+	start(t, w)
+
+	results := make(chan error, n)
+	submit := func(i int) {
+		got, err := w.Submit(context.Background(), i)
+		if err == nil && got != fmt.Sprint(i*10) {
+			err = fmt.Errorf("Submit(%d) = %q, want %q", i, got, fmt.Sprint(i*10))
+		}
+		results <- err
+	}
+	// The first item's commit holds; the others queue up behind it.
+	go submit(0)
+	<-entered
+	for i := 1; i < n; i++ {
+		go submit(i)
+	}
+	waitQueued(t, w, n-1)
+	close(release)
+	for range n {
+		if err := <-results; err != nil {
+			t.Error(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sizes) != 2 || sizes[0] != 1 || sizes[1] != n-1 {
+		t.Errorf("commit sizes = %v, want [1 %d]", sizes, n-1)
+	}
+}
+
+func TestMaxBatch(t *testing.T) {
+	var mu sync.Mutex
+	largest := 0
+	w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
+		mu.Lock()
+		largest = max(largest, len(items))
+		mu.Unlock()
+		time.Sleep(time.Millisecond) // let submissions pile up
+		return items, nil
+	}, groupcommit.Options{MaxBatch: 3})
+	start(t, w)
+	var wg sync.WaitGroup
+	for i := range 30 {
+		wg.Go(func() {
+			if got, err := w.Submit(context.Background(), i); err != nil || got != i {
+				t.Errorf("Submit(%d) = %d, %v", i, got, err)
+			}
+		})
+	}
+	wg.Wait()
+	if largest > 3 {
+		t.Errorf("largest commit = %d items, want at most 3", largest)
+	}
+}
+
+// waitQueued waits until n items wait for a commit, polling with a
+// deadline.
+func waitQueued[T, R any](t *testing.T, w *groupcommit.Writer[T, R], n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for groupcommit.Queued(w) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %d queued items (%d)", n, groupcommit.Queued(w))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+var errBad = errors.New("bad item")
+
+func TestFailedBatchRetriedItemByItem(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	first := true
+	w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
+		if first {
+			first = false
+			entered <- struct{}{}
+			<-release
+		}
+		for _, it := range items {
+			if it < 0 {
+				return nil, errBad
+			}
+		}
+		return items, nil
+	}, groupcommit.Options{})
+	start(t, w)
+	held := make(chan error, 1)
+	go func() { _, err := w.Submit(context.Background(), 0); held <- err }()
+	<-entered
+	type answer struct {
+		item, got int
+		err       error
+	}
+	answers := make(chan answer, 5)
+	for _, it := range []int{1, -2, 3, -4, 5} {
+		go func() {
+			got, err := w.Submit(context.Background(), it)
+			answers <- answer{it, got, err}
+		}()
+	}
+	waitQueued(t, w, 5)
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		a := <-answers
+		switch {
+		case a.item < 0 && !errors.Is(a.err, errBad):
+			t.Errorf("Submit(%d) err = %v, want errBad", a.item, a.err)
+		case a.item >= 0 && (a.err != nil || a.got != a.item):
+			t.Errorf("Submit(%d) = %d, %v; want it committed", a.item, a.got, a.err)
+		}
+	}
+}
+
+func TestResultCountMismatchFails(t *testing.T) {
+	w := groupcommit.New(func(context.Context, []int) ([]int, error) { return nil, nil }, groupcommit.Options{})
+	start(t, w)
+	if _, err := w.Submit(context.Background(), 1); err == nil {
+		t.Error("Submit succeeded though the commit returned no result")
+	}
+}
+
+func TestCloseCommitsQueuedThenRefuses(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 3)
+	var mu sync.Mutex
+	var committed []int
+	w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
+		entered <- struct{}{}
+		<-release
+		mu.Lock()
+		committed = append(committed, items...)
+		mu.Unlock()
+		return items, nil
+	}, groupcommit.Options{})
+	go w.Run(context.Background())
+	errs := make(chan error, 3)
+	submit := func(i int) { _, err := w.Submit(context.Background(), i); errs <- err }
+	go submit(0)
+	<-entered // item 0's commit holds
+	go submit(1)
+	go submit(2)
+	waitQueued(t, w, 2)
+	closed := make(chan error, 1)
+	go func() { closed <- w.Close(context.Background()) }()
+	// Close waits for the queued items.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := w.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Close with a held commit = %v, want DeadlineExceeded", err)
+	}
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if len(committed) != 3 {
+		t.Errorf("committed %v, want all 3", committed)
+	}
+	if _, err := w.Submit(context.Background(), 9); !errors.Is(err, groupcommit.ErrClosed) {
+		t.Errorf("Submit after Close = %v, want ErrClosed", err)
+	}
+}
+
+func TestSubmitCancelled(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
+		<-release
+		return items, nil
+	}, groupcommit.Options{})
+	start(t, w)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { _, err := w.Submit(ctx, 1); done <- err }()
+	waitQueued(t, w, 0) // let it reach the commit
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Submit = %v, want context.Canceled", err)
+	}
+}
