@@ -16,9 +16,12 @@ build: ## build bin/backstop
 	$(GO) build -o $(BIN) ./cmd/backstop
 
 .PHONY: test
-test: lint ## what CI runs: go vet, gofmt check, then every test with -race
-	npm ci --prefix sinks/delivery/testdata/node --no-audit --no-fund
+test: lint deps ## what CI runs: go vet, gofmt check, test deps, then every test with -race
 	$(GO) test -race -count=1 -timeout 45m $(PKGS)
+
+.PHONY: deps
+deps: ## install chromium, redis-server and the node signature checker when missing
+	scripts/test-deps
 
 .PHONY: race
 race: ## every test with the race detector, without the lint step
