@@ -1,0 +1,208 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// QuotaSample is one sample of an API key's rate-limit budget, as the
+// governor saw it at At, with what the key's requests did since the
+// previous sample.
+type QuotaSample struct {
+	// KeyID is the governor's KeyID of the API key, never the key.
+	KeyID            string
+	At               time.Time
+	Limit, Remaining int
+	// Reset is when the window ends; PausedUntil the end of a 429 pause
+	// (zero when there was none).
+	Reset, PausedUntil time.Time
+	// Requests, RateLimited and ThrottleWait count the requests sent, the
+	// 429 answers and the time spent waiting on the governor since the
+	// previous sample.
+	Requests, RateLimited int
+	ThrottleWait          time.Duration
+}
+
+// IntakeSample counts what the webhook intake refused or suppressed since
+// the previous sample.
+type IntakeSample struct {
+	At                time.Time
+	Duplicates        int
+	SignatureFailures int
+}
+
+// OriginCount is how many events of one origin were processed in the
+// period starting at Start.
+type OriginCount struct {
+	Start  time.Time
+	Origin backstop.Origin
+	Events int
+}
+
+// SaveQuotaSample stores s. It fails on an empty key id or a zero time.
+func (db *DB) SaveQuotaSample(ctx context.Context, s QuotaSample) error {
+	if s.KeyID == "" || s.At.IsZero() {
+		return errors.New("save quota sample: key id and time are required")
+	}
+	if _, err := db.w.ExecContext(ctx, `INSERT OR REPLACE INTO quota_samples
+		(key_id, at, quota_limit, remaining, reset_at, paused_until, requests, rate_limited, throttle_wait_ms)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		s.KeyID, backstop.CanonicalTime(s.At), s.Limit, s.Remaining, nullTime(s.Reset), nullTime(s.PausedUntil),
+		s.Requests, s.RateLimited, float64(s.ThrottleWait)/float64(time.Millisecond)); err != nil {
+		return fmt.Errorf("save quota sample of %s: %w", s.KeyID, err)
+	}
+	return nil
+}
+
+// QuotaSamples returns every key's samples taken at or after since, by key
+// then oldest first.
+func (db *DB) QuotaSamples(ctx context.Context, since time.Time) ([]QuotaSample, error) {
+	var rows []struct {
+		KeyID          string         `db:"key_id"`
+		At             string         `db:"at"`
+		Limit          int            `db:"quota_limit"`
+		Remaining      int            `db:"remaining"`
+		Reset          sql.NullString `db:"reset_at"`
+		PausedUntil    sql.NullString `db:"paused_until"`
+		Requests       int            `db:"requests"`
+		RateLimited    int            `db:"rate_limited"`
+		ThrottleWaitMS float64        `db:"throttle_wait_ms"`
+	}
+	if err := db.r.SelectContext(ctx, &rows, `SELECT key_id, at, quota_limit, remaining, reset_at, paused_until,
+		requests, rate_limited, throttle_wait_ms FROM quota_samples WHERE at >= ? ORDER BY key_id, at`,
+		backstop.CanonicalTime(since)); err != nil {
+		return nil, fmt.Errorf("list quota samples: %w", err)
+	}
+	out := make([]QuotaSample, len(rows))
+	for i, r := range rows {
+		s := QuotaSample{KeyID: r.KeyID, Limit: r.Limit, Remaining: r.Remaining, Requests: r.Requests,
+			RateLimited: r.RateLimited, ThrottleWait: time.Duration(math.Round(r.ThrottleWaitMS * float64(time.Millisecond)))}
+		var err error
+		if s.At, err = backstop.ParseTime(r.At); err == nil {
+			if s.Reset, err = parseNullTime(r.Reset); err == nil {
+				s.PausedUntil, err = parseNullTime(r.PausedUntil)
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list quota samples: %s at %s: %w", r.KeyID, r.At, err)
+		}
+		out[i] = s
+	}
+	return out, nil
+}
+
+// SaveIntakeSample stores s. It fails on a zero time.
+func (db *DB) SaveIntakeSample(ctx context.Context, s IntakeSample) error {
+	if s.At.IsZero() {
+		return errors.New("save intake sample: time is required")
+	}
+	if _, err := db.w.ExecContext(ctx, `INSERT OR REPLACE INTO intake_samples (at, duplicates, signature_failures)
+		VALUES (?, ?, ?)`, backstop.CanonicalTime(s.At), s.Duplicates, s.SignatureFailures); err != nil {
+		return fmt.Errorf("save intake sample: %w", err)
+	}
+	return nil
+}
+
+// IntakeSamples returns the intake samples taken at or after since, oldest
+// first.
+func (db *DB) IntakeSamples(ctx context.Context, since time.Time) ([]IntakeSample, error) {
+	var rows []struct {
+		At                string `db:"at"`
+		Duplicates        int    `db:"duplicates"`
+		SignatureFailures int    `db:"signature_failures"`
+	}
+	if err := db.r.SelectContext(ctx, &rows, `SELECT at, duplicates, signature_failures FROM intake_samples
+		WHERE at >= ? ORDER BY at`, backstop.CanonicalTime(since)); err != nil {
+		return nil, fmt.Errorf("list intake samples: %w", err)
+	}
+	out := make([]IntakeSample, len(rows))
+	for i, r := range rows {
+		at, err := backstop.ParseTime(r.At)
+		if err != nil {
+			return nil, fmt.Errorf("list intake samples: %w", err)
+		}
+		out[i] = IntakeSample{At: at, Duplicates: r.Duplicates, SignatureFailures: r.SignatureFailures}
+	}
+	return out, nil
+}
+
+// PruneSamples deletes the quota and intake samples taken before before and
+// returns how many it deleted.
+func (db *DB) PruneSamples(ctx context.Context, before time.Time) (int64, error) {
+	cutoff := backstop.CanonicalTime(before)
+	var total int64
+	for _, del := range []string{`DELETE FROM quota_samples WHERE at < ?`, `DELETE FROM intake_samples WHERE at < ?`} {
+		res, err := db.w.ExecContext(ctx, del, cutoff)
+		if err != nil {
+			return total, fmt.Errorf("prune samples: %w", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, fmt.Errorf("prune samples: %w", err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// ProcessedByPeriod counts the events processed (received) at or after
+// since by origin, in periods of the given length aligned on the Unix
+// epoch (whole hours for an hour), oldest first. Periods without events
+// are left out. period must be at least a second.
+func (db *DB) ProcessedByPeriod(ctx context.Context, since time.Time, period time.Duration) ([]OriginCount, error) {
+	sec := int64(period / time.Second)
+	if sec < 1 {
+		return nil, fmt.Errorf("count processed events: period %v is under a second", period)
+	}
+	var rows []struct {
+		Start  int64  `db:"start"`
+		Origin string `db:"origin"`
+		N      int    `db:"n"`
+	}
+	// received_at is canonical text; its first 19 characters are the
+	// second, which unixepoch reads.
+	if err := db.r.SelectContext(ctx, &rows, `SELECT (unixepoch(substr(received_at, 1, 19)) / ?1) * ?1 AS start,
+		origin, count(*) AS n FROM processed_events WHERE received_at >= ?2
+		GROUP BY start, origin ORDER BY start, origin`, sec, backstop.CanonicalTime(since)); err != nil {
+		return nil, fmt.Errorf("count processed events by period: %w", err)
+	}
+	out := make([]OriginCount, len(rows))
+	for i, r := range rows {
+		out[i] = OriginCount{Start: time.Unix(r.Start, 0).UTC(), Origin: backstop.Origin(r.Origin), Events: r.N}
+	}
+	return out, nil
+}
+
+// RetryDeliveryAsSeen is RetryDelivery for a person who saw the delivery in
+// a given state: it requeues the delivery only while its status is still
+// status and it was last changed at updatedAt, and reports whether it did.
+// A second submission of the same retry therefore changes nothing: the
+// first one moved updated_at. It fails with an error wrapping
+// backstop.ErrNotFound when there is no such delivery.
+func (db *DB) RetryDeliveryAsSeen(ctx context.Context, id int64, status string, updatedAt, now time.Time) (bool, error) {
+	stamp := backstop.CanonicalTime(now)
+	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE id = ? AND status = ? AND updated_at = ?`,
+		stamp, stamp, id, status, backstop.CanonicalTime(updatedAt))
+	if err != nil {
+		return false, fmt.Errorf("retry delivery %d: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("retry delivery %d: %w", id, err)
+	}
+	if n == 1 {
+		return true, nil
+	}
+	if _, ok, err := db.Delivery(ctx, id); err != nil {
+		return false, fmt.Errorf("retry delivery %d: %w", id, err)
+	} else if !ok {
+		return false, fmt.Errorf("retry delivery %d: no such delivery: %w", id, backstop.ErrNotFound)
+	}
+	return false, nil
+}

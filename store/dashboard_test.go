@@ -1,0 +1,120 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+func TestQuotaAndIntakeSamples(t *testing.T) {
+	db, _ := openTest(t)
+	ctx := context.Background()
+	samples := []QuotaSample{
+		{KeyID: "k1", At: t0, Limit: 600, Remaining: 590, Reset: t0.Add(time.Minute), Requests: 10, ThrottleWait: 1500 * time.Millisecond},
+		{KeyID: "k1", At: t0.Add(time.Minute), Limit: 600, Remaining: 0, Reset: t0.Add(2 * time.Minute),
+			PausedUntil: t0.Add(90 * time.Second), Requests: 600, RateLimited: 3},
+		{KeyID: "k2", At: t0.Add(time.Hour), Limit: 30, Remaining: 30},
+	}
+	for _, s := range samples {
+		if err := db.SaveQuotaSample(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.SaveQuotaSample(ctx, QuotaSample{At: t0}); err == nil {
+		t.Error("a sample without a key id was saved")
+	}
+	got, err := db.QuotaSamples(ctx, t0.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, samples[1:]) {
+		t.Errorf("QuotaSamples = %+v\nwant %+v", got, samples[1:])
+	}
+	for _, s := range []IntakeSample{{At: t0, Duplicates: 2}, {At: t0.Add(time.Minute), SignatureFailures: 5}} {
+		if err := db.SaveIntakeSample(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := db.PruneSamples(ctx, t0.Add(time.Second))
+	if err != nil || n != 2 {
+		t.Fatalf("PruneSamples = %d, %v; want 2 (one of each)", n, err)
+	}
+	in, err := db.IntakeSamples(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []IntakeSample{{At: t0.Add(time.Minute), SignatureFailures: 5}}; !reflect.DeepEqual(in, want) {
+		t.Errorf("IntakeSamples after prune = %+v, want %+v", in, want)
+	}
+}
+
+func TestProcessedByPeriod(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	emit := func(at time.Time, origin backstop.Origin, n int) {
+		t.Helper()
+		clk.Set(at)
+		for i := range n {
+			id := fmt.Sprintf("ct_%s_%d_%d", origin, at.Unix(), i)
+			ev := backstop.Event{ID: "evt_" + id, Type: "contact.created", Resource: backstop.Contacts, ObjectID: id,
+				UpdatedAt: at, CreatedAt: at, Origin: origin, Data: json.RawMessage(`{"id":"` + id + `"}`)}
+			if _, err := db.Emit(ctx, []backstop.Event{ev}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	emit(t0.Add(-time.Hour), backstop.OriginWebhook, 4) // before the window
+	emit(t0.Add(5*time.Minute), backstop.OriginWebhook, 3)
+	emit(t0.Add(59*time.Minute), backstop.OriginReconcile, 1)
+	emit(t0.Add(61*time.Minute), backstop.OriginWebhook, 2)
+	got, err := db.ProcessedByPeriod(ctx, t0, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []OriginCount{
+		{Start: t0, Origin: backstop.OriginReconcile, Events: 1},
+		{Start: t0, Origin: backstop.OriginWebhook, Events: 3},
+		{Start: t0.Add(time.Hour), Origin: backstop.OriginWebhook, Events: 2},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ProcessedByPeriod = %+v\nwant %+v", got, want)
+	}
+	if _, err := db.ProcessedByPeriod(ctx, t0, time.Millisecond); err == nil {
+		t.Error("a period under a second was accepted")
+	}
+}
+
+// A retry submitted twice from the same page requeues once.
+func TestRetryDeliveryAsSeen(t *testing.T) {
+	db, _ := openTest(t)
+	ctx := context.Background()
+	id := enqueue(t, db, "billing", "evt_1", "payment.succeeded", t0)
+	record(t, db, Attempt{DeliveryID: id, Target: "billing", URL: "http://x", Attempt: 1, StatusCode: 400, At: t0},
+		Outcome{Status: StatusDeadLetter})
+	seen := mustDelivery(t, db, id)
+
+	ok, err := db.RetryDeliveryAsSeen(ctx, id, seen.Status, seen.UpdatedAt, t0.Add(time.Minute))
+	if err != nil || !ok {
+		t.Fatalf("first retry = %v, %v; want it done", ok, err)
+	}
+	row := mustDelivery(t, db, id)
+	if row.Status != StatusPending || row.Attempts != 0 || row.LastStatus != 400 {
+		t.Errorf("after retry: %+v, want pending with no attempts and the last status kept", row)
+	}
+	ok, err = db.RetryDeliveryAsSeen(ctx, id, seen.Status, seen.UpdatedAt, t0.Add(time.Minute+time.Second))
+	if err != nil || ok {
+		t.Fatalf("second retry of the same view = %v, %v; want nothing done", ok, err)
+	}
+	if again := mustDelivery(t, db, id); !again.UpdatedAt.Equal(row.UpdatedAt) {
+		t.Errorf("the second retry changed the delivery: updated %v, was %v", again.UpdatedAt, row.UpdatedAt)
+	}
+	if _, err := db.RetryDeliveryAsSeen(ctx, 999, StatusDeadLetter, t0, t0); !errors.Is(err, backstop.ErrNotFound) {
+		t.Errorf("retry of an unknown delivery: %v, want ErrNotFound", err)
+	}
+}
