@@ -35,8 +35,8 @@ type Policy struct {
 // about the window, what this process (or every process sharing the store)
 // has in flight, and the 429 pause. Its methods are the whole pacing
 // algorithm; a Store only has to run them atomically. Budget has exported
-// fields so that a shared store can persist it (e.g. as JSON under a Redis
-// WATCH/MULTI transaction) or port the same rules to a Lua script.
+// fields so that a shared store can persist it: RedisStore keeps it as JSON
+// and swaps it with a version check, running these same methods.
 //
 // The zero Budget is a key never seen: it is seeded from the Policy.
 type Budget struct {

@@ -5,7 +5,9 @@
 //
 // One Governor serves one API key and is shared by every concurrent request
 // of the process (Registry hands them out). The budget lives in a Store:
-// MemoryStore for one process, a shared store for many.
+// MemoryStore for one process; RedisStore for many, sharing one budget per
+// key, behind a FallbackStore that paces locally at a share of the budget
+// while Redis is unreachable.
 package governor
 
 import (

@@ -1,0 +1,249 @@
+package governor
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+)
+
+// Defaults of FallbackOptions.
+const (
+	// DefaultFallbackShare is the part of a key's budget one process uses
+	// while the shared store is unreachable.
+	DefaultFallbackShare = 0.25
+	// DefaultFallbackRetry is how often the shared store is tried again
+	// while it is unreachable.
+	DefaultFallbackRetry = time.Second
+)
+
+// FallbackOptions configure a FallbackStore. Zero fields take the defaults.
+type FallbackOptions struct {
+	// Share (0..1] scales the budget while the shared store is unreachable:
+	// the limit, what the platform says remains and the reserve. With N
+	// processes on a key, 1/N keeps them together inside the limit.
+	Share float64
+	// Retry is how often the shared store is tried again meanwhile.
+	Retry time.Duration
+	// Logger receives the switches to local pacing and back.
+	Logger *slog.Logger
+}
+
+// FallbackStats counts a FallbackStore's switches to local pacing.
+type FallbackStats struct {
+	// Fallbacks counts the times the shared store became unreachable.
+	Fallbacks int64
+	// LocalGrants counts the requests granted by local pacing.
+	LocalGrants int64
+	// Local reports whether the store is pacing locally now.
+	Local bool
+}
+
+// FallbackStore is a Store that uses a shared store (RedisStore) while it
+// answers and paces locally, at Share of the budget, while it does not:
+// losing Redis in the middle of a run slows the process down instead of
+// stopping it or letting it take a whole key's budget. The shared store is
+// tried again every Retry; the first call that succeeds switches back.
+//
+// The local budget follows every response, also while the shared store
+// answers, so it knows the window and any 429 pause at the moment it takes
+// over. A request is always observed by the store that granted it.
+type FallbackStore struct {
+	shared Store
+	share  float64
+	retry  time.Duration
+	log    *slog.Logger
+
+	mu        sync.Mutex
+	local     bool
+	nextTry   time.Time
+	trying    bool
+	budgets   map[string]*Budget
+	grants    map[grantKey]int // local grants not yet observed
+	fallbacks int64
+	granted   int64
+}
+
+var _ Store = (*FallbackStore)(nil)
+
+// grantKey identifies a grant by its key and time (the Governor observes a
+// request with the time it was granted).
+type grantKey struct {
+	key string
+	at  int64
+}
+
+// NewFallbackStore returns a FallbackStore over shared.
+func NewFallbackStore(shared Store, opts FallbackOptions) *FallbackStore {
+	if opts.Share <= 0 || opts.Share > 1 {
+		opts.Share = DefaultFallbackShare
+	}
+	if opts.Retry <= 0 {
+		opts.Retry = DefaultFallbackRetry
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &FallbackStore{
+		shared: shared, share: opts.Share, retry: opts.Retry,
+		log:     opts.Logger.With("component", "governor"),
+		budgets: make(map[string]*Budget), grants: make(map[grantKey]int),
+	}
+}
+
+// Stats returns the store's counts.
+func (f *FallbackStore) Stats() FallbackStats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return FallbackStats{Fallbacks: f.fallbacks, LocalGrants: f.granted, Local: f.local}
+}
+
+// Reserve implements Store. It fails only with ctx's error.
+func (f *FallbackStore) Reserve(ctx context.Context, key string, now time.Time, p Policy) (time.Duration, bool, error) {
+	if f.useShared(now) {
+		wait, ok, err := f.shared.Reserve(ctx, key, now, p)
+		switch {
+		case err == nil:
+			f.recovered()
+			return wait, ok, nil
+		case ctx.Err() != nil:
+			f.mu.Lock()
+			f.trying = false
+			f.mu.Unlock()
+			return 0, false, err
+		}
+		f.failed(now, err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	wait, ok := f.budget(key).Reserve(now, f.scale(p))
+	if ok {
+		f.grants[grantKey{key, now.UnixNano()}]++
+		f.granted++
+	}
+	return wait, ok, nil
+}
+
+// Observe implements Store. It never fails: an observation the shared
+// store cannot take is still learned locally.
+func (f *FallbackStore) Observe(ctx context.Context, key string, now time.Time, obs Observation, p Policy) error {
+	f.mu.Lock()
+	g := grantKey{key, obs.Granted.UnixNano()}
+	if n := f.grants[g]; n > 0 && !obs.Granted.IsZero() {
+		if n == 1 {
+			delete(f.grants, g)
+		} else {
+			f.grants[g] = n - 1
+		}
+		f.budget(key).Observe(now, f.scaleObs(obs), f.scale(p))
+		f.mu.Unlock()
+		return nil
+	}
+	f.mu.Unlock()
+
+	// A request the shared store granted: only it can release the slot.
+	if err := f.shared.Observe(ctx, key, now, obs, p); err != nil {
+		f.failed(now, err)
+	} else {
+		f.recovered()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := f.budget(key)
+	b.InFlight++ // learn from it without releasing a local slot
+	b.Observe(now, f.scaleObs(obs), f.scale(p))
+	return nil
+}
+
+// Snapshot implements Store: the shared state, or the local one (scaled)
+// while pacing locally.
+func (f *FallbackStore) Snapshot(ctx context.Context, key string, now time.Time, p Policy) (State, error) {
+	f.mu.Lock()
+	local := f.local
+	f.mu.Unlock()
+	if !local {
+		if st, err := f.shared.Snapshot(ctx, key, now, p); err == nil {
+			return st, nil
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.budget(key).State(now, f.scale(p)), nil
+}
+
+// useShared reports whether to ask the shared store: always while it
+// answers; while it does not, one caller once per Retry.
+func (f *FallbackStore) useShared(now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.local {
+		return true
+	}
+	if f.trying || now.Before(f.nextTry) {
+		return false
+	}
+	f.trying = true
+	return true
+}
+
+// failed switches to local pacing (or stays there) after err.
+func (f *FallbackStore) failed(now time.Time, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.trying = false
+	f.nextTry = now.Add(f.retry)
+	if f.local {
+		return
+	}
+	f.local = true
+	f.fallbacks++
+	f.log.Warn("governor: shared budget unreachable: pacing locally",
+		"share", f.share, "retry_every", f.retry, "err", err)
+}
+
+// recovered switches back to the shared store after a call succeeded.
+func (f *FallbackStore) recovered() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.trying = false
+	if !f.local {
+		return
+	}
+	f.local = false
+	f.log.Info("governor: shared budget reachable again: pacing through it", "local_grants", f.granted)
+}
+
+func (f *FallbackStore) budget(key string) *Budget {
+	b := f.budgets[key]
+	if b == nil {
+		b = &Budget{}
+		f.budgets[key] = b
+	}
+	return b
+}
+
+// scale is p at the fallback share.
+func (f *FallbackStore) scale(p Policy) Policy {
+	p.Limit = scaleUp(p.Limit, f.share)
+	p.Reserve = scaleUp(p.Reserve, f.share)
+	return p
+}
+
+// scaleObs is obs at the fallback share: this process's part of what the
+// platform says.
+func (f *FallbackStore) scaleObs(obs Observation) Observation {
+	if obs.Limit > 0 {
+		obs.Limit = scaleUp(obs.Limit, f.share)
+	}
+	obs.Remaining = int(math.Floor(float64(obs.Remaining) * f.share))
+	return obs
+}
+
+// scaleUp is n×share rounded up, at least 1 when n is positive.
+func scaleUp(n int, share float64) int {
+	if n <= 0 {
+		return n
+	}
+	return max(int(math.Ceil(float64(n)*share)), 1)
+}

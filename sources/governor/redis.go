@@ -1,0 +1,362 @@
+package governor
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of RedisOptions.
+const (
+	DefaultRedisPrefix = "backstop:governor:"
+	// DefaultHolderTTL is how long the requests a process has in flight
+	// keep counting against the shared budget after it last wrote it: a
+	// process that died with requests in flight stops holding them then.
+	DefaultHolderTTL = 2 * time.Minute
+	// DefaultKeyTTL is how long an untouched budget stays in Redis.
+	DefaultKeyTTL = time.Hour
+)
+
+// maxCASAttempts bounds the compare-and-set retries of one call. Each
+// failed attempt returns the state that won, so a retry only loses again
+// when yet another process wrote in between.
+const maxCASAttempts = 1000
+
+// ErrContention is returned when a budget kept changing under one call for
+// maxCASAttempts attempts.
+var ErrContention = errors.New("governor: shared budget changed on every attempt")
+
+// RedisOptions configure a RedisStore. Zero fields take the defaults above.
+type RedisOptions struct {
+	// Prefix namespaces the Redis keys: a budget lives at Prefix + KeyID.
+	Prefix string
+	// HolderTTL bounds how long a process's in-flight requests count after
+	// its last write (see DefaultHolderTTL). It should exceed the longest
+	// request.
+	HolderTTL time.Duration
+	// KeyTTL is how long an untouched budget is kept.
+	KeyTTL time.Duration
+}
+
+// RedisStore is a Store in Redis: every process that uses the same Redis
+// shares one budget per API key, so that together they stay inside the
+// key's rate limit, and a 429 seen by one pauses all.
+//
+// Budget's rules run in Go, in the process that asks; Redis keeps the
+// serialized state with a version, and a Lua script swaps it only when the
+// version is still the one the rules ran on (compare-and-set). A lost race
+// re-runs the rules on the state that won. So the pacing rules have one
+// home, Budget, and a reservation is as atomic as with MemoryStore.
+//
+// In-flight requests are counted per process (a holder), each entry
+// expiring HolderTTL after that process last wrote: the requests of a
+// process that died stop counting. Keys are KeyID values, never API keys.
+type RedisStore struct {
+	rdb       redis.Scripter
+	prefix    string
+	id        string // this store's holder id
+	holderTTL time.Duration
+	keyTTL    time.Duration
+
+	mu   sync.Mutex
+	keys map[string]*redisKey
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// redisKey is what this store knows of one key. Its mutex serializes the
+// process's own calls on the key, so they never race each other in Redis.
+type redisKey struct {
+	mu sync.Mutex
+	// out counts this store's grants not yet observed.
+	out int
+	// version and raw are the state last read or written, tried first by
+	// the next call (a lost race costs one extra round trip).
+	version int64
+	raw     []byte
+	known   bool
+}
+
+// NewRedisStore returns a Store kept in the Redis that rdb talks to (a
+// *redis.Client, *redis.ClusterClient or ring). The caller owns rdb.
+func NewRedisStore(rdb redis.Scripter, opts RedisOptions) *RedisStore {
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultRedisPrefix
+	}
+	if opts.HolderTTL <= 0 {
+		opts.HolderTTL = DefaultHolderTTL
+	}
+	if opts.KeyTTL <= 0 {
+		opts.KeyTTL = DefaultKeyTTL
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return &RedisStore{
+		rdb: rdb, prefix: opts.Prefix, id: hex.EncodeToString(id[:]),
+		holderTTL: opts.HolderTTL, keyTTL: opts.KeyTTL,
+		keys: make(map[string]*redisKey),
+	}
+}
+
+// Reserve implements Store. Its errors are Redis's (wrapped) and
+// ErrContention.
+func (s *RedisStore) Reserve(ctx context.Context, key string, now time.Time, p Policy) (time.Duration, bool, error) {
+	var wait time.Duration
+	var granted bool
+	err := s.update(ctx, key, now, false, func(b *Budget) bool {
+		wait, granted = b.Reserve(now, p)
+		return granted
+	})
+	if err != nil {
+		return 0, false, err
+	}
+	return wait, granted, nil
+}
+
+// Observe implements Store. The request's in-flight slot is released even
+// when the call fails: the next successful write restates this process's
+// count.
+func (s *RedisStore) Observe(ctx context.Context, key string, now time.Time, obs Observation, p Policy) error {
+	return s.update(ctx, key, now, true, func(b *Budget) bool {
+		b.Observe(now, obs, p)
+		return false
+	})
+}
+
+// Snapshot implements Store: the shared state, read now.
+func (s *RedisStore) Snapshot(ctx context.Context, key string, now time.Time, p Policy) (State, error) {
+	_, raw, err := s.read(ctx, s.prefix+key)
+	if err != nil {
+		return State{}, err
+	}
+	st, err := decodeShared(raw)
+	if err != nil {
+		return State{}, err
+	}
+	st.Budget.InFlight = st.inFlight(now)
+	return st.Budget.State(now, p), nil
+}
+
+// update runs op on the key's shared budget at now and writes the result
+// back if it changed, running op again on the newer state whenever another
+// process wrote first. op reports a grant, which this process then holds
+// until an update with observe set releases it. op must be safe to run
+// again.
+func (s *RedisStore) update(ctx context.Context, key string, now time.Time, observe bool, op func(*Budget) (granted bool)) error {
+	k := s.key(key)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	rkey := s.prefix + key
+	fail := func(err error) error {
+		if observe {
+			k.out = max(k.out-1, 0) // the request is over all the same
+		}
+		k.known = false // the state may be gone (a restarted Redis)
+		return err
+	}
+
+	version, raw, fresh := k.version, k.raw, false
+	if !k.known {
+		var err error
+		if version, raw, err = s.read(ctx, rkey); err != nil {
+			return fail(err)
+		}
+		fresh = true
+	}
+	for range maxCASAttempts {
+		st, err := decodeShared(raw)
+		if err != nil {
+			return fail(err)
+		}
+		st.hold(s.id, k.out, now, s.holderTTL)
+		out := k.out
+		switch {
+		case op(&st.Budget):
+			out++
+		case observe:
+			out = max(out-1, 0)
+		}
+		st.hold(s.id, out, now, s.holderTTL)
+		next, err := json.Marshal(st)
+		if err != nil {
+			return fail(fmt.Errorf("governor: encode budget: %w", err))
+		}
+		if bytes.Equal(next, raw) {
+			if fresh {
+				k.out, k.version, k.raw, k.known = out, version, raw, true
+				return nil
+			}
+			// Nothing to write, but the decision was made on what this
+			// process saw last: decide again on the current state.
+			if version, raw, err = s.read(ctx, rkey); err != nil {
+				return fail(err)
+			}
+			fresh = true
+			continue
+		}
+		won, cur, curRaw, err := s.swap(ctx, rkey, version, next)
+		if err != nil {
+			return fail(err)
+		}
+		if won {
+			k.out, k.version, k.raw, k.known = out, cur, next, true
+			return nil
+		}
+		version, raw, fresh = cur, curRaw, true
+	}
+	return fail(fmt.Errorf("%w (%d attempts)", ErrContention, maxCASAttempts))
+}
+
+func (s *RedisStore) key(key string) *redisKey {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.keys[key]
+	if k == nil {
+		k = &redisKey{}
+		s.keys[key] = k
+	}
+	return k
+}
+
+// read returns the key's version and state (0 and nil when absent).
+func (s *RedisStore) read(ctx context.Context, rkey string) (int64, []byte, error) {
+	res, err := readScript.Run(ctx, s.rdb, []string{rkey}).Slice()
+	if err != nil {
+		return 0, nil, fmt.Errorf("governor: redis read: %w", err)
+	}
+	return parseVersioned(res)
+}
+
+// swap writes next when the stored version is still version. It returns
+// whether it did, and the version now stored with, when it did not, the
+// state that is.
+func (s *RedisStore) swap(ctx context.Context, rkey string, version int64, next []byte) (bool, int64, []byte, error) {
+	res, err := casScript.Run(ctx, s.rdb, []string{rkey}, version, next, s.keyTTL.Milliseconds()).Slice()
+	if err != nil {
+		return false, 0, nil, fmt.Errorf("governor: redis write: %w", err)
+	}
+	if len(res) == 0 {
+		return false, 0, nil, errors.New("governor: redis write: empty answer")
+	}
+	won, _ := res[0].(int64)
+	if won == 1 {
+		v, _, err := parseVersioned(res[1:])
+		return true, v, nil, err
+	}
+	v, raw, err := parseVersioned(res[1:])
+	return false, v, raw, err
+}
+
+// parseVersioned reads the {version, state} pair the scripts return.
+func parseVersioned(res []any) (int64, []byte, error) {
+	if len(res) == 0 {
+		return 0, nil, errors.New("governor: redis: empty answer")
+	}
+	var v int64
+	switch x := res[0].(type) {
+	case int64:
+		v = x
+	case string:
+		n, err := strconv.ParseInt(x, 10, 64)
+		if err != nil {
+			return 0, nil, fmt.Errorf("governor: redis: bad version %q", x)
+		}
+		v = n
+	default:
+		return 0, nil, fmt.Errorf("governor: redis: bad version %v", x)
+	}
+	if len(res) < 2 {
+		return v, nil, nil
+	}
+	str, _ := res[1].(string)
+	if str == "" {
+		return v, nil, nil
+	}
+	return v, []byte(str), nil
+}
+
+// readScript returns {version, state} of KEYS[1], {0, ""} when absent.
+var readScript = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'v', 's')
+return {tonumber(r[1] or '0'), r[2] or ''}
+`)
+
+// casScript stores ARGV[2] as the state of KEYS[1] with version ARGV[1]+1
+// when its version is still ARGV[1], and keeps the key ARGV[3] ms. It
+// returns {1, new version}, or {0, version, state} when another write won.
+var casScript = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'v', 's')
+local v = tonumber(r[1] or '0')
+if v ~= tonumber(ARGV[1]) then
+  return {0, v, r[2] or ''}
+end
+redis.call('HSET', KEYS[1], 'v', v + 1, 's', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {1, v + 1}
+`)
+
+// shared is a key's state as stored in Redis: the Budget and, per
+// process, the requests it has in flight.
+type shared struct {
+	Budget  Budget            `json:"budget"`
+	Holders map[string]holder `json:"holders,omitempty"`
+}
+
+// holder is one process's share of the in-flight requests.
+type holder struct {
+	InFlight int       `json:"in_flight"`
+	Until    time.Time `json:"until"` // when it stops counting unless renewed
+}
+
+func decodeShared(raw []byte) (shared, error) {
+	var st shared
+	if len(raw) == 0 {
+		return st, nil
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return shared{}, fmt.Errorf("governor: decode shared budget: %w", err)
+	}
+	return st, nil
+}
+
+// inFlight drops the holders expired at now and sums the others.
+func (st *shared) inFlight(now time.Time) int {
+	n := 0
+	for id, h := range st.Holders {
+		if !now.Before(h.Until) {
+			delete(st.Holders, id)
+			continue
+		}
+		n += h.InFlight
+	}
+	return n
+}
+
+// hold records that holder id has out requests in flight at now, renewing
+// its entry when less than half its ttl is left, and restates the
+// Budget's in-flight count as the sum over holders.
+func (st *shared) hold(id string, out int, now time.Time, ttl time.Duration) {
+	switch h, ok := st.Holders[id]; {
+	case out == 0:
+		delete(st.Holders, id)
+	case ok && h.InFlight == out && h.Until.Sub(now) > ttl/2:
+	default:
+		if st.Holders == nil {
+			st.Holders = make(map[string]holder)
+		}
+		st.Holders[id] = holder{InFlight: out, Until: now.Add(ttl).UTC().Round(0)}
+	}
+	if len(st.Holders) == 0 {
+		st.Holders = nil
+	}
+	st.Budget.InFlight = st.inFlight(now)
+}

@@ -1,0 +1,284 @@
+package governor
+
+import (
+	"context"
+	"maps"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/backstop-sync/backstop/internal/redistest"
+)
+
+// newRedis starts a private redis-server and returns a client of it.
+func newRedis(t *testing.T) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: time.Second})
+	t.Cleanup(func() { rdb.Close() })
+	return srv, rdb
+}
+
+// The Redis store must take exactly the decisions MemoryStore takes on the
+// same sequence of calls, spread over two processes: the rules are
+// Budget's, the store only shares them.
+func TestRedisStoreDecidesLikeMemoryStore(t *testing.T) {
+	_, rdb := newRedis(t)
+	ctx := context.Background()
+	stores := []*RedisStore{NewRedisStore(rdb, RedisOptions{}), NewRedisStore(rdb, RedisOptions{})}
+	mem := NewMemoryStore()
+	const key = "k1"
+	pol := Policy{Limit: 20, Window: 10 * time.Second, Reserve: 2, MaxPause: 30 * time.Second, Jitter: 0.3, ResetMargin: 100 * time.Millisecond}
+	srv := &fixedWindow{limit: 20, window: 10 * time.Second, counts: map[int64]int{}}
+
+	type grant struct {
+		store int
+		at    time.Time
+	}
+	var open []grant
+	rng := rand.New(rand.NewPCG(7, 7))
+	now := time.Unix(1_700_000_003, 0)
+	for i := range 600 {
+		now = now.Add(time.Duration(rng.IntN(400)) * time.Millisecond)
+		if len(open) > 0 && rng.IntN(2) == 0 {
+			j := rng.IntN(len(open))
+			g := open[j]
+			open = slices.Delete(open, j, j+1)
+			status, h := srv.hit(now)
+			obs := parseHeaders(h, now)
+			obs.Status, obs.Granted, obs.Rand = status, g.at, 0.5
+			if status == http.StatusTooManyRequests {
+				obs.RetryAfter, obs.HasRetryAfter = 2*time.Second, true
+			}
+			if err := mem.Observe(ctx, key, now, obs, pol); err != nil {
+				t.Fatal(err)
+			}
+			if err := stores[g.store].Observe(ctx, key, now, obs, pol); err != nil {
+				t.Fatalf("step %d: observe: %v", i, err)
+			}
+			continue
+		}
+		s := rng.IntN(len(stores))
+		wantWait, wantOK, _ := mem.Reserve(ctx, key, now, pol)
+		wait, ok, err := stores[s].Reserve(ctx, key, now, pol)
+		if err != nil {
+			t.Fatalf("step %d: reserve: %v", i, err)
+		}
+		if wait != wantWait || ok != wantOK {
+			t.Fatalf("step %d at %s: store %d reserved (%s, %v), MemoryStore (%s, %v)", i, now.Format(time.StampMilli), s, wait, ok, wantWait, wantOK)
+		}
+		if ok {
+			open = append(open, grant{s, now})
+		}
+		memState, _ := mem.Snapshot(ctx, key, now, pol)
+		for n, st := range stores {
+			want := memState
+			got, err := st.Snapshot(ctx, key, now, pol)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !got.Reset.Equal(want.Reset) || !got.PausedUntil.Equal(want.PausedUntil) {
+				t.Fatalf("step %d: store %d sees reset %s paused until %s, MemoryStore %s, %s", i, n, got.Reset, got.PausedUntil, want.Reset, want.PausedUntil)
+			}
+			got.Reset, got.PausedUntil, want.Reset, want.PausedUntil = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+			if got != want {
+				t.Fatalf("step %d: store %d sees %+v, MemoryStore %+v", i, n, got, want)
+			}
+		}
+	}
+	if len(srv.counts) < 5 {
+		t.Errorf("the sequence spanned %d windows, want several", len(srv.counts))
+	}
+}
+
+// A 429 observed by one process pauses the key for every other.
+func TestRedisStore429PausesEveryProcess(t *testing.T) {
+	_, rdb := newRedis(t)
+	ctx := context.Background()
+	a, b := NewRedisStore(rdb, RedisOptions{}), NewRedisStore(rdb, RedisOptions{})
+	pol := Policy{Limit: 100, Window: time.Minute, MaxPause: time.Minute, ResetMargin: 100 * time.Millisecond}
+	now := time.Unix(1_700_000_000, 0)
+	if _, ok, err := a.Reserve(ctx, "k", now, pol); err != nil || !ok {
+		t.Fatalf("first reserve: %v %v", ok, err)
+	}
+	obs := Observation{Status: http.StatusTooManyRequests, RetryAfter: 5 * time.Second, HasRetryAfter: true, Granted: now}
+	if err := a.Observe(ctx, "k", now, obs, pol); err != nil {
+		t.Fatal(err)
+	}
+	wait, ok, err := b.Reserve(ctx, "k", now.Add(time.Second), pol)
+	if err != nil || ok || wait != 4*time.Second {
+		t.Fatalf("other process: reserve = %s, %v, %v; want to wait the 4s left of the pause", wait, ok, err)
+	}
+}
+
+// A process that dies with requests in flight holds them only until its
+// holder entry expires.
+func TestRedisStoreForgetsDeadProcess(t *testing.T) {
+	_, rdb := newRedis(t)
+	ctx := context.Background()
+	ttl := 30 * time.Second
+	dead, live := NewRedisStore(rdb, RedisOptions{HolderTTL: ttl}), NewRedisStore(rdb, RedisOptions{HolderTTL: ttl})
+	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+	now := time.Unix(1_700_000_000, 0)
+	// Learn the window, so that requests may overlap.
+	if _, ok, _ := live.Reserve(ctx, "k", now, pol); !ok {
+		t.Fatal("first reserve refused")
+	}
+	obs := Observation{Status: 200, HasBudget: true, Limit: 100, Remaining: 99, Reset: now.Add(time.Minute), Granted: now}
+	if err := live.Observe(ctx, "k", now, obs, pol); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, ok, err := dead.Reserve(ctx, "k", now.Add(time.Duration(i+1)*time.Second), pol); err != nil || !ok {
+			t.Fatalf("reserve %d: %v %v", i, ok, err)
+		}
+	}
+	if st, _ := live.Snapshot(ctx, "k", now.Add(10*time.Second), pol); st.InFlight != 3 {
+		t.Fatalf("in flight = %d, want the dead process's 3", st.InFlight)
+	}
+	if st, _ := live.Snapshot(ctx, "k", now.Add(3*time.Second+ttl), pol); st.InFlight != 0 {
+		t.Fatalf("in flight after the holder ttl = %d, want 0", st.InFlight)
+	}
+}
+
+// Redis holds the key's id, never the API key.
+func TestRedisStoreKeysNameNoAPIKey(t *testing.T) {
+	_, rdb := newRedis(t)
+	ctx := context.Background()
+	const apiKey = "sk_live_do_not_store"
+	g := New(apiKey, Options{Store: NewRedisStore(rdb, RedisOptions{})})
+	tk, err := g.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.Done(200, nil)
+	keys, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{DefaultRedisPrefix + KeyID(apiKey)}; !slices.Equal(keys, want) {
+		t.Fatalf("redis keys = %q, want %q", keys, want)
+	}
+	val, err := rdb.HGet(ctx, keys[0], "s").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(val, apiKey) || strings.Contains(keys[0], apiKey) {
+		t.Fatal("the API key is stored in Redis")
+	}
+	if ttl, _ := rdb.PTTL(ctx, keys[0]).Result(); ttl <= 0 || ttl > DefaultKeyTTL {
+		t.Errorf("key ttl = %s, want up to %s", ttl, DefaultKeyTTL)
+	}
+}
+
+// TestConcurrentPacing's workload with every worker a process of its own
+// (its own RedisStore): together they never see a 429 and use the windows.
+func TestRedisStoreConcurrentProcesses(t *testing.T) {
+	_, rdb := newRedis(t)
+	const workers = 16
+	start := time.Unix(1_700_000_000, 300_000_000)
+	stop := time.Unix(1_700_000_008, 0)
+	clock := newVirtualClock(start, workers)
+	srv := &fixedWindow{limit: 100, window: time.Second, counts: map[int64]int{}}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	var govs []*Governor
+	for w := range workers {
+		g := New("k", Options{Limit: 100, Window: time.Second, Reserve: 2, Clock: clock, Rand: func() float64 { return 0 },
+			Store: NewRedisStore(rdb, RedisOptions{})})
+		govs = append(govs, g)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer clock.leave()
+			rng := rand.New(rand.NewPCG(uint64(w), 2))
+			for clock.Now().Before(stop) {
+				tk, err := g.Acquire(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				_ = clock.Sleep(ctx, time.Duration(1+rng.IntN(30))*time.Millisecond)
+				status, h := srv.hit(clock.Now())
+				_ = clock.Sleep(ctx, time.Duration(1+rng.IntN(30))*time.Millisecond)
+				tk.Done(status, h)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if srv.rejected != 0 {
+		t.Errorf("platform answered 429 %d times, want 0", srv.rejected)
+	}
+	ends := slices.Sorted(maps.Keys(srv.counts))
+	var perWindow []int
+	for _, e := range ends {
+		perWindow = append(perWindow, srv.counts[e])
+	}
+	t.Logf("requests per window: %v", perWindow)
+	for _, e := range ends[1:] {
+		if e > stop.Unix() {
+			break
+		}
+		if n := srv.counts[e]; n < 90 {
+			t.Errorf("window ending %d carried %d requests, want at least 90", e, n)
+		}
+	}
+	if st, err := govs[0].State(ctx); err != nil || st.InFlight != 0 {
+		t.Errorf("final state %+v (%v): want nothing in flight", st, err)
+	}
+}
+
+// With Redis stopped, a FallbackStore over a RedisStore paces locally,
+// counts the fallback, and returns to Redis once it answers again.
+func TestFallbackStoreSurvivesRedisRestart(t *testing.T) {
+	srv, rdb := newRedis(t)
+	ctx := context.Background()
+	f := NewFallbackStore(NewRedisStore(rdb, RedisOptions{}), FallbackOptions{Share: 0.25, Retry: 10 * time.Second})
+	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+	now := time.Unix(1_700_000_000, 0)
+	step := func(granted time.Time) {
+		t.Helper()
+		_, ok, err := f.Reserve(ctx, "k", granted, pol)
+		if err != nil || !ok {
+			t.Fatalf("reserve at %s: %v %v", granted, ok, err)
+		}
+		obs := Observation{Status: 200, HasBudget: true, Limit: 100, Remaining: 80, Reset: now.Add(time.Minute), Granted: granted}
+		if err := f.Observe(ctx, "k", granted, obs, pol); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step(now)
+	if st := f.Stats(); st.Local || st.Fallbacks != 0 {
+		t.Fatalf("stats with Redis up: %+v", st)
+	}
+	srv.Stop()
+	step(now.Add(10 * time.Second))
+	st := f.Stats()
+	if !st.Local || st.Fallbacks != 1 || st.LocalGrants != 1 {
+		t.Fatalf("stats with Redis down: %+v, want local, 1 fallback, 1 local grant", st)
+	}
+	if s, _ := f.Snapshot(ctx, "k", now.Add(10*time.Second), pol); s.Limit != 25 || s.Remaining != 20 {
+		t.Errorf("local budget %+v: want a quarter of the platform's (limit 25, remaining 20)", s)
+	}
+	srv.Restart()
+	// Within Retry the store stays local; after it, Redis is tried again.
+	step(now.Add(15 * time.Second))
+	if !f.Stats().Local {
+		t.Fatal("switched back before the retry interval")
+	}
+	step(now.Add(25 * time.Second))
+	if st := f.Stats(); st.Local || st.Fallbacks != 1 || st.LocalGrants != 2 {
+		t.Fatalf("stats after Redis came back: %+v, want shared, 1 fallback, 2 local grants", st)
+	}
+}
