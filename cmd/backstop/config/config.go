@@ -68,11 +68,21 @@ type Store struct {
 	Synchronous string `yaml:"synchronous"` // NORMAL or FULL, default NORMAL
 }
 
-// Governor configures how the rate-limit budget is shared.
+// Governor configures how the rate-limit budget, and the running of
+// scheduled jobs, are shared between processes.
 type Governor struct {
-	// Redis, when set (redis:// or rediss:// URL), shares one budget across
-	// processes. Empty keeps the budget in the process.
-	Redis string `yaml:"redis"`
+	// Redis, when set (redis:// or rediss:// URL, a password included), makes
+	// every process share one budget per API key, and elects one process to
+	// run the scheduled jobs. Empty keeps both in the process. A Secret,
+	// since the URL may carry a password.
+	Redis Secret `yaml:"redis"`
+	// FallbackShare is the part (0..1] of the key's budget one process uses
+	// while Redis is unreachable during a run, default 0.25.
+	FallbackShare float64 `yaml:"fallback_share"`
+	// JobLease is how long the jobs leader's lease lasts without renewal:
+	// when the leader dies another process takes over within it. Default
+	// 15s, at least 1s.
+	JobLease Duration `yaml:"job_lease"`
 }
 
 // Intake configures the webhook endpoint.
@@ -164,7 +174,8 @@ func Default() *Config {
 			RetryMax: 5,
 			Timeout:  Duration(30 * time.Second),
 		},
-		Store: Store{Path: "./backstop.db", Synchronous: "NORMAL"},
+		Store:    Store{Path: "./backstop.db", Synchronous: "NORMAL"},
+		Governor: Governor{FallbackShare: 0.25, JobLease: Duration(15 * time.Second)},
 		Intake: Intake{
 			Listen:      "127.0.0.1:8080",
 			Path:        "/webhooks/botix",

@@ -113,6 +113,16 @@ func TestParseErrors(t *testing.T) {
 			nil, `schedules.yaml:5: store.synchronous: want one of NORMAL, FULL, got "OFF"`, 5, "store.synchronous"},
 		{"redis scheme", base + "governor:\n  redis: http://127.0.0.1:6379\n",
 			nil, `schedules.yaml:5: governor.redis: want a redis or rediss URL, got scheme "http"`, 5, "governor.redis"},
+		{"fallback share zero", base + "governor:\n  fallback_share: 0\n",
+			nil, `schedules.yaml:5: governor.fallback_share: want a share above 0 and at most 1, got 0`, 5, "governor.fallback_share"},
+		{"fallback share above one", base + "governor:\n  fallback_share: 1.5\n",
+			nil, `schedules.yaml:5: governor.fallback_share: want a share above 0 and at most 1, got 1.5`, 5, "governor.fallback_share"},
+		{"fallback share not a number", base + "governor:\n  fallback_share: quarter\n",
+			nil, `schedules.yaml:5: governor.fallback_share: want a number, got "quarter"`, 5, "governor.fallback_share"},
+		{"fallback share NaN", base + "governor:\n  fallback_share: NaN\n",
+			nil, `schedules.yaml:5: governor.fallback_share: want a number, got "NaN"`, 5, "governor.fallback_share"},
+		{"job lease too short", base + "governor:\n  job_lease: 500ms\n",
+			nil, `schedules.yaml:5: governor.job_lease: want at least 1s, got 500ms`, 5, "governor.job_lease"},
 		{"listen", base + "intake:\n  listen: 8080\n",
 			nil, `schedules.yaml:5: intake.listen: want host:port, got "8080"`, 5, "intake.listen"},
 		{"scheme", base + "intake:\n  scheme: svix\n",
@@ -261,7 +271,8 @@ func TestDefaults(t *testing.T) {
 		d.Source.RetryMax != 5 || d.Source.Timeout.Std() != 30*time.Second ||
 		d.Store != (Store{"./backstop.db", "NORMAL"}) || d.Intake.Listen != "127.0.0.1:8080" ||
 		d.Intake.Path != "/webhooks/botix" || d.Intake.Scheme != "botix" ||
-		d.Intake.Tolerance.Std() != 5*time.Minute || d.Intake.Synchronous != "FULL" {
+		d.Intake.Tolerance.Std() != 5*time.Minute || d.Intake.Synchronous != "FULL" ||
+		d.Governor != (Governor{FallbackShare: 0.25, JobLease: Duration(15 * time.Second)}) {
 		t.Errorf("Default() = %+v", d)
 	}
 }
@@ -591,5 +602,21 @@ func TestAliases(t *testing.T) {
 	want := []Duration{Duration(time.Hour), Duration(24 * time.Hour)}
 	if !reflect.DeepEqual(cfg.Targets[1].RetrySchedule, want) {
 		t.Errorf("aliased retry_schedule = %v, want %v", cfg.Targets[1].RetrySchedule, want)
+	}
+}
+
+func TestGovernorKeys(t *testing.T) {
+	const password = "s3cret-pass"
+	data := base + "governor:\n  redis: ${REDIS_URL}\n  fallback_share: 0.5\n  job_lease: 5s\n"
+	cfg, err := Parse("schedules.yaml", []byte(data), env(map[string]string{"REDIS_URL": "redis://:" + password + "@10.0.0.7:6379/2"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := cfg.Governor
+	if g.Redis.Value() != "redis://:"+password+"@10.0.0.7:6379/2" || g.FallbackShare != 0.5 || g.JobLease.Std() != 5*time.Second {
+		t.Errorf("governor = %+v", g)
+	}
+	if out := fmt.Sprintf("%v %+v %#v", cfg, g, g); strings.Contains(out, password) {
+		t.Errorf("printing the configuration shows the Redis password: %s", out)
 	}
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -17,7 +18,7 @@ var (
 
 // decoder walks a yaml.Node tree into a Go value by the yaml tags of its
 // struct fields. It supports exactly the kinds Config uses: structs, slices,
-// string-keyed maps, strings, ints, bools and Duration.
+// string-keyed maps, strings, ints, float64s, bools and Duration.
 type decoder struct {
 	meta      *meta
 	lookupEnv func(string) (string, bool)
@@ -98,6 +99,17 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, key string) error {
 			return d.valueError(n, key, "want an integer, got %s", d.found(n, s, key))
 		}
 		v.SetInt(int64(i))
+		return nil
+	case reflect.Float64:
+		s, err := d.scalar(n, v.Type(), key, "a number")
+		if err != nil {
+			return err
+		}
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return d.valueError(n, key, "want a number, got %s", d.found(n, s, key))
+		}
+		v.SetFloat(f)
 		return nil
 	case reflect.Bool:
 		s, err := d.scalar(n, v.Type(), key, "true or false")

@@ -7,6 +7,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Validate checks what decoding cannot: required values, ranges, enums,
@@ -62,10 +63,17 @@ func (c *Config) validate() *Error {
 		return e
 	}
 
-	if c.Governor.Redis != "" {
-		if e := c.url("governor.redis", c.Governor.Redis, "redis", "rediss"); e != nil {
+	gv := c.Governor
+	if gv.Redis != "" {
+		if e := c.url("governor.redis", gv.Redis.Value(), "redis", "rediss"); e != nil {
 			return e
 		}
+	}
+	if !(gv.FallbackShare > 0 && gv.FallbackShare <= 1) {
+		return c.errorf("governor.fallback_share", "want a share above 0 and at most 1, got %g", gv.FallbackShare)
+	}
+	if gv.JobLease < Duration(time.Second) {
+		return c.errorf("governor.job_lease", "want at least 1s, got %s", gv.JobLease)
 	}
 
 	in := &c.Intake
