@@ -161,6 +161,11 @@ type SchedulerOptions struct {
 	Location *time.Location
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// Elector, when set, is asked before every scheduled run, so that of
+	// several processes only the leader runs the jobs. If it also has a
+	// Campaign(ctx) method (RedisLease), Start runs it in the background
+	// until Stop.
+	Elector Elector
 }
 
 // Scheduler runs configured jobs under one gocron scheduler, each never
@@ -174,8 +179,15 @@ type Scheduler struct {
 	jobs  []Job
 	state map[string]*jobState
 
-	mu      stdsync.Mutex
-	started bool
+	mu       stdsync.Mutex
+	started  bool
+	campaign context.CancelFunc // stops the elector's campaign
+	campDone chan struct{}
+}
+
+// campaigner is an Elector that must keep campaigning to hold leadership.
+type campaigner interface {
+	Campaign(ctx context.Context)
 }
 
 // jobState is a job's guard and its gocron handle.
@@ -211,12 +223,16 @@ func NewScheduler(jobs []Job, opts SchedulerOptions) (*Scheduler, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Scheduler{opts: opts, log: log, jobs: jobs, state: make(map[string]*jobState, len(jobs))}
-	cron, err := gocron.NewScheduler(
+	gopts := []gocron.SchedulerOption{
 		gocron.WithLogger(gocronLogger{log}),
 		gocron.WithStopTimeout(opts.StopTimeout),
 		gocron.WithLocation(opts.Location),
 		gocron.WithMonitor(skipMonitor{s}),
-	)
+	}
+	if opts.Elector != nil {
+		gopts = append(gopts, gocron.WithDistributedElector(opts.Elector))
+	}
+	cron, err := gocron.NewScheduler(gopts...)
 	if err != nil {
 		return nil, fmt.Errorf("sync: new scheduler: %w", err)
 	}
@@ -285,20 +301,43 @@ func (s *Scheduler) check(j Job) error {
 	return nil
 }
 
-// Start starts running the jobs on their schedules. It does not block.
+// Start starts running the jobs on their schedules, and the elector's
+// campaign if it has one. It does not block.
 func (s *Scheduler) Start() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.started {
+		return
+	}
 	s.started = true
+	if c, ok := s.opts.Elector.(campaigner); ok {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.campaign, s.campDone = cancel, make(chan struct{})
+		go func() {
+			defer close(s.campDone)
+			c.Campaign(ctx)
+		}()
+	}
 	s.cron.Start()
 }
 
 // Stop stops scheduling, cancels the context of the runs in progress (a
 // sync finishes its current page and saves its cursor) and waits for them
-// up to the stop timeout. The Scheduler cannot be started again. The error
-// says when runs were still going at the timeout.
+// up to the stop timeout, then ends the elector's campaign (a lease is
+// given up, so another process takes over at once). The Scheduler cannot
+// be started again. The error says when runs were still going at the
+// timeout.
 func (s *Scheduler) Stop() error {
-	if err := s.cron.Shutdown(); err != nil {
+	err := s.cron.Shutdown()
+	s.mu.Lock()
+	cancel, done := s.campaign, s.campDone
+	s.campaign = nil
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+	if err != nil {
 		return fmt.Errorf("stop scheduler: %w", err)
 	}
 	return nil

@@ -1,0 +1,122 @@
+package sync_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/backstop-sync/backstop/internal/redistest"
+	bsync "github.com/backstop-sync/backstop/sync"
+)
+
+func newLease(t *testing.T, rdb *redis.Client, ttl time.Duration) *bsync.RedisLease {
+	t.Helper()
+	l, err := bsync.NewRedisLease(rdb, bsync.LeaseOptions{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func redisClient(t *testing.T) *redis.Client {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// One process holds the lease; when it stops renewing, another takes it
+// within the TTL; when it resigns, at once.
+func TestRedisLeaseElectsOneLeader(t *testing.T) {
+	rdb := redisClient(t)
+	ctx := context.Background()
+	const ttl = 600 * time.Millisecond
+	a, b, c := newLease(t, rdb, ttl), newLease(t, rdb, ttl), newLease(t, rdb, ttl)
+	if err := a.IsLeader(ctx); err != nil {
+		t.Fatalf("first to ask: %v, want the lease", err)
+	}
+	for _, l := range []*bsync.RedisLease{b, c} {
+		if err := l.IsLeader(ctx); !errors.Is(err, bsync.ErrNotLeader) {
+			t.Fatalf("second to ask: %v, want ErrNotLeader", err)
+		}
+	}
+	if err := a.IsLeader(ctx); err != nil {
+		t.Fatalf("leader renewing: %v", err)
+	}
+
+	// a dies: b asks until it has the lease.
+	died := time.Now()
+	waitFor(t, "b to take over", func() bool { return b.IsLeader(ctx) == nil })
+	if took := time.Since(died); took > ttl+200*time.Millisecond {
+		t.Errorf("takeover took %s, want within the %s lease", took, ttl)
+	}
+	if err := c.IsLeader(ctx); !errors.Is(err, bsync.ErrNotLeader) {
+		t.Errorf("c after the takeover: %v, want ErrNotLeader", err)
+	}
+	if err := a.IsLeader(ctx); !errors.Is(err, bsync.ErrNotLeader) || a.Leader() {
+		t.Errorf("a back from the dead: %v, want ErrNotLeader", err)
+	}
+
+	if err := b.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.IsLeader(ctx); err != nil {
+		t.Errorf("after the leader resigned: %v, want the lease at once", err)
+	}
+	if err := a.Resign(ctx); err != nil || c.IsLeader(ctx) != nil {
+		t.Errorf("a non-leader's resignation ended c's lease (%v)", err)
+	}
+}
+
+// countingStore is a JobStore that counts the runs it is given.
+type countingStore struct{ runs atomic.Int64 }
+
+func (s *countingStore) SaveJobRun(context.Context, bsync.JobRun) (int64, error) {
+	return s.runs.Add(1), nil
+}
+func (*countingStore) PruneProcessed(context.Context, time.Time) (int64, error) { return 0, nil }
+func (*countingStore) PruneJobRuns(context.Context, time.Time) (int64, error)   { return 0, nil }
+func (*countingStore) PruneAttempts(context.Context, time.Time) (int64, error)  { return 0, nil }
+
+// Two schedulers with the same job: only the leader runs it; when the
+// leader stops, the other takes over.
+func TestSchedulerRunsJobsOnlyOnTheLeader(t *testing.T) {
+	rdb := redisClient(t)
+	job := []bsync.Job{{Name: "prune", Kind: bsync.JobMaintenance, Every: 50 * time.Millisecond}}
+	var stores [2]countingStore
+	var scheds [2]*bsync.Scheduler
+	var leases [2]*bsync.RedisLease
+	for i := range scheds {
+		leases[i] = newLease(t, rdb, 3*time.Second)
+		s, err := bsync.NewScheduler(job, bsync.SchedulerOptions{
+			Engine: &bsync.Engine{}, Store: &stores[i], Elector: leases[i],
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Stop() })
+		scheds[i] = s
+	}
+	scheds[0].Start()
+	waitFor(t, "the first scheduler to lead", leases[0].Leader)
+	scheds[1].Start()
+	waitFor(t, "ten runs", func() bool { return stores[0].runs.Load() >= 10 })
+	if n := stores[1].runs.Load(); n != 0 || leases[1].Leader() {
+		t.Fatalf("the follower ran the job %d times", n)
+	}
+	// A stop in order resigns: the follower takes over well before the
+	// three-second lease would have expired.
+	stopped := time.Now()
+	if err := scheds[0].Stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the follower to run the job", func() bool { return stores[1].runs.Load() >= 3 })
+	if took := time.Since(stopped); took > 2*time.Second {
+		t.Errorf("takeover after a resignation took %s", took)
+	}
+}
