@@ -6,8 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
+	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/backstop-sync/backstop/cmd/backstop/config"
 	"github.com/backstop-sync/backstop/sources"
@@ -25,6 +30,12 @@ type app struct {
 	client *sources.Client
 	gov    *governor.Governor
 	engine *bsync.Engine
+
+	// With governor.redis: the client, the governor's store that falls
+	// back to local pacing, and the jobs lease (made by schedulerWith).
+	rdb      *redis.Client
+	fallback *governor.FallbackStore
+	lease    *bsync.RedisLease
 }
 
 // loadConfig reads and validates the configuration; its errors exit 2.
@@ -61,19 +72,35 @@ func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, sync
 	if err != nil {
 		return nil, err
 	}
+	src := cfg.Source
+	var rdb *redis.Client
+	var fallback *governor.FallbackStore
+	var govStore governor.Store // nil: the process's own MemoryStore
 	if cfg.Governor.Redis != "" {
-		log.Warn("governor.redis is set but the Redis-shared budget is not built yet; pacing is per process")
+		if rdb, err = connectRedis(ctx, cfg.Governor.Redis.Value()); err != nil {
+			return nil, usageError{err}
+		}
+		fallback = governor.NewFallbackStore(
+			governor.NewRedisStore(rdb, governor.RedisOptions{HolderTTL: max(governor.DefaultHolderTTL, 2*src.Timeout.Std())}),
+			governor.FallbackOptions{Share: cfg.Governor.FallbackShare, Logger: log},
+		)
+		govStore = fallback
+		log.Info("governor: sharing the rate-limit budget through Redis",
+			"redis", redactRedisURL(cfg.Governor.Redis.Value()), "fallback_share", cfg.Governor.FallbackShare)
 	}
 	db, err := store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: synchronous(cfg)})
 	if err != nil {
+		if rdb != nil {
+			rdb.Close()
+		}
 		return nil, fmt.Errorf("open store: %w", err)
 	}
-	src := cfg.Source
 	window := src.RateLimit.Window.Std()
 	gov := governor.New(src.APIKey.Value(), governor.Options{
 		Limit:   tariffLimit(src.RateLimit.PerMinute, window),
 		Window:  window,
 		Reserve: zeroMeansNone(src.RateLimit.Reserve),
+		Store:   govStore,
 		Logger:  log,
 	})
 	client, err := sources.New(sources.Options{
@@ -87,14 +114,19 @@ func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, sync
 	})
 	if err != nil {
 		db.Close()
+		if rdb != nil {
+			rdb.Close()
+		}
 		return nil, usageError{fmt.Errorf("source: %w", err)}
 	}
 	return &app{
-		cfg:    cfg,
-		log:    log,
-		db:     db,
-		client: client,
-		gov:    gov,
+		cfg:      cfg,
+		log:      log,
+		db:       db,
+		client:   client,
+		gov:      gov,
+		rdb:      rdb,
+		fallback: fallback,
 		engine: &bsync.Engine{
 			Source:   client,
 			Mirror:   db,
@@ -104,12 +136,109 @@ func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, sync
 	}, nil
 }
 
-// Close releases the store.
+// Close releases the store and the Redis client. A run that fell back to
+// local pacing says so in its last log line.
 func (a *app) Close() error {
 	if a == nil || a.db == nil {
 		return nil
 	}
-	return a.db.Close()
+	if a.fallback != nil {
+		if st := a.fallback.Stats(); st.Fallbacks > 0 {
+			a.log.Warn("governor: this run paced locally while Redis was unreachable",
+				"fallbacks", st.Fallbacks, "local_requests", st.LocalGrants)
+		}
+	}
+	err := a.db.Close()
+	if a.rdb != nil {
+		err = errors.Join(err, a.rdb.Close())
+	}
+	return err
+}
+
+// Timeouts of the Redis client: short, because every platform request
+// waits on Redis, and a Redis that does not answer is better replaced by
+// local pacing (governor.FallbackStore) than waited for.
+const (
+	redisDialTimeout = 2 * time.Second
+	redisIOTimeout   = time.Second
+	redisPingTimeout = 5 * time.Second
+)
+
+// quietRedis silences go-redis's own logger (a process-wide setting): what
+// matters is reported through slog by the governor and the jobs lease.
+var quietRedis sync.Once
+
+// connectRedis opens a client of the Redis at rawURL and checks that it
+// answers. Its errors name the server without the password.
+func connectRedis(ctx context.Context, rawURL string) (*redis.Client, error) {
+	quietRedis.Do(func() { redis.SetLogger(discardRedisLog{}) })
+	addr := redactRedisURL(rawURL)
+	opts, err := redis.ParseURL(rawURL)
+	if err != nil {
+		// The parser's message may quote the URL, password and all.
+		return nil, fmt.Errorf("governor.redis %s: want redis://[user:password@]host:port/db", addr)
+	}
+	opts.DialTimeout = redisDialTimeout
+	opts.ReadTimeout, opts.WriteTimeout = redisIOTimeout, redisIOTimeout
+	opts.PoolTimeout = redisDialTimeout
+	opts.MaxRetries = 1 // a pooled connection that died with a restarted Redis
+	rdb := redis.NewClient(opts)
+	pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
+	defer cancel()
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("governor.redis %s: unreachable: %w", addr, err)
+	}
+	return rdb, nil
+}
+
+// redactRedisURL is the Redis URL with its password replaced by "xxxxx".
+func redactRedisURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unreadable URL)"
+	}
+	return u.Redacted()
+}
+
+// discardRedisLog is a go-redis logger that drops everything.
+type discardRedisLog struct{}
+
+func (discardRedisLog) Printf(context.Context, string, ...any) {}
+
+// registerMetrics exports the shared governor's state on reg: how often
+// Redis was lost and the requests paced locally meanwhile, and whether
+// this process leads the jobs. Without governor.redis there is nothing to
+// export.
+func (a *app) registerMetrics(reg prometheus.Registerer) {
+	if a.fallback == nil {
+		return
+	}
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "backstop_governor_fallbacks_total",
+			Help: "Times Redis (governor.redis) became unreachable and the governor fell back to local pacing.",
+		}, func() float64 { return float64(a.fallback.Stats().Fallbacks) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "backstop_governor_fallback_requests_total",
+			Help: "Platform requests granted by local pacing (at governor.fallback_share of the budget) while Redis was unreachable.",
+		}, func() float64 { return float64(a.fallback.Stats().LocalGrants) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "backstop_governor_fallback_active",
+			Help: "1 while the governor paces locally because Redis is unreachable, else 0.",
+		}, func() float64 { return bool01(a.fallback.Stats().Local) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "backstop_jobs_leader",
+			Help: "1 while this process holds the jobs lease (governor.job_lease) and runs the scheduled jobs, else 0.",
+		}, func() float64 { return bool01(a.lease != nil && a.lease.Leader()) }),
+	)
+}
+
+func bool01(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // openStore opens only the store, for commands that do not call the platform.

@@ -84,12 +84,32 @@ func schedulerJobs(jobs []config.Job) []bsync.Job {
 func (a *app) scheduler() (*bsync.Scheduler, error) { return a.schedulerWith(nil) }
 
 // schedulerWith is scheduler with job runs exported on metrics (nil: none).
+// With governor.redis, only the holder of the jobs lease runs scheduled
+// jobs, so that several serve processes run each tick once; the lease is
+// per API key (by its KeyID) and lasts governor.job_lease.
 func (a *app) schedulerWith(metrics *jobMetrics) (*bsync.Scheduler, error) {
+	log := a.log.With("component", "jobs")
+	var elector bsync.Elector
+	if a.rdb != nil && a.lease == nil {
+		lease, err := bsync.NewRedisLease(a.rdb, bsync.LeaseOptions{
+			Key:    bsync.DefaultLeaseKey + ":" + a.gov.KeyID(),
+			TTL:    a.cfg.Governor.JobLease.Std(),
+			Logger: log,
+		})
+		if err != nil {
+			return nil, usageError{fmt.Errorf("governor.job_lease: %w", err)}
+		}
+		a.lease = lease
+	}
+	if a.lease != nil {
+		elector = a.lease
+	}
 	s, err := bsync.NewScheduler(schedulerJobs(a.cfg.Jobs), bsync.SchedulerOptions{
-		Engine: a.engine,
-		Store:  jobStore{DB: a.db, metrics: metrics},
-		Routes: routesOf(a.cfg),
-		Logger: a.log.With("component", "jobs"),
+		Engine:  a.engine,
+		Store:   jobStore{DB: a.db, metrics: metrics},
+		Routes:  routesOf(a.cfg),
+		Logger:  log,
+		Elector: elector,
 	})
 	if errors.Is(err, bsync.ErrInvalidJob) {
 		return nil, usageError{err}

@@ -69,6 +69,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	routes := routesOf(cfg)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.registerMetrics(reg) // the shared governor's fallbacks and the jobs lease
 	sched, err := a.schedulerWith(newJobMetrics(reg))
 	if err != nil {
 		return err
