@@ -37,7 +37,8 @@ all in one transaction, and only then answered 2xx. Concurrent requests share
 commits (group commit). Truncated events are completed by fetching their object
 from the API.
 
-Also served: GET /healthz, GET /readyz and GET /metrics (Prometheus).
+Also served: GET /healthz, GET /readyz, GET /metrics (Prometheus) and, with
+dashboard.token set, the dashboard under /ui.
 
 SIGTERM or Ctrl-C: stop accepting, answer 503 to new requests on open
 connections, finish the commits in flight, exit 0.`,
@@ -70,6 +71,9 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.registerMetrics(reg) // the shared governor's fallbacks and the jobs lease
+	// Every platform call's cost is counted for the dashboard's quota page.
+	meter := &quotaMeter{Source: a.engine.Source}
+	a.engine.Source = meter
 	sched, err := a.schedulerWith(newJobMetrics(reg))
 	if err != nil {
 		return err
@@ -90,7 +94,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	if err != nil {
 		return usagef("intake.listen %s: %v", cfg.Intake.Listen, err)
 	}
-	stack := startIntake(ctx, a.db, a.client, verifier, routes, log, reg)
+	stack := startIntake(ctx, a.db, meter, verifier, routes, log, reg)
 	handler := stack.handler
 	queue := newDeliveryQueue(a.db)
 	dispatcher, err := delivery.New(queue, deliveryTargets(cfg), delivery.Options{
@@ -102,6 +106,13 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		stack.stop(ctx)
 		queue.Close(ctx)
 		return usagef("targets: %v", err)
+	}
+	dash, err := startUI(ctx, uiDeps{a: a, sched: sched, dispatcher: dispatcher, intake: stack.metrics, meter: meter})
+	if err != nil {
+		ln.Close()
+		stack.stop(ctx)
+		queue.Close(ctx)
+		return err
 	}
 	dispatchCtx, stopDispatch := context.WithCancel(context.WithoutCancel(ctx))
 	dispatchDone := make(chan struct{})
@@ -134,6 +145,8 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		}
 		writeJSONStatus(w, http.StatusOK, "ready")
 	})
+	mux.Handle("/ui", dash.handler)
+	mux.Handle("/ui/", dash.handler)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		intake.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s (webhooks go to POST %s)", r.Method, r.URL.Path, cfg.Intake.Path))
@@ -173,6 +186,9 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		runErr = errors.Join(runErr, fmt.Errorf("shutdown: %w", err))
+	}
+	if err := dash.Close(sctx); err != nil {
+		runErr = errors.Join(runErr, err)
 	}
 	if err := stack.stop(sctx); err != nil {
 		runErr = errors.Join(runErr, err)

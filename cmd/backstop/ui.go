@@ -1,0 +1,387 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sinks/dashboard"
+	"github.com/backstop-sync/backstop/sinks/delivery"
+	"github.com/backstop-sync/backstop/sinks/intake"
+	"github.com/backstop-sync/backstop/sources/governor"
+	"github.com/backstop-sync/backstop/store"
+	bsync "github.com/backstop-sync/backstop/sync"
+)
+
+// Sampling of the quota and intake figures the dashboard draws over time.
+const (
+	sampleEvery     = time.Minute
+	sampleRetention = 14 * 24 * time.Hour
+)
+
+// ui is the dashboard as serve runs it: the handler under /ui and the
+// sampler that records the quota and intake figures it draws.
+type ui struct {
+	handler http.Handler
+	dash    *dashboard.Dashboard // nil when the dashboard is off
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+// uiDeps is what the dashboard is built from.
+type uiDeps struct {
+	a          *app
+	sched      *bsync.Scheduler
+	dispatcher *delivery.Dispatcher
+	intake     *intake.Metrics
+	meter      *quotaMeter
+}
+
+// startUI builds the dashboard, and starts sampling, when dashboard.token
+// is set; otherwise /ui answers 404 saying how to turn it on. Close it
+// before the store closes.
+func startUI(ctx context.Context, deps uiDeps) (*ui, error) {
+	token := deps.a.cfg.Dashboard.Token.Value()
+	if token == "" {
+		return &ui{handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			intake.WriteError(w, http.StatusNotFound, "dashboard_off",
+				"the dashboard is off: set dashboard.token (e.g. token: ${BACKSTOP_DASHBOARD_TOKEN}) and restart serve")
+		})}, nil
+	}
+	log := deps.a.log.With("component", "dashboard")
+	d, err := dashboard.New(dashboard.Options{
+		Token:   token,
+		Backend: &uiBackend{deps: deps, now: time.Now},
+		Logger:  log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s := &sampler{db: deps.a.db, gov: deps.a.gov, meter: deps.meter, intake: deps.intake, log: log, now: time.Now}
+	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	u := &ui{handler: d, dash: d, stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(u.done)
+		s.run(sctx, sampleEvery)
+	}()
+	return u, nil
+}
+
+// Close stops the job runs started from the dashboard and the sampler,
+// which records a last sample.
+func (u *ui) Close(ctx context.Context) error {
+	if u.dash == nil {
+		return nil
+	}
+	err := u.dash.Close(ctx)
+	u.stop()
+	<-u.done
+	return err
+}
+
+// uiBackend is dashboard.Backend over the store, the dispatcher, the
+// scheduler and the governor. It never hands the dashboard a secret: target
+// URLs are redacted, and API keys appear only as their KeyID.
+type uiBackend struct {
+	deps uiDeps
+	now  func() time.Time
+}
+
+var _ dashboard.Backend = (*uiBackend)(nil)
+
+func (b *uiBackend) db() *store.DB { return b.deps.a.db }
+
+func (b *uiBackend) Deliveries(ctx context.Context, f dashboard.DeliveryFilter) ([]delivery.Row, error) {
+	rows, err := b.db().Deliveries(ctx, store.DeliveryFilter(f))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]delivery.Row, len(rows))
+	for i, r := range rows {
+		out[i] = toDeliveryRow(r)
+	}
+	return out, nil
+}
+
+func (b *uiBackend) Delivery(ctx context.Context, id int64) (delivery.Row, bool, error) {
+	row, ok, err := b.db().Delivery(ctx, id)
+	return toDeliveryRow(row), ok, err
+}
+
+func (b *uiBackend) Attempts(ctx context.Context, id int64) ([]delivery.Attempt, error) {
+	as, err := b.db().Attempts(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]delivery.Attempt, len(as))
+	for i, a := range as {
+		out[i] = delivery.Attempt(a)
+	}
+	return out, nil
+}
+
+func (b *uiBackend) Targets(ctx context.Context) ([]dashboard.Target, error) {
+	cfg := b.deps.a.cfg
+	names := make([]string, len(cfg.Targets))
+	for i, t := range cfg.Targets {
+		names[i] = t.Name
+	}
+	states, err := b.db().TargetStates(ctx, names)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]dashboard.Target, len(states))
+	for i, s := range states {
+		out[i] = dashboard.Target{TargetState: delivery.TargetState(s), URL: redactedURL(cfg.Targets[i].URL)}
+	}
+	return out, nil
+}
+
+// redactedURL hides a URL's password, which would be a secret.
+func redactedURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unreadable URL)"
+	}
+	return u.Redacted()
+}
+
+func (b *uiBackend) Retry(ctx context.Context, seen delivery.Row) (bool, error) {
+	done, err := b.db().RetryDeliveryAsSeen(ctx, seen.ID, seen.Status, seen.UpdatedAt, b.now())
+	if done {
+		b.deps.dispatcher.Wake(seen.Target)
+	}
+	return done, err
+}
+
+func (b *uiBackend) RetryDead(ctx context.Context, target string) (int64, error) {
+	n, err := b.db().RetryDead(ctx, target, b.now())
+	if n > 0 {
+		b.deps.dispatcher.Wake(target)
+	}
+	return n, err
+}
+
+func (b *uiBackend) Redirect(ctx context.Context, row delivery.Row, rawURL string) (delivery.Attempt, error) {
+	return b.deps.dispatcher.Redirect(ctx, row, rawURL)
+}
+
+func (b *uiBackend) Jobs(ctx context.Context, runs int) ([]dashboard.Job, error) {
+	jobs := b.deps.sched.Jobs()
+	out := make([]dashboard.Job, 0, len(jobs))
+	for _, j := range jobs {
+		v := dashboard.Job{Name: j.Name, Kind: string(j.Kind), Schedule: j.Schedule()}
+		for _, r := range j.Resources {
+			v.Resources = append(v.Resources, string(r))
+		}
+		var after time.Time
+		if runs > 0 {
+			stored, err := b.db().JobRuns(ctx, j.Name, runs)
+			if err != nil {
+				return nil, err
+			}
+			for _, r := range stored {
+				v.Runs = append(v.Runs, dashboard.JobRun{StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
+					Status: r.Status, Counts: dashboard.JobCounts(r.Counts), Error: r.Error})
+			}
+			if len(stored) > 0 {
+				after = stored[0].StartedAt
+			}
+		}
+		next, err := b.deps.sched.NextRun(j.Name, after)
+		if err != nil {
+			return nil, fmt.Errorf("job %s: next run: %w", j.Name, err)
+		}
+		v.NextRun = next
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func (b *uiBackend) RunJob(ctx context.Context, name string) error {
+	_, err := b.deps.sched.RunJob(ctx, name)
+	if errors.Is(err, bsync.ErrUnknownJob) {
+		return fmt.Errorf("%w %q", dashboard.ErrUnknownJob, name)
+	}
+	return err
+}
+
+func (b *uiBackend) ReconcileRuns(ctx context.Context, limit int) ([]dashboard.ReconcileRun, error) {
+	runs, err := b.db().ReconcileRuns(ctx, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]dashboard.ReconcileRun, len(runs))
+	for i, r := range runs {
+		out[i] = dashboard.ReconcileRun(r)
+	}
+	return out, nil
+}
+
+func (b *uiBackend) Cursors(ctx context.Context) ([]backstop.Cursor, error) {
+	return b.db().Cursors(ctx)
+}
+
+// Quota returns the budget of the process's key live, and the last sample
+// of any other key the store has samples of (from an earlier key).
+func (b *uiBackend) Quota(ctx context.Context, since time.Time) ([]dashboard.KeyQuota, error) {
+	gov := b.deps.a.gov
+	st, err := gov.State(ctx)
+	if err != nil {
+		return nil, err
+	}
+	live := dashboard.KeyQuota{KeyID: gov.KeyID(), Live: true, Learned: st.Learned, Limit: st.Limit,
+		Remaining: st.Remaining, Reset: st.Reset, Window: st.Window, InFlight: st.InFlight, PausedUntil: st.PausedUntil}
+	samples, err := b.db().QuotaSamples(ctx, since)
+	if err != nil {
+		return nil, err
+	}
+	out := []dashboard.KeyQuota{live}
+	index := map[string]int{live.KeyID: 0}
+	for _, s := range samples {
+		i, ok := index[s.KeyID]
+		if !ok {
+			i = len(out)
+			index[s.KeyID] = i
+			out = append(out, dashboard.KeyQuota{KeyID: s.KeyID})
+		}
+		k := &out[i]
+		if !k.Live {
+			k.Limit, k.Remaining, k.Reset, k.PausedUntil = s.Limit, s.Remaining, s.Reset, s.PausedUntil
+		}
+		k.Samples = append(k.Samples, dashboard.QuotaSample(s))
+	}
+	return out, nil
+}
+
+func (b *uiBackend) Intake(ctx context.Context, since time.Time, period time.Duration) (dashboard.IntakeStats, error) {
+	counts, err := b.db().ProcessedByPeriod(ctx, since, period)
+	if err != nil {
+		return dashboard.IntakeStats{}, err
+	}
+	samples, err := b.db().IntakeSamples(ctx, since)
+	if err != nil {
+		return dashboard.IntakeStats{}, err
+	}
+	st := dashboard.IntakeStats{
+		Duplicates:        int(counterValue(b.deps.intake.Duplicates)),
+		SignatureFailures: int(counterValue(b.deps.intake.SignatureFailures)),
+	}
+	for _, c := range counts {
+		st.ByOrigin = append(st.ByOrigin, dashboard.OriginCount(c))
+	}
+	for _, s := range samples {
+		st.Samples = append(st.Samples, dashboard.IntakeSample(s))
+	}
+	return st, nil
+}
+
+// counterValue reads a Prometheus counter.
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if c == nil || c.Write(&m) != nil {
+		return 0
+	}
+	return m.GetCounter().GetValue()
+}
+
+// quotaMeter is the platform source, counting what its calls cost:
+// requests sent, 429 answers and time waited on the governor.
+type quotaMeter struct {
+	backstop.Source
+	requests, rateLimited, waited atomic.Int64
+}
+
+var _ backstop.Source = (*quotaMeter)(nil)
+
+func (m *quotaMeter) add(c backstop.Cost) {
+	m.requests.Add(int64(c.Requests))
+	m.rateLimited.Add(int64(c.RateLimited))
+	m.waited.Add(int64(c.ThrottleWait))
+}
+
+// List calls the source's List and counts its cost, also when it failed.
+func (m *quotaMeter) List(ctx context.Context, req backstop.ListRequest) (backstop.Page, error) {
+	p, err := m.Source.List(ctx, req)
+	m.add(p.Cost)
+	return p, err
+}
+
+// Get calls the source's Get and counts its cost, also when it failed.
+func (m *quotaMeter) Get(ctx context.Context, r backstop.Resource, id string) (backstop.Object, backstop.Cost, error) {
+	o, c, err := m.Source.Get(ctx, r, id)
+	m.add(c)
+	return o, c, err
+}
+
+// sampler records, every period, the governor's budget with the meter's
+// counts since the previous sample, and the intake's duplicates and
+// signature failures since the previous sample; it prunes samples older
+// than sampleRetention.
+type sampler struct {
+	db     *store.DB
+	gov    *governor.Governor
+	meter  *quotaMeter
+	intake *intake.Metrics
+	log    *slog.Logger
+	now    func() time.Time
+
+	requests, rateLimited, waited int64
+	dups, badSigs                 float64
+}
+
+// run samples every period until ctx ends, then once more.
+func (s *sampler) run(ctx context.Context, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			s.sample(context.WithoutCancel(ctx))
+			return
+		case <-t.C:
+			s.sample(ctx)
+		}
+	}
+}
+
+// sample records one sample of each kind; errors are logged (a lost
+// sample is a gap in a chart, not a reason to stop serving).
+func (s *sampler) sample(ctx context.Context) {
+	now := s.now()
+	st, err := s.gov.State(ctx)
+	if err != nil {
+		s.log.Warn("quota sample: governor state", "err", err)
+		return
+	}
+	req, lim, wait := s.meter.requests.Load(), s.meter.rateLimited.Load(), s.meter.waited.Load()
+	q := store.QuotaSample{
+		KeyID: s.gov.KeyID(), At: now, Limit: st.Limit, Remaining: st.Remaining, Reset: st.Reset,
+		PausedUntil: st.PausedUntil, Requests: int(req - s.requests), RateLimited: int(lim - s.rateLimited),
+		ThrottleWait: time.Duration(wait - s.waited),
+	}
+	if err := s.db.SaveQuotaSample(ctx, q); err != nil {
+		s.log.Warn("quota sample", "err", err)
+	} else {
+		s.requests, s.rateLimited, s.waited = req, lim, wait
+	}
+	dups, bad := counterValue(s.intake.Duplicates), counterValue(s.intake.SignatureFailures)
+	in := store.IntakeSample{At: now, Duplicates: int(dups - s.dups), SignatureFailures: int(bad - s.badSigs)}
+	if err := s.db.SaveIntakeSample(ctx, in); err != nil {
+		s.log.Warn("intake sample", "err", err)
+	} else {
+		s.dups, s.badSigs = dups, bad
+	}
+	if _, err := s.db.PruneSamples(ctx, now.Add(-sampleRetention)); err != nil {
+		s.log.Warn("prune samples", "err", err)
+	}
+}

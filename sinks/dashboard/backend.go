@@ -1,0 +1,167 @@
+package dashboard
+
+import (
+	"context"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sinks/delivery"
+)
+
+// Backend is everything the dashboard shows and does. cmd implements it
+// over the store, the dispatcher, the job scheduler and the governor; the
+// dashboard itself reaches none of them directly.
+type Backend interface {
+	// Deliveries returns the deliveries f selects, newest first.
+	Deliveries(ctx context.Context, f DeliveryFilter) ([]delivery.Row, error)
+	// Delivery returns one delivery; ok is false when there is none.
+	Delivery(ctx context.Context, id int64) (row delivery.Row, ok bool, err error)
+	// Attempts returns the attempts of a delivery, redirects included,
+	// oldest first.
+	Attempts(ctx context.Context, id int64) ([]delivery.Attempt, error)
+	// Targets returns the configured targets with their queue state.
+	Targets(ctx context.Context) ([]Target, error)
+	// Retry requeues the delivery seen, only while its status and
+	// UpdatedAt are still those of seen, and reports whether it did. It
+	// wraps backstop.ErrNotFound for an unknown delivery.
+	Retry(ctx context.Context, seen delivery.Row) (bool, error)
+	// RetryDead requeues every dead letter of target and returns how many.
+	RetryDead(ctx context.Context, target string) (int64, error)
+	// Redirect sends the delivery once to url and returns the attempt, as
+	// delivery.Dispatcher.Redirect does.
+	Redirect(ctx context.Context, row delivery.Row, url string) (delivery.Attempt, error)
+
+	// Jobs returns the configured jobs with their next run and their
+	// last runs (at most runs of them), newest first.
+	Jobs(ctx context.Context, runs int) ([]Job, error)
+	// RunJob runs a job now and returns when it ends. It wraps
+	// ErrUnknownJob for a name that is not configured.
+	RunJob(ctx context.Context, name string) error
+	// ReconcileRuns returns the last reconcile reports, newest first.
+	ReconcileRuns(ctx context.Context, limit int) ([]ReconcileRun, error)
+	// Cursors returns the saved cursors of every resource.
+	Cursors(ctx context.Context) ([]backstop.Cursor, error)
+
+	// Quota returns each API key's budget now and its samples taken at
+	// or after since.
+	Quota(ctx context.Context, since time.Time) ([]KeyQuota, error)
+	// Intake returns the events processed since since by origin, in
+	// periods of the given length, and the intake's samples.
+	Intake(ctx context.Context, since time.Time, period time.Duration) (IntakeStats, error)
+}
+
+// DeliveryFilter selects deliveries. Zero fields select everything.
+type DeliveryFilter struct {
+	Status    string
+	Target    string
+	EventType string
+	Since     time.Time // queued at or after Since
+	Limit     int
+	Offset    int
+}
+
+// Target is a configured delivery target and its queue.
+type Target struct {
+	delivery.TargetState
+	// URL is the target's URL with any password hidden.
+	URL string
+}
+
+// Job is a configured job, when it runs next and how its last runs went.
+type Job struct {
+	Name      string
+	Kind      string
+	Resources []string
+	Schedule  string
+	NextRun   time.Time
+	// Running reports a run in progress that the dashboard started.
+	Running bool
+	Runs    []JobRun
+}
+
+// JobRun is one stored run of a job.
+type JobRun struct {
+	StartedAt, FinishedAt time.Time
+	// Status is "ok", "failed" or "skipped".
+	Status string
+	Counts JobCounts
+	Error  string
+}
+
+// JobCounts are what one job run counted (the fields of store.JobCounts).
+type JobCounts struct {
+	Pages       int
+	Objects     int
+	New         int
+	Updated     int
+	Missing     int
+	Behind      int
+	Reemitted   int
+	Suppressed  int
+	Pruned      int64
+	Requests    int
+	RateLimited int
+}
+
+// ReconcileRun is one stored reconcile report (the fields of
+// store.ReconcileRun).
+type ReconcileRun struct {
+	ID int64
+	backstop.ReconcileReport
+	FinishedAt time.Time
+	// Status is "running", "ok" or "failed".
+	Status string
+	Error  string
+}
+
+// KeyQuota is one API key's rate-limit budget and its history.
+type KeyQuota struct {
+	// KeyID names the key without revealing it (governor.KeyID).
+	KeyID string
+	// Live reports that this process paces the key, so the fields below
+	// are its budget now; otherwise they are the last sample's.
+	Live        bool
+	Learned     bool
+	Limit       int
+	Remaining   int
+	Reset       time.Time
+	Window      time.Duration
+	InFlight    int
+	PausedUntil time.Time
+	Samples     []QuotaSample
+}
+
+// QuotaSample is one sample of a key's budget with what its requests did
+// since the previous sample (the fields of store.QuotaSample).
+type QuotaSample struct {
+	KeyID                 string
+	At                    time.Time
+	Limit, Remaining      int
+	Reset, PausedUntil    time.Time
+	Requests, RateLimited int
+	ThrottleWait          time.Duration
+}
+
+// IntakeStats is what the intake page draws.
+type IntakeStats struct {
+	ByOrigin []OriginCount
+	Samples  []IntakeSample
+	// Duplicates and SignatureFailures count since this process started.
+	Duplicates, SignatureFailures int
+}
+
+// OriginCount is how many events of one origin were processed in the
+// period starting at Start (the fields of store.OriginCount).
+type OriginCount struct {
+	Start  time.Time
+	Origin backstop.Origin
+	Events int
+}
+
+// IntakeSample counts the intake's duplicates and signature failures since
+// the previous sample (the fields of store.IntakeSample).
+type IntakeSample struct {
+	At                time.Time
+	Duplicates        int
+	SignatureFailures int
+}

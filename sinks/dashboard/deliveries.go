@@ -1,0 +1,263 @@
+package dashboard
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sinks/delivery"
+)
+
+// statuses are the delivery statuses in the order the filter lists them.
+var statuses = []string{delivery.StatusPending, delivery.StatusRetrying, delivery.StatusDelivered, delivery.StatusDeadLetter}
+
+// deliveryView is a delivery with its attempts, as a row of the log shows it.
+type deliveryView struct {
+	delivery.Row
+	Attempts []delivery.Attempt
+	// Version is the UpdatedAt the page was drawn with; Retry acts only
+	// while the delivery still has it.
+	Version string
+}
+
+type deliveriesData struct {
+	Filter     DeliveryFilter
+	Page       int
+	PrevURL    string
+	NextURL    string
+	Rows       []deliveryView
+	Targets    []Target
+	Statuses   []string
+	EventTypes []string
+	// Dead is the dead-letter view: per-target retry-all buttons, no
+	// status filter.
+	Dead bool
+	// Since is the start of the window the log shows.
+	Since time.Time
+}
+
+// deliveriesPage is the delivery log: filters, pages, one expandable row per
+// delivery.
+func (d *Dashboard) deliveriesPage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	status := q.Get("status")
+	if status != "" && !contains(statuses, status) {
+		d.fail(w, r, http.StatusBadRequest, "bad_filter", fmt.Sprintf("Status %q is not one of pending, retrying, delivered, dead_letter.", status))
+		return
+	}
+	d.deliveryList(w, r, status, false, "deliveries")
+}
+
+// deadLettersPage lists the dead letters (kept until retried or purged,
+// whatever their age) with a retry-all button per target.
+func (d *Dashboard) deadLettersPage(w http.ResponseWriter, r *http.Request) {
+	d.deliveryList(w, r, delivery.StatusDeadLetter, true, "dead")
+}
+
+func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status string, dead bool, nav string) {
+	q := r.URL.Query()
+	pageNo, _ := strconv.Atoi(q.Get("page"))
+	pageNo = max(pageNo, 1)
+	f := DeliveryFilter{
+		Status: status, Target: q.Get("target"), EventType: q.Get("event"),
+		Limit: d.opts.PageSize + 1, Offset: (pageNo - 1) * d.opts.PageSize,
+	}
+	data := deliveriesData{Page: pageNo, Statuses: statuses, EventTypes: backstop.KnownEventTypes, Dead: dead}
+	if !dead {
+		f.Since = d.now().Add(-DefaultWindow)
+		data.Since = f.Since
+	}
+	ctx := r.Context()
+	rows, err := d.opts.Backend.Deliveries(ctx, f)
+	if err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	if data.Targets, err = d.opts.Backend.Targets(ctx); err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	if len(rows) > d.opts.PageSize {
+		rows = rows[:d.opts.PageSize]
+		data.NextURL = pageURL(r.URL, pageNo+1)
+	}
+	if pageNo > 1 {
+		data.PrevURL = pageURL(r.URL, pageNo-1)
+	}
+	for _, row := range rows {
+		v, err := d.view(r, row)
+		if err != nil {
+			d.backendError(w, r, err)
+			return
+		}
+		data.Rows = append(data.Rows, v)
+	}
+	f.Limit = d.opts.PageSize
+	data.Filter = f
+	title := "Webhook delivery"
+	if dead {
+		title = "Dead letters"
+	}
+	d.render(w, r, http.StatusOK, "deliveries", page{Title: title, Nav: nav, Data: data})
+}
+
+// view reads the attempts of row.
+func (d *Dashboard) view(r *http.Request, row delivery.Row) (deliveryView, error) {
+	as, err := d.opts.Backend.Attempts(r.Context(), row.ID)
+	if err != nil {
+		return deliveryView{}, err
+	}
+	return deliveryView{Row: row, Attempts: as, Version: backstop.CanonicalTime(row.UpdatedAt)}, nil
+}
+
+// pageURL is u with its page parameter set to n.
+func pageURL(u *url.URL, n int) string {
+	q := u.Query()
+	q.Set("page", strconv.Itoa(n))
+	return u.Path + "?" + q.Encode()
+}
+
+// deliveryPage shows one delivery, expanded.
+func (d *Dashboard) deliveryPage(w http.ResponseWriter, r *http.Request) {
+	row, ok := d.lookup(w, r)
+	if !ok {
+		return
+	}
+	v, err := d.view(r, row)
+	if err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	d.render(w, r, http.StatusOK, "delivery", page{Title: fmt.Sprintf("Delivery %d", row.ID), Nav: "deliveries", Data: v})
+}
+
+// lookup reads the delivery the path names, or answers 400 or 404.
+func (d *Dashboard) lookup(w http.ResponseWriter, r *http.Request) (delivery.Row, bool) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		d.fail(w, r, http.StatusBadRequest, "bad_id", fmt.Sprintf("%q is not a delivery id.", r.PathValue("id")))
+		return delivery.Row{}, false
+	}
+	row, ok, err := d.opts.Backend.Delivery(r.Context(), id)
+	if err != nil {
+		d.backendError(w, r, err)
+		return delivery.Row{}, false
+	}
+	if !ok {
+		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("There is no delivery %d (it may have been purged).", id))
+		return delivery.Row{}, false
+	}
+	return row, true
+}
+
+// retry requeues a delivery, only while it is as the page showed it
+// (status and version from the form): a Retry pressed twice, or sent again
+// by the browser, requeues it once, so it gets one new attempt.
+func (d *Dashboard) retry(w http.ResponseWriter, r *http.Request) {
+	row, ok := d.lookup(w, r)
+	if !ok {
+		return
+	}
+	seen := row
+	if v := r.PostFormValue("version"); v != "" {
+		t, err := backstop.ParseTime(v)
+		if err != nil {
+			d.fail(w, r, http.StatusBadRequest, "bad_version", "The form's version is not a time; reload the page.")
+			return
+		}
+		seen.Status, seen.UpdatedAt = r.PostFormValue("status"), t
+	}
+	done, err := d.opts.Backend.Retry(r.Context(), seen)
+	if err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	msg := fmt.Sprintf("Delivery %d is queued again; its next attempt is made within a second or so.", row.ID)
+	code := http.StatusOK
+	if !done {
+		msg = fmt.Sprintf("Delivery %d changed since this page was drawn (it was retried already, or attempted); nothing was done.", row.ID)
+		code = http.StatusConflict
+	}
+	d.log.Info("dashboard: retry", "delivery", row.ID, "queued", done)
+	d.answer(w, r, code, msg, fmt.Sprintf("%s/deliveries/%d", Prefix, row.ID))
+}
+
+// redirect sends a delivery once to the URL of the form.
+func (d *Dashboard) redirect(w http.ResponseWriter, r *http.Request) {
+	row, ok := d.lookup(w, r)
+	if !ok {
+		return
+	}
+	raw := r.PostFormValue("url")
+	if u, err := url.Parse(raw); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		d.fail(w, r, http.StatusBadRequest, "bad_url", fmt.Sprintf("%q is not an http or https URL.", raw))
+		return
+	}
+	a, err := d.opts.Backend.Redirect(r.Context(), row, raw)
+	back := fmt.Sprintf("%s/deliveries/%d", Prefix, row.ID)
+	switch {
+	case errors.Is(err, delivery.ErrRefused):
+		reason := a.Error
+		if reason == "" {
+			reason = err.Error()
+		}
+		d.answer(w, r, http.StatusUnprocessableEntity, fmt.Sprintf("Redirect of delivery %d refused: %s.", row.ID, reason), back)
+	case err != nil:
+		d.backendError(w, r, err)
+	case a.StatusCode >= 200 && a.StatusCode < 300:
+		d.answer(w, r, http.StatusOK, fmt.Sprintf("Delivery %d sent to %s: %d in %s.", row.ID, a.URL, a.StatusCode, a.Duration.Round(time.Millisecond)), back)
+	case a.StatusCode != 0:
+		d.answer(w, r, http.StatusOK, fmt.Sprintf("Delivery %d sent to %s, which answered %d.", row.ID, a.URL, a.StatusCode), back)
+	default:
+		d.answer(w, r, http.StatusOK, fmt.Sprintf("Delivery %d could not be sent to %s: %s.", row.ID, a.URL, a.Error), back)
+	}
+}
+
+// retryDead requeues every dead letter of a target.
+func (d *Dashboard) retryDead(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	targets, err := d.opts.Backend.Targets(r.Context())
+	if err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	known := false
+	for _, t := range targets {
+		known = known || t.Name == name
+	}
+	if !known {
+		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("There is no target %q in the configuration.", name))
+		return
+	}
+	n, err := d.opts.Backend.RetryDead(r.Context(), name)
+	if err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	d.log.Info("dashboard: retry dead letters", "target", name, "queued", n)
+	d.answer(w, r, http.StatusOK, fmt.Sprintf("%d dead letters of %s queued again.", n, name), Prefix+"/dead-letters")
+}
+
+// answer ends a POST: a browser submitting a form is sent back to a page
+// (back) that shows msg; a script gets {"message": msg} with code.
+func (d *Dashboard) answer(w http.ResponseWriter, r *http.Request, code int, msg, back string) {
+	if !wantsHTML(r) {
+		writeJSON(w, code, map[string]string{"message": msg})
+		return
+	}
+	flash(w, r, msg)
+	http.Redirect(w, r, back, http.StatusSeeOther)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,282 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// runsShown is how many runs of each job the jobs page lists.
+const runsShown = 10
+
+// reportsShown is how many reconcile reports the jobs page lists.
+const reportsShown = 20
+
+type jobsData struct {
+	Jobs    []Job
+	Reports []ReconcileRun
+	Cursors []backstop.Cursor
+}
+
+// jobsPage lists the jobs with their schedule, next run and last runs, the
+// reconcile reports and the cursors.
+func (d *Dashboard) jobsPage(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	var data jobsData
+	var err error
+	if data.Jobs, err = d.opts.Backend.Jobs(ctx, runsShown); err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	d.mu.Lock()
+	for i := range data.Jobs {
+		data.Jobs[i].Running = d.running[data.Jobs[i].Name]
+	}
+	d.mu.Unlock()
+	if data.Reports, err = d.opts.Backend.ReconcileRuns(ctx, reportsShown); err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	if data.Cursors, err = d.opts.Backend.Cursors(ctx); err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	d.render(w, r, http.StatusOK, "jobs", page{Title: "Jobs", Nav: "jobs", Data: data})
+}
+
+// runJob starts a run of a job now, in the background (a run can take
+// minutes); its result is stored like any run and shows on the jobs page.
+// A job already running is not started twice.
+func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	jobs, err := d.opts.Backend.Jobs(r.Context(), 0)
+	if err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	known := false
+	for _, j := range jobs {
+		known = known || j.Name == name
+	}
+	if !known {
+		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("There is no job %q in the configuration.", name))
+		return
+	}
+	d.mu.Lock()
+	if d.running[name] {
+		d.mu.Unlock()
+		d.answer(w, r, http.StatusConflict, fmt.Sprintf("Job %s is running already.", name), Prefix+"/jobs")
+		return
+	}
+	if d.runCtx.Err() != nil {
+		d.mu.Unlock()
+		d.fail(w, r, http.StatusServiceUnavailable, "shutting_down", "backstop is shutting down; the job was not started.")
+		return
+	}
+	d.running[name] = true
+	d.runs.Add(1)
+	d.mu.Unlock()
+	go func() {
+		defer d.runs.Done()
+		defer func() {
+			d.mu.Lock()
+			delete(d.running, name)
+			d.mu.Unlock()
+		}()
+		err := d.opts.Backend.RunJob(d.runCtx, name)
+		switch {
+		case err == nil:
+			d.log.Info("dashboard: job run finished", "job", name)
+		case errors.Is(err, context.Canceled):
+		default:
+			d.log.Warn("dashboard: job run failed", "job", name, "err", err)
+		}
+	}()
+	d.log.Info("dashboard: job run started", "job", name)
+	d.answer(w, r, http.StatusAccepted, fmt.Sprintf("Job %s started; its run shows here when it ends.", name), Prefix+"/jobs")
+}
+
+// span is a time range a chart covers, cut into periods.
+type span struct {
+	Name   string
+	Range  time.Duration
+	Period time.Duration
+}
+
+// spans are the ranges the quota and intake pages offer.
+var spans = []span{
+	{"6h", 6 * time.Hour, 15 * time.Minute},
+	{"24h", 24 * time.Hour, time.Hour},
+	{"7d", 7 * 24 * time.Hour, 6 * time.Hour},
+}
+
+// spanOf returns the span the request asks for (default 24h).
+func spanOf(r *http.Request) span {
+	for _, s := range spans {
+		if s.Name == r.URL.Query().Get("range") {
+			return s
+		}
+	}
+	return spans[1]
+}
+
+// periods returns the starts of the periods of s ending with the one that
+// holds now, aligned on the Unix epoch as the store aligns them.
+func (s span) periods(now time.Time) []time.Time {
+	last := now.Truncate(s.Period)
+	n := int(s.Range / s.Period)
+	out := make([]time.Time, n)
+	for i := range out {
+		out[i] = last.Add(-time.Duration(n-1-i) * s.Period).UTC()
+	}
+	return out
+}
+
+// index returns the period of periods that holds t, or -1.
+func (s span) index(periods []time.Time, t time.Time) int {
+	if len(periods) == 0 || t.Before(periods[0]) {
+		return -1
+	}
+	i := int(t.Sub(periods[0]) / s.Period)
+	if i >= len(periods) {
+		return -1
+	}
+	return i
+}
+
+type quotaData struct {
+	Span  span
+	Spans []span
+	Keys  []keyView
+}
+
+type keyView struct {
+	KeyQuota
+	Requests, RateLimited int
+	ThrottleWait          time.Duration
+	RequestChart          chart
+	WaitChart             chart
+}
+
+// quotaPage shows each API key's budget now, and its requests, 429s and
+// throttle waits over time.
+func (d *Dashboard) quotaPage(w http.ResponseWriter, r *http.Request) {
+	sp := spanOf(r)
+	now := d.now()
+	periods := sp.periods(now)
+	keys, err := d.opts.Backend.Quota(r.Context(), periods[0])
+	if err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	data := quotaData{Span: sp, Spans: spans}
+	for _, k := range keys {
+		v := keyView{KeyQuota: k}
+		ok := make([]float64, len(periods))
+		limited := make([]float64, len(periods))
+		wait := make([]float64, len(periods))
+		for _, s := range k.Samples {
+			v.Requests += s.Requests
+			v.RateLimited += s.RateLimited
+			v.ThrottleWait += s.ThrottleWait
+			// A sample counts what happened before it: it belongs to the
+			// period its last moment falls in.
+			i := sp.index(periods, s.At.Add(-time.Nanosecond))
+			if i < 0 {
+				continue
+			}
+			ok[i] += float64(s.Requests - s.RateLimited)
+			limited[i] += float64(s.RateLimited)
+			wait[i] += s.ThrottleWait.Seconds()
+		}
+		v.RequestChart = barChart(periods, sp.Period, "requests", []series{
+			{Name: "answered", Class: "s-ok", Values: ok},
+			{Name: "429 Too Many Requests", Class: "s-bad", Values: limited},
+		})
+		v.WaitChart = barChart(periods, sp.Period, "seconds", []series{
+			{Name: "throttle wait", Class: "s-wait", Values: wait},
+		})
+		data.Keys = append(data.Keys, v)
+	}
+	d.render(w, r, http.StatusOK, "quota", page{Title: "Quota", Nav: "quota", Data: data})
+}
+
+type intakeData struct {
+	Span      span
+	Spans     []span
+	Stats     IntakeStats
+	Origins   []originTotal
+	Events    chart
+	Refusals  chart
+	Total     int
+	Dups, Bad int
+}
+
+type originTotal struct {
+	Origin backstop.Origin
+	Class  string
+	Events int
+}
+
+// origins are the event origins in the order the intake chart stacks them.
+var origins = []backstop.Origin{backstop.OriginWebhook, backstop.OriginSync, backstop.OriginReconcile,
+	backstop.OriginBackfill, backstop.OriginManual}
+
+// intakePage shows the events processed per period by origin, and the
+// duplicates suppressed and signature failures.
+func (d *Dashboard) intakePage(w http.ResponseWriter, r *http.Request) {
+	sp := spanOf(r)
+	periods := sp.periods(d.now())
+	st, err := d.opts.Backend.Intake(r.Context(), periods[0], sp.Period)
+	if err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	data := intakeData{Span: sp, Spans: spans, Stats: st}
+	byOrigin := map[backstop.Origin][]float64{}
+	totals := map[backstop.Origin]int{}
+	for _, c := range st.ByOrigin {
+		if byOrigin[c.Origin] == nil {
+			byOrigin[c.Origin] = make([]float64, len(periods))
+		}
+		if i := sp.index(periods, c.Start); i >= 0 {
+			byOrigin[c.Origin][i] += float64(c.Events)
+			totals[c.Origin] += c.Events
+			data.Total += c.Events
+		}
+	}
+	var ss []series
+	for _, o := range origins {
+		data.Origins = append(data.Origins, originTotal{Origin: o, Class: "s-" + string(o), Events: totals[o]})
+		if v := byOrigin[o]; v != nil {
+			ss = append(ss, series{Name: string(o), Class: "s-" + string(o), Values: v})
+		}
+	}
+	data.Events = barChart(periods, sp.Period, "events", ss)
+	dups := make([]float64, len(periods))
+	bad := make([]float64, len(periods))
+	for _, s := range st.Samples {
+		if i := sp.index(periods, s.At.Add(-time.Nanosecond)); i >= 0 {
+			dups[i] += float64(s.Duplicates)
+			bad[i] += float64(s.SignatureFailures)
+			data.Dups += s.Duplicates
+			data.Bad += s.SignatureFailures
+		}
+	}
+	data.Refusals = barChart(periods, sp.Period, "requests", []series{
+		{Name: "duplicates suppressed", Class: "s-dup", Values: dups},
+		{Name: "signature failures", Class: "s-bad", Values: bad},
+	})
+	d.render(w, r, http.StatusOK, "intake", page{Title: "Intake", Nav: "intake", Data: data})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
