@@ -1,0 +1,430 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sinks/delivery"
+)
+
+const testToken = "s3cret-dashboard-token"
+
+// fakeBackend serves fixed data; RetryFunc decides retries.
+type fakeBackend struct {
+	mu        sync.Mutex
+	rows      []delivery.Row
+	retries   int
+	RetryFunc func(seen delivery.Row) (bool, error)
+}
+
+func (f *fakeBackend) Deliveries(context.Context, DeliveryFilter) ([]delivery.Row, error) {
+	return f.rows, nil
+}
+
+func (f *fakeBackend) Delivery(_ context.Context, id int64) (delivery.Row, bool, error) {
+	for _, r := range f.rows {
+		if r.ID == id {
+			return r, true, nil
+		}
+	}
+	return delivery.Row{}, false, nil
+}
+
+func (f *fakeBackend) Attempts(context.Context, int64) ([]delivery.Attempt, error) { return nil, nil }
+
+func (f *fakeBackend) Targets(context.Context) ([]Target, error) {
+	return []Target{{TargetState: delivery.TargetState{Name: "billing", DeadLetter: 1}, URL: "https://billing.example.com/hooks"}}, nil
+}
+
+func (f *fakeBackend) Retry(_ context.Context, seen delivery.Row) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.retries++
+	if f.RetryFunc != nil {
+		return f.RetryFunc(seen)
+	}
+	return true, nil
+}
+
+func (f *fakeBackend) RetryDead(context.Context, string) (int64, error) { return 1, nil }
+
+func (f *fakeBackend) Redirect(context.Context, delivery.Row, string) (delivery.Attempt, error) {
+	return delivery.Attempt{StatusCode: 200}, nil
+}
+
+func (f *fakeBackend) Jobs(context.Context, int) ([]Job, error) { return nil, nil }
+
+func (f *fakeBackend) RunJob(context.Context, string) error { return nil }
+
+func (f *fakeBackend) ReconcileRuns(context.Context, int) ([]ReconcileRun, error) { return nil, nil }
+
+func (f *fakeBackend) Cursors(context.Context) ([]backstop.Cursor, error) { return nil, nil }
+
+func (f *fakeBackend) Quota(context.Context, time.Time) ([]KeyQuota, error) {
+	return []KeyQuota{{KeyID: "0123456789abcdef", Live: true, Limit: 30, Remaining: 12}}, nil
+}
+
+func (f *fakeBackend) Intake(context.Context, time.Time, time.Duration) (IntakeStats, error) {
+	return IntakeStats{}, nil
+}
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// clock is a settable clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Set(t time.Time)     { c.mu.Lock(); defer c.mu.Unlock(); c.t = t }
+func (c *clock) Add(d time.Duration) { c.Set(c.Now().Add(d)) }
+
+// serve starts the dashboard over a fake backend with one dead letter.
+func serve(t *testing.T) (*httptest.Server, *fakeBackend, *clock) {
+	t.Helper()
+	fb := &fakeBackend{rows: []delivery.Row{{ID: 7, Target: "billing", EventID: "evt_7", EventType: "payment.failed",
+		Payload: json.RawMessage(`{"event_id":"evt_7"}`), Status: delivery.StatusDeadLetter, Attempts: 1,
+		CreatedAt: t0.Add(-time.Hour), UpdatedAt: t0.Add(-30 * time.Minute), LastStatus: 400}}}
+	clk := &clock{t: t0}
+	d, err := New(Options{Token: testToken, Backend: fb, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(d)
+	t.Cleanup(func() {
+		srv.Close()
+		d.Close(context.Background())
+	})
+	return srv, fb, clk
+}
+
+// client is a browser-like client: a cookie jar, no redirects followed.
+func client(t *testing.T) *http.Client {
+	t.Helper()
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func do(t *testing.T, c *http.Client, method, rawURL string, form url.Values, header map[string]string) answer {
+	t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, rawURL, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return answer{res.StatusCode, res.Header, string(b)}
+}
+
+var html = map[string]string{"Accept": "text/html"}
+
+// signIn signs c in and returns the CSRF token of its session.
+func signIn(t *testing.T, c *http.Client, base string) string {
+	t.Helper()
+	a := do(t, c, "POST", base+"/ui/login", url.Values{"token": {testToken}, "next": {"/ui/deliveries"}}, html)
+	if a.status != http.StatusSeeOther || a.header.Get("Location") != "/ui/deliveries" {
+		t.Fatalf("sign-in: %d to %q, want 303 to /ui/deliveries", a.status, a.header.Get("Location"))
+	}
+	page := do(t, c, "GET", base+"/ui/deliveries", nil, html)
+	m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(page.body)
+	if page.status != http.StatusOK || m == nil {
+		t.Fatalf("deliveries page after sign-in: %d, CSRF token found: %v", page.status, m != nil)
+	}
+	return m[1]
+}
+
+func TestSignIn(t *testing.T) {
+	srv, _, clk := serve(t)
+	c := client(t)
+
+	a := do(t, c, "GET", srv.URL+"/ui/jobs?range=6h", nil, html)
+	if a.status != http.StatusSeeOther || a.header.Get("Location") != "/ui/login?next=%2Fui%2Fjobs%3Frange%3D6h" {
+		t.Errorf("a browser without a session: %d to %q, want 303 to the login page", a.status, a.header.Get("Location"))
+	}
+	a = do(t, c, "GET", srv.URL+"/ui/jobs", nil, nil)
+	if a.status != http.StatusUnauthorized || !strings.Contains(a.body, `"code":"unauthorized"`) {
+		t.Errorf("a script without a token: %d %s, want 401 JSON", a.status, a.body)
+	}
+	a = do(t, c, "POST", srv.URL+"/ui/login", url.Values{"token": {"wrong"}}, html)
+	if a.status != http.StatusUnauthorized || !strings.Contains(a.body, "not the dashboard token") || len(c.Jar.Cookies(mustURL(t, srv.URL+"/ui/"))) != 0 {
+		t.Errorf("a wrong token: %d, cookies %v; want 401, the form again and no session", a.status, c.Jar.Cookies(mustURL(t, srv.URL+"/ui/")))
+	}
+
+	a = do(t, c, "POST", srv.URL+"/ui/login", url.Values{"token": {testToken}, "next": {"/ui/jobs?range=6h"}}, html)
+	if a.status != http.StatusSeeOther || a.header.Get("Location") != "/ui/jobs?range=6h" {
+		t.Fatalf("sign-in: %d to %q, want 303 back to /ui/jobs?range=6h", a.status, a.header.Get("Location"))
+	}
+	cookie := a.header.Get("Set-Cookie")
+	for _, want := range []string{SessionCookie + "=", "Path=/ui", "HttpOnly", "SameSite=Strict", "Max-Age=43200"} {
+		if !strings.Contains(cookie, want) {
+			t.Errorf("session cookie %q lacks %s", cookie, want)
+		}
+	}
+	if a := do(t, c, "GET", srv.URL+"/ui/quota", nil, html); a.status != http.StatusOK || !strings.Contains(a.body, "0123456789abcdef") {
+		t.Errorf("quota page with a session: %d", a.status)
+	}
+	if strings.Contains(do(t, c, "GET", srv.URL+"/ui/deliveries", nil, html).body, testToken) {
+		t.Error("a page shows the dashboard token")
+	}
+
+	clk.Add(DefaultSessionTTL)
+	if a := do(t, c, "GET", srv.URL+"/ui/quota", nil, html); a.status != http.StatusSeeOther {
+		t.Errorf("after the session's end: %d, want 303 to the login page", a.status)
+	}
+}
+
+func TestSessionCookieCannotBeForged(t *testing.T) {
+	k := newKeys(testToken)
+	s, err := newSession(t0, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := k.cookieValue(s)
+	if _, err := k.parseCookie(v, t0); err != nil {
+		t.Fatalf("own cookie refused: %v", err)
+	}
+	payload, sig, _ := strings.Cut(v, ".")
+	forged := []string{
+		"", "x", payload, payload + ".", "." + sig,
+		payload[:len(payload)-2] + "AA." + sig, // a later expiry, same signature
+		newKeys("another-token").cookieValue(s),
+		v + "A",
+	}
+	for _, f := range forged {
+		if _, err := k.parseCookie(f, t0); err == nil {
+			t.Errorf("forged cookie %q accepted", f)
+		}
+	}
+	if _, err := k.parseCookie(v, t0.Add(time.Hour)); err == nil {
+		t.Error("an expired session accepted")
+	}
+	if !k.tokenOK(testToken) || k.tokenOK(testToken+"x") || k.tokenOK("") {
+		t.Error("tokenOK does not accept exactly the token")
+	}
+}
+
+func TestPostsNeedTheSessionsCSRFToken(t *testing.T) {
+	srv, fb, _ := serve(t)
+	c := client(t)
+	token := signIn(t, c, srv.URL)
+	other := signIn(t, client(t), srv.URL)
+	if token == other {
+		t.Fatal("two sessions share a CSRF token")
+	}
+	retry := srv.URL + "/ui/deliveries/7/retry"
+	seen := url.Values{"status": {"dead_letter"}, "version": {backstop.CanonicalTime(t0.Add(-30 * time.Minute))}}
+	for name, tok := range map[string]string{"none": "", "another session's": other, "made up": "AAAA"} {
+		form := url.Values{"status": seen["status"], "version": seen["version"]}
+		if tok != "" {
+			form.Set("csrf", tok)
+		}
+		a := do(t, c, "POST", retry, form, nil)
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		if a.status != http.StatusForbidden || json.Unmarshal([]byte(a.body), &e) != nil || e.Error.Code != "csrf" {
+			t.Errorf("POST with %s CSRF token: %d %s, want 403 JSON with code csrf", name, a.status, a.body)
+		}
+		if a := do(t, c, "POST", retry, form, html); a.status != http.StatusForbidden || !strings.Contains(a.body, "CSRF token") {
+			t.Errorf("POST from a page with %s CSRF token: %d, want 403 and a page saying why", name, a.status)
+		}
+	}
+	if fb.retries != 0 {
+		t.Fatalf("%d retries reached the backend without a valid CSRF token", fb.retries)
+	}
+
+	form := url.Values{"csrf": {token}, "status": seen["status"], "version": seen["version"]}
+	cross := do(t, c, "POST", retry, form, map[string]string{"Sec-Fetch-Site": "cross-site", "Accept": "text/html"})
+	if cross.status != http.StatusForbidden || fb.retries != 0 {
+		t.Errorf("a cross-site POST with a valid CSRF token: %d, want 403", cross.status)
+	}
+
+	a := do(t, c, "POST", retry, form, html)
+	if a.status != http.StatusSeeOther || a.header.Get("Location") != "/ui/deliveries/7" || fb.retries != 1 {
+		t.Fatalf("POST with the CSRF token: %d to %q, %d retries; want 303 to the delivery and one retry", a.status, a.header.Get("Location"), fb.retries)
+	}
+	if page := do(t, c, "GET", srv.URL+"/ui/deliveries/7", nil, html); !strings.Contains(page.body, "queued again") {
+		t.Error("the delivery page does not say the retry was queued")
+	}
+	if page := do(t, c, "GET", srv.URL+"/ui/deliveries/7", nil, html); strings.Contains(page.body, "queued again") {
+		t.Error("the message is shown twice")
+	}
+}
+
+// The retry acts on the delivery as the page showed it; when the backend
+// finds it changed (a second submission), nothing is done and the answer
+// says so.
+func TestRetryPassesWhatThePageShowed(t *testing.T) {
+	srv, fb, _ := serve(t)
+	c := client(t)
+	token := signIn(t, c, srv.URL)
+	version := t0.Add(-30 * time.Minute)
+	var got delivery.Row
+	fb.RetryFunc = func(seen delivery.Row) (bool, error) {
+		got = seen
+		return false, nil
+	}
+	a := do(t, c, "POST", srv.URL+"/ui/deliveries/7/retry",
+		url.Values{"csrf": {token}, "status": {"dead_letter"}, "version": {backstop.CanonicalTime(version)}}, nil)
+	if a.status != http.StatusConflict || !strings.Contains(a.body, "nothing was done") {
+		t.Errorf("retry of a changed delivery: %d %s, want 409 saying nothing was done", a.status, a.body)
+	}
+	if got.ID != 7 || got.Status != "dead_letter" || !got.UpdatedAt.Equal(version) {
+		t.Errorf("backend asked to retry %+v, want delivery 7 as seen (dead_letter at %v)", got, version)
+	}
+	if a := do(t, c, "POST", srv.URL+"/ui/deliveries/7/retry", url.Values{"csrf": {token}, "version": {"yesterday"}}, nil); a.status != http.StatusBadRequest {
+		t.Errorf("retry with an unreadable version: %d, want 400", a.status)
+	}
+	if a := do(t, c, "POST", srv.URL+"/ui/deliveries/8/retry", url.Values{"csrf": {token}}, nil); a.status != http.StatusNotFound {
+		t.Errorf("retry of an unknown delivery: %d, want 404", a.status)
+	}
+}
+
+func TestBearerToken(t *testing.T) {
+	srv, fb, _ := serve(t)
+	c := client(t)
+	bearer := map[string]string{"Authorization": "Bearer " + testToken}
+	if a := do(t, c, "GET", srv.URL+"/ui/deliveries", nil, bearer); a.status != http.StatusOK || !strings.Contains(a.body, "evt_7") {
+		t.Errorf("GET with the bearer token: %d", a.status)
+	}
+	// A script needs no CSRF token: a browser never sends the header by
+	// itself.
+	a := do(t, c, "POST", srv.URL+"/ui/targets/billing/retry-dead", url.Values{}, bearer)
+	if a.status != http.StatusOK || !strings.Contains(a.body, "1 dead letters of billing queued again") {
+		t.Errorf("POST with the bearer token: %d %s", a.status, a.body)
+	}
+	wrong := map[string]string{"Authorization": "Bearer nope", "Accept": "text/html"}
+	if a := do(t, c, "GET", srv.URL+"/ui/deliveries", nil, wrong); a.status != http.StatusUnauthorized {
+		t.Errorf("GET with a wrong bearer token: %d, want 401 (not a login redirect)", a.status)
+	}
+	if a := do(t, c, "POST", srv.URL+"/ui/targets/nobody/retry-dead", url.Values{}, bearer); a.status != http.StatusNotFound {
+		t.Errorf("retry-dead of an unknown target: %d, want 404", a.status)
+	}
+	if fb.retries != 0 {
+		t.Error("retry-dead called Retry")
+	}
+}
+
+func TestEveryPageRenders(t *testing.T) {
+	srv, _, _ := serve(t)
+	c := client(t)
+	signIn(t, c, srv.URL)
+	for _, path := range []string{"/ui/deliveries", "/ui/deliveries?status=dead_letter&target=billing&event=payment.failed&page=2",
+		"/ui/dead-letters", "/ui/deliveries/7", "/ui/jobs", "/ui/quota", "/ui/quota?range=7d", "/ui/intake?range=6h"} {
+		a := do(t, c, "GET", srv.URL+path, nil, html)
+		if a.status != http.StatusOK {
+			t.Errorf("GET %s: %d", path, a.status)
+		}
+		if csp := a.header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") || a.header.Get("Cache-Control") != "no-store" {
+			t.Errorf("GET %s: CSP %q, Cache-Control %q", path, csp, a.header.Get("Cache-Control"))
+		}
+	}
+	if a := do(t, c, "GET", srv.URL+"/ui/deliveries?status=lost", nil, html); a.status != http.StatusBadRequest {
+		t.Errorf("unknown status filter: %d, want 400", a.status)
+	}
+	if a := do(t, c, "GET", srv.URL+"/ui/static/style.css", nil, nil); a.status != http.StatusOK || !strings.Contains(a.header.Get("Content-Type"), "text/css") {
+		t.Errorf("stylesheet: %d %s", a.status, a.header.Get("Content-Type"))
+	}
+}
+
+func TestNoTokenNoDashboard(t *testing.T) {
+	if _, err := New(Options{Backend: &fakeBackend{}}); err == nil {
+		t.Error("New without a token returned a dashboard")
+	}
+}
+
+func TestSafeNext(t *testing.T) {
+	for next, want := range map[string]string{
+		"/ui/jobs?range=6h":    "/ui/jobs?range=6h",
+		"/ui/deliveries/7":     "/ui/deliveries/7",
+		"":                     "/ui/deliveries",
+		"//evil.example/ui/x":  "/ui/deliveries",
+		"https://evil.example": "/ui/deliveries",
+		"/\\evil.example":      "/ui/deliveries",
+		"/metrics":             "/ui/deliveries",
+		"/ui/login":            "/ui/deliveries",
+		"javascript:alert(1)":  "/ui/deliveries",
+	} {
+		if got := safeNext(next); got != want {
+			t.Errorf("safeNext(%q) = %q, want %q", next, got, want)
+		}
+	}
+}
+
+func TestBarChart(t *testing.T) {
+	periods := []time.Time{t0, t0.Add(time.Hour), t0.Add(2 * time.Hour)}
+	c := barChart(periods, time.Hour, "requests", []series{
+		{Name: "ok", Class: "s-ok", Values: []float64{40, 0, 10}},
+		{Name: "429", Class: "s-bad", Values: []float64{5, 0, 0}},
+	})
+	if c.Empty || len(c.Bars) != 3 {
+		t.Fatalf("chart has %d bars (empty %v), want 3: two stacked, one alone, none for zero", len(c.Bars), c.Empty)
+	}
+	// 45 at the top of a 0..50 axis in steps of 10.
+	if top := c.YTicks[len(c.YTicks)-1]; top.Label != "50" || len(c.YTicks) != 6 {
+		t.Errorf("y axis %+v, want 0..50 in 6 ticks", c.YTicks)
+	}
+	plot := c.Base - c.Top
+	stack := c.Bars[0].H + c.Bars[1].H
+	if want := 45.0 / 50 * plot; stack < want-0.1 || stack > want+0.1 {
+		t.Errorf("first stack is %.2f high, want %.2f", stack, want)
+	}
+	if c.Bars[1].Y+c.Bars[1].H != c.Bars[0].Y {
+		t.Errorf("the 429s bar does not sit on the ok bar: %+v", c.Bars[:2])
+	}
+	if !strings.Contains(c.Bars[1].Title, "5 429") {
+		t.Errorf("bar title %q", c.Bars[1].Title)
+	}
+	if e := barChart(periods, time.Hour, "events", nil); !e.Empty || len(e.Bars) != 0 {
+		t.Errorf("chart of nothing: %+v", e)
+	}
+	for v, want := range map[float64]float64{0: 1, 0.3: 0.5, 1: 1, 3: 5, 11: 20, 24: 25, 101: 200} {
+		if got := niceCeil(v); got != want {
+			t.Errorf("niceCeil(%v) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
