@@ -1,0 +1,309 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/redistest"
+	"github.com/backstop-sync/backstop/sources/sim"
+)
+
+// fleetProc is one of several backstop processes run by a test, its stderr
+// collected line by line.
+type fleetProc struct {
+	t    *testing.T
+	name string
+	cmd  *exec.Cmd
+
+	mu     sync.Mutex
+	lines  []string
+	notify chan struct{} // signalled (without blocking) on every line
+	eof    chan struct{} // closed once stderr is drained
+}
+
+// startProc runs the real binary with config and args, BOTIX_API_KEY set
+// to key and the extra environment; it is killed when the test ends.
+func startProc(t *testing.T, name, config, key string, extraEnv []string, args ...string) *fleetProc {
+	t.Helper()
+	cmd := exec.Command(binPath, append([]string{"--config", config}, args...)...)
+	cmd.Env = append(append(os.Environ(), "BOTIX_API_KEY="+key, "BACKSTOP_CONFIG="), extraEnv...)
+	cmd.Stdout = io.Discard
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &fleetProc{t: t, name: name, cmd: cmd, notify: make(chan struct{}, 1), eof: make(chan struct{})}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-p.eof
+			cmd.Wait()
+		}
+	})
+	go func() {
+		defer close(p.eof)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.lines = append(p.lines, sc.Text())
+			p.mu.Unlock()
+			select {
+			case p.notify <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return p
+}
+
+// count returns how many lines so far contain substr.
+func (p *fleetProc) count(substr string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, l := range p.lines {
+		if strings.Contains(l, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+// first returns the first line containing substr.
+func (p *fleetProc) first(substr string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.lines {
+		if strings.Contains(l, substr) {
+			return l, true
+		}
+	}
+	return "", false
+}
+
+// output returns the lines so far, for failure messages.
+func (p *fleetProc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.lines, "\n")
+}
+
+// waitCount waits until n lines contain substr, failing the test after
+// within or when the process ends first.
+func (p *fleetProc) waitCount(substr string, n int, within time.Duration) {
+	p.t.Helper()
+	timeout := time.After(within)
+	for p.count(substr) < n {
+		select {
+		case <-p.notify:
+		case <-p.eof:
+			if p.count(substr) < n {
+				p.t.Fatalf("%s ended after %d of %d %q lines:\n%s", p.name, p.count(substr), n, substr, p.output())
+			}
+		case <-timeout:
+			p.t.Fatalf("%s: saw %d of %d %q lines in %s", p.name, p.count(substr), n, substr, within)
+		}
+	}
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *fleetProc) wait(within time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.eof:
+	case <-time.After(within):
+		p.t.Fatalf("%s still running after %s:\n%s", p.name, within, p.output())
+	}
+	p.cmd.Wait()
+	return p.cmd.ProcessState.ExitCode()
+}
+
+var servingAddr = regexp.MustCompile(`msg=serving addr=http://(\S+)`)
+
+// metrics scrapes a serve process's /metrics into name → value (labels
+// included in the name).
+func (p *fleetProc) metrics() map[string]float64 {
+	p.t.Helper()
+	line, ok := p.first("msg=serving")
+	m := servingAddr.FindStringSubmatch(line)
+	if !ok || m == nil {
+		p.t.Fatalf("%s: no serving line with its address:\n%s", p.name, p.output())
+	}
+	resp, err := http.Get("http://" + m[1] + "/metrics")
+	if err != nil {
+		p.t.Fatalf("%s: metrics: %v", p.name, err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(val, 64); err == nil {
+			out[name] = f
+		}
+	}
+	return out
+}
+
+// writeFile writes a configuration file into dir and returns its path.
+func writeFile(t *testing.T, dir, name, text string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// quotaLimit and quotaWindow are the sim's limit in the multi-process
+// tests: like TestBackfillMirrorsPlatformWithinQuota, 100 requests per 4 s
+// window, slow enough that a loaded CI machine does not leave quota unused.
+const (
+	quotaLimit  = 100
+	quotaWindow = 4 * time.Second
+)
+
+// backfillConfig is a configuration for one of several processes on one
+// sim key: its own database, the tariff of the sim, and redisURL ("" for
+// none).
+func backfillConfig(t *testing.T, dir, name, baseURL, redisURL string) string {
+	t.Helper()
+	gov := ""
+	if redisURL != "" {
+		gov = "governor:\n  redis: " + redisURL + "\n"
+	}
+	return writeFile(t, dir, name+".yaml", fmt.Sprintf(`source:
+  base_url: %s
+  api_key: ${BOTIX_API_KEY}
+  page_size: 16
+  retry_max: 3
+  rate_limit: {per_minute: %d, reserve: 2, window: %s}
+store:
+  path: %s
+%s`, baseURL, int(time.Minute/quotaWindow)*quotaLimit, quotaWindow, filepath.Join(dir, name+".db"), gov))
+}
+
+// fourBackfills runs four processes, each backfilling one resource, against
+// one sim key, sharing the budget through redisURL ("" for none), and
+// returns the sim's counts.
+func fourBackfills(t *testing.T, redisURL string) sim.Stats {
+	t.Helper()
+	s := sim.New(sim.Options{Seed: 23, Objects: 5000, Limit: quotaLimit, Window: quotaWindow, BigObjects: -1})
+	srv := newSimServer(t, s)
+	dir := t.TempDir()
+	var procs []*fleetProc
+	for _, r := range backstop.Resources {
+		cfg := backfillConfig(t, dir, string(r), srv, redisURL)
+		procs = append(procs, startProc(t, string(r), cfg, s.APIKey(), nil, "backfill", string(r)))
+	}
+	for _, p := range procs {
+		if code := p.wait(5 * time.Minute); code != 0 {
+			t.Fatalf("%s: exit %d\n%s", p.name, code, p.output())
+		}
+	}
+	return s.Stats()
+}
+
+// quotaUsed is the share of the limit used over the full windows of st:
+// all but the first and the last, which the run covers only in part.
+func quotaUsed(t *testing.T, st sim.Stats) (share float64, full int) {
+	t.Helper()
+	if len(st.Windows) < 12 {
+		t.Fatalf("the run spanned %d windows, want at least 10 full ones", len(st.Windows))
+	}
+	used := 0
+	for _, w := range st.Windows[1 : len(st.Windows)-1] {
+		used += w.Requests
+	}
+	full = len(st.Windows) - 2
+	return float64(used) / float64(full*quotaLimit), full
+}
+
+// Four processes, each backfilling one resource against one key, share
+// its budget through Redis: at most one 429 per 1,000 requests, and at
+// least 90% of the quota used. The same run without Redis is reported.
+func TestSharedGovernorFourProcessesOneKey(t *testing.T) {
+	t.Parallel()
+	rds := redistest.Start(t)
+	var shared, local sim.Stats
+	t.Run("runs", func(t *testing.T) {
+		t.Run("redis", func(t *testing.T) {
+			t.Parallel()
+			shared = fourBackfills(t, rds.URL())
+		})
+		t.Run("without-redis", func(t *testing.T) {
+			t.Parallel()
+			local = fourBackfills(t, "")
+		})
+	})
+	if t.Failed() {
+		return
+	}
+	share, full := quotaUsed(t, shared)
+	t.Logf("with Redis: %d requests, %d × 429, %.1f%% of the quota used over %d full windows",
+		shared.Requests, shared.RateLimited, 100*share, full)
+	t.Logf("without Redis (each process paced alone): %d requests, %d × 429", local.Requests, local.RateLimited)
+	if allowed := shared.Requests / 1000; shared.RateLimited > allowed {
+		t.Errorf("with Redis the platform answered %d × 429 to %d requests, want at most %d (1 per 1,000)",
+			shared.RateLimited, shared.Requests, allowed)
+	}
+	if share < 0.90 {
+		t.Errorf("with Redis %.1f%% of the quota was used over the full windows, want at least 90%%", 100*share)
+	}
+}
+
+// Redis unreachable when a command starts: a clear error naming the server
+// (never its password), exit 2.
+func TestRedisUnreachableAtStartExits2(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.Stop()
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
+	base, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const password = "hunter2-redis"
+	e.writeConfig(string(base) + "governor:\n  redis: redis://:" + password + "@" + rds.Addr() + "/0\n")
+	code, _, stderr := e.run(context.Background(), "sync", "contacts")
+	if code != exitUsage {
+		t.Fatalf("exit %d, want 2\n%s", code, stderr)
+	}
+	if !strings.Contains(stderr, "governor.redis") || !strings.Contains(stderr, rds.Addr()) || !strings.Contains(stderr, "unreachable") {
+		t.Errorf("the error does not name governor.redis, the server and the cause:\n%s", stderr)
+	}
+	if strings.Contains(stderr, password) {
+		t.Errorf("the Redis password leaked:\n%s", stderr)
+	}
+	if e.sim.Stats().Requests != 0 {
+		t.Errorf("%d requests were made without the shared budget", e.sim.Stats().Requests)
+	}
+}
+
+// newSimServer serves s over HTTP for the test and returns its URL.
+func newSimServer(t *testing.T, s *sim.Sim) string {
+	t.Helper()
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
