@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,8 +18,12 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/cmd/backstop/config"
+	"github.com/backstop-sync/backstop/sinks/intake"
+	"github.com/backstop-sync/backstop/sources"
 	"github.com/backstop-sync/backstop/sources/governor"
 	"github.com/backstop-sync/backstop/sources/sim"
 	"github.com/backstop-sync/backstop/store"
@@ -481,9 +486,11 @@ dashboard:
 		t.Errorf("reconcile report row: %q", got)
 	}
 	b.shot("jobs")
-	b.do("run now", chromedp.Click(chromedp.CSS("#job-payments-hourly .run-now")))
-	b.waitLocation("/ui/jobs")
-	b.eventually("the job's new run", func() bool { return strings.Contains(b.text("#job-payments-hourly .runs summary"), "Last runs (2)") })
+	b.do("run now", chromedp.Click(chromedp.CSS("#job-payments-hourly .run-now")), chromedp.WaitVisible(chromedp.CSS("#flash")))
+	if flash := b.text("#flash"); !strings.Contains(flash, "payments-hourly started") {
+		t.Errorf("after Run now the page says %q", flash)
+	}
+	b.eventually("the job's new run", func() bool { return b.count("#job-payments-hourly .runs tbody tr") >= 2 })
 	b.noSecrets("jobs", secrets...)
 
 	// Quota and intake: figures and their charts.
@@ -505,6 +512,13 @@ dashboard:
 	}
 	b.shot("intake")
 	b.noSecrets("intake", secrets...)
+
+	// A delivery that does not exist: a page saying so.
+	b.open("/ui/deliveries/999999")
+	if got := b.text("#error .message"); !strings.Contains(got, "no delivery 999999") {
+		t.Errorf("error page says %q", got)
+	}
+	b.shot("not-found")
 
 	// Signed out: sent to the login page again.
 	b.do("sign out", chromedp.Click(chromedp.CSS(".logout button")))
@@ -540,4 +554,76 @@ func deliveryStatus(t *testing.T, path string, id int64) string {
 		t.Fatalf("delivery %d: %v, %v", id, ok, err)
 	}
 	return row.Status
+}
+
+// The sampler records what the metered source's calls cost since the last
+// sample, the governor's budget as the platform reported it, and the
+// intake's duplicates and signature failures since the last sample.
+func TestSamplerRecordsQuotaAndIntake(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 5, Objects: 30, Limit: 500}})
+	db := e.openStore()
+	defer db.Close()
+	gov := governor.New(e.sim.APIKey(), governor.Options{Limit: 500})
+	client, err := sources.New(sources.Options{BaseURL: e.srv.URL, APIKey: e.sim.APIKey(), Governor: gov})
+	if err != nil {
+		t.Fatal(err)
+	}
+	meter := &quotaMeter{Source: client}
+	metrics := intake.NewMetrics(prometheus.NewRegistry())
+	clk := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	s := &sampler{db: db, gov: gov, meter: meter, intake: metrics, log: slog.New(slog.DiscardHandler),
+		now: func() time.Time { return clk }}
+	list := func(pages int) {
+		t.Helper()
+		cursor := ""
+		for range pages {
+			p, err := meter.List(ctx, backstop.ListRequest{Resource: backstop.Contacts, Cursor: cursor, Limit: 5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cursor = p.NextCursor
+		}
+	}
+
+	list(3)
+	metrics.Duplicates.Add(2)
+	metrics.SignatureFailures.Inc()
+	s.sample(ctx)
+	clk = clk.Add(time.Minute)
+	list(2)
+	s.sample(ctx)
+
+	qs, err := db.QuotaSamples(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(qs) != 2 || qs[0].Requests != 3 || qs[1].Requests != 2 || qs[0].RateLimited != 0 {
+		t.Fatalf("quota samples %+v, want 3 then 2 requests", qs)
+	}
+	if q := qs[1]; q.KeyID != gov.KeyID() || q.Limit != 500 || q.Remaining != 495 || q.Reset.IsZero() {
+		t.Errorf("second sample %+v, want key %s with the sim's budget: 500, 495 left", q, gov.KeyID())
+	}
+	in, err := db.IntakeSamples(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in) != 2 || in[0].Duplicates != 2 || in[0].SignatureFailures != 1 || in[1].Duplicates != 0 || in[1].SignatureFailures != 0 {
+		t.Errorf("intake samples %+v, want 2 duplicates and 1 failure, then none", in)
+	}
+}
+
+// Without dashboard.token, /ui answers 404 saying how to turn it on.
+func TestDashboardOffWithoutToken(t *testing.T) {
+	cfg := config.Default()
+	u, err := startUI(context.Background(), uiDeps{a: &app{cfg: cfg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close(context.Background())
+	rec := httptest.NewRecorder()
+	u.handler.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/deliveries", nil))
+	if rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), "set dashboard.token") {
+		t.Errorf("/ui without a token: %d %s", rec.Code, rec.Body)
+	}
 }
