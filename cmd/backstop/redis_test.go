@@ -11,15 +11,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/internal/redistest"
 	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
 )
 
 // fleetProc is one of several backstop processes run by a test, its stderr
@@ -306,4 +309,105 @@ func newSimServer(t *testing.T, s *sim.Sim) string {
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// waitRequests polls the sim until it has answered n requests.
+func waitRequests(t *testing.T, s *sim.Sim, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for s.Stats().Requests < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sim answered %d of %d requests in %s", s.Stats().Requests, n, within)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the sim's counter, with a deadline
+	}
+}
+
+// Redis stopped in the middle of a run of four processes on one key (three
+// backfills and a serve reconciling in a job): every process goes on at its
+// fallback share, without a 429 storm, and back to Redis once it returns;
+// the backfills complete, and serve's /metrics shows the fallback.
+func TestSharedGovernorSurvivesRedisLoss(t *testing.T) {
+	t.Parallel()
+	rds := redistest.Start(t)
+	s := sim.New(sim.Options{Seed: 29, Objects: 2000, Limit: quotaLimit, Window: quotaWindow, BigObjects: -1})
+	simURL := newSimServer(t, s)
+	dir := t.TempDir()
+	resources := []backstop.Resource{backstop.Contacts, backstop.Chats, backstop.Messages}
+	var backfills []*fleetProc
+	for _, r := range resources {
+		cfg := backfillConfig(t, dir, string(r), simURL, rds.URL())
+		backfills = append(backfills, startProc(t, string(r), cfg, s.APIKey(), nil, "backfill", string(r)))
+	}
+	serveCfg := writeFile(t, dir, "serve.yaml", fmt.Sprintf(`source:
+  base_url: %s
+  api_key: ${BOTIX_API_KEY}
+  page_size: 16
+  rate_limit: {per_minute: %d, reserve: 2, window: %s}
+store:
+  path: %s
+governor:
+  redis: %s
+  fallback_share: 0.25
+intake:
+  listen: 127.0.0.1:0
+  secret: ${BOTIX_WEBHOOK_SECRET}
+jobs:
+  - {name: payments-full, kind: reconcile, resources: [payments], full: true, every: 1s}
+`, simURL, int(time.Minute/quotaWindow)*quotaLimit, quotaWindow, filepath.Join(dir, "serve.db"), rds.URL()))
+	serve := startProc(t, "serve", serveCfg, s.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
+	serve.waitCount("msg=serving", 1, 30*time.Second)
+	all := append(slices.Clone(backfills), serve)
+
+	waitRequests(t, s, 100, time.Minute)
+	rds.Stop()
+	stoppedAt := s.Stats().Requests
+	for _, p := range all {
+		p.waitCount("pacing locally", 1, 30*time.Second)
+	}
+	if m := serve.metrics(); m["backstop_governor_fallback_active"] != 1 || m["backstop_governor_fallbacks_total"] < 1 {
+		t.Errorf("serve's metrics while Redis is down: fallback_active=%v fallbacks_total=%v, want 1 and at least 1",
+			m["backstop_governor_fallback_active"], m["backstop_governor_fallbacks_total"])
+	}
+	// Long enough to cross a window boundary on local pacing alone.
+	waitRequests(t, s, stoppedAt+150, time.Minute)
+	rds.Restart()
+	for _, p := range all {
+		p.waitCount("reachable again", 1, 30*time.Second)
+	}
+
+	for i, p := range backfills {
+		if code := p.wait(3 * time.Minute); code != 0 {
+			t.Fatalf("%s: exit %d\n%s", p.name, code, p.output())
+		}
+		if p.count("paced locally while Redis was unreachable") != 1 {
+			t.Errorf("%s does not report its local pacing at the end:\n%s", p.name, p.output())
+		}
+		db, err := store.Open(context.Background(), filepath.Join(dir, string(resources[i])+".db"), store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := db.Count(context.Background(), resources[i])
+		db.Close()
+		if err != nil || n != len(s.Objects(resources[i])) {
+			t.Errorf("%s: mirror holds %d objects (%v), want %d", p.name, n, err, len(s.Objects(resources[i])))
+		}
+	}
+	m := serve.metrics()
+	t.Logf("serve: fallbacks_total=%v fallback_requests_total=%v fallback_active=%v",
+		m["backstop_governor_fallbacks_total"], m["backstop_governor_fallback_requests_total"], m["backstop_governor_fallback_active"])
+	if m["backstop_governor_fallbacks_total"] < 1 || m["backstop_governor_fallback_requests_total"] < 1 || m["backstop_governor_fallback_active"] != 0 {
+		t.Errorf("serve's metrics after Redis came back do not show one fallback with local requests, now over")
+	}
+	st := s.Stats()
+	t.Logf("%d requests, %d × 429, %d of them after Redis stopped", st.Requests, st.RateLimited, st.Requests-stoppedAt)
+	if st.RateLimited > 3 {
+		t.Errorf("the platform answered %d × 429: a storm while Redis was away", st.RateLimited)
+	}
+	if err := serve.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := serve.wait(time.Minute); code != 0 {
+		t.Errorf("serve: exit %d after SIGTERM\n%s", code, serve.output())
+	}
 }
