@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -99,21 +100,32 @@ const (
 	claimSelectSQL = `SELECT ` + outboxColumns + ` FROM outbox
 		WHERE target = ? AND (status = 'pending' OR status = 'retrying') AND next_attempt_at <= ?
 		ORDER BY next_attempt_at, id LIMIT ?`
-	claimLeaseSQL = `UPDATE outbox SET next_attempt_at = ? WHERE id IN (SELECT id FROM outbox
-		WHERE target = ? AND (status = 'pending' OR status = 'retrying') AND next_attempt_at <= ?
-		ORDER BY next_attempt_at, id LIMIT ?)`
+	// claimLeaseSQL leases the rows claimSelectSQL read, by id (a JSON
+	// array), rather than running the selection again.
+	claimLeaseSQL    = `UPDATE outbox SET next_attempt_at = ? WHERE id IN (SELECT value FROM json_each(?))`
 	insertAttemptSQL = `INSERT INTO delivery_attempts
 		(delivery_id, target, url, attempt, status_code, error, body, request_id, duration_ms, at, redirect)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	recordOutcomeSQL = `UPDATE outbox SET status = ?, attempts = ?, next_attempt_at = ?,
 		last_status = ?, last_error = ?, updated_at = ? WHERE id = ?`
 	deliveryExistsSQL = `SELECT count(*) FROM outbox WHERE id = ?`
+	// targetQueueSQL reads, in one statement and so from one snapshot, a
+	// target's queued rows by status and its state (no state row: neither
+	// paused nor disabled).
+	targetQueueSQL = `SELECT
+		(SELECT count(*) FROM outbox WHERE target = ?1 AND status = 'pending') AS pending,
+		(SELECT count(*) FROM outbox WHERE target = ?1 AND status = 'retrying') AS retrying,
+		s.paused_until, coalesce(s.disabled, 0) AS disabled, coalesce(s.disabled_reason, '') AS disabled_reason,
+		s.disabled_at
+		FROM (SELECT 1) LEFT JOIN target_state AS s ON s.name = ?1`
 )
 
 // deliveryStmts are the delivery hot-path statements, prepared once per DB
-// on the writer connection (in prepare) and closed with it.
+// (in prepare) and closed with it: the writes on the writer connection,
+// targetQueue on the readers.
 type deliveryStmts struct {
 	claimSelect, claimLease, insertAttempt, recordOutcome *sqlx.Stmt
+	targetQueue                                           *sqlx.Stmt
 }
 
 // prepareDelivery prepares db's delivery statements.
@@ -135,6 +147,12 @@ func (db *DB) prepareDelivery(ctx context.Context) error {
 		}
 		*p.dst = s
 	}
+	s, err := db.r.PreparexContext(ctx, targetQueueSQL)
+	if err != nil {
+		st.close()
+		return fmt.Errorf("prepare delivery statements: %w", err)
+	}
+	st.targetQueue = s
 	db.delivery = st
 	return nil
 }
@@ -152,7 +170,7 @@ func (st *deliveryStmts) close() {
 	if st == nil {
 		return
 	}
-	for _, s := range []*sqlx.Stmt{st.claimSelect, st.claimLease, st.insertAttempt, st.recordOutcome} {
+	for _, s := range []*sqlx.Stmt{st.claimSelect, st.claimLease, st.insertAttempt, st.recordOutcome, st.targetQueue} {
 		if s != nil {
 			s.Close()
 		}
@@ -191,9 +209,8 @@ func (db *DB) claimDue(ctx context.Context, st *deliveryStmts, target string, no
 	// As in emit: no goroutine per statement to watch ctx; a cancelled ctx
 	// still fails the commit.
 	sctx := context.WithoutCancel(ctx)
-	stamp := backstop.CanonicalTime(now)
-	var raw []outboxRow
-	if err := tx.StmtxContext(sctx, st.claimSelect).SelectContext(sctx, &raw, target, stamp, limit); err != nil {
+	raw, err := scanOutbox(tx.StmtxContext(sctx, st.claimSelect).QueryContext(sctx, target, backstop.CanonicalTime(now), limit))
+	if err != nil {
 		return nil, err
 	}
 	if len(raw) == 0 {
@@ -203,14 +220,74 @@ func (db *DB) claimDue(ctx context.Context, st *deliveryStmts, target string, no
 	if err != nil {
 		return nil, err
 	}
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+	}
 	if _, err := tx.StmtxContext(sctx, st.claimLease).ExecContext(sctx,
-		backstop.CanonicalTime(now.Add(lease)), target, stamp, limit); err != nil {
+		backstop.CanonicalTime(now.Add(lease)), jsonIDs(ids)); err != nil {
 		return nil, err
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	return rows, nil
+}
+
+// jsonIDs returns ids as a JSON array, for json_each in an IN list (one
+// statement, prepared once, whatever the number of ids).
+func jsonIDs(ids []int64) string {
+	b := make([]byte, 0, 2+len(ids)*8)
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	return string(append(b, ']'))
+}
+
+// scanOutbox reads rows of outboxColumns, as sqlx would into outboxRow but
+// without its reflection (a claim reads a batch on every call), and closes
+// them.
+func scanOutbox(rows *sql.Rows, err error) ([]outboxRow, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []outboxRow
+	for rows.Next() {
+		var r outboxRow
+		if err := rows.Scan(&r.ID, &r.Target, &r.EventID, &r.EventType, &r.Payload, &r.Status,
+			&r.Attempts, &r.NextAttemptAt, &r.CreatedAt, &r.UpdatedAt, &r.LastStatus, &r.LastError); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Release makes the rows ids, claimed by ClaimDue but not attempted, due
+// again at now instead of when their lease ends (the dispatcher stopped, or
+// their target was disabled, before it sent them). Rows that are no longer
+// queued (pending or retrying) are left alone. It returns how many rows it
+// released.
+func (db *DB) Release(ctx context.Context, ids []int64, now time.Time) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	res, err := db.w.ExecContext(ctx, `UPDATE outbox SET next_attempt_at = ?
+		WHERE id IN (SELECT value FROM json_each(?)) AND (status = 'pending' OR status = 'retrying')`,
+		backstop.CanonicalTime(now), jsonIDs(ids))
+	if err != nil {
+		return 0, fmt.Errorf("release %d claimed deliveries: %w", len(ids), err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("release %d claimed deliveries: %w", len(ids), err)
+	}
+	return n, nil
 }
 
 // AttemptOutcome is one attempt to record and what it did to its delivery,
@@ -665,6 +742,37 @@ func (db *DB) TargetStates(ctx context.Context, names []string) ([]TargetState, 
 		}
 	}
 	return out, nil
+}
+
+// TargetQueue returns what a delivery worker looks at before each claim:
+// target name's pause and whether it is disabled, as TargetStates does, and
+// its queued rows (Pending and Retrying). Delivered and DeadLetter are left
+// zero: unlike TargetStates it reads only the queued rows, so its cost does
+// not grow with the delivered history.
+func (db *DB) TargetQueue(ctx context.Context, name string) (TargetState, error) {
+	st, err := db.deliveryStmts(ctx)
+	if err != nil {
+		return TargetState{}, fmt.Errorf("read queue of %s: %w", name, err)
+	}
+	var (
+		ts                 = TargetState{Name: name}
+		paused, disabledAt sql.NullString
+	)
+	if err := st.targetQueue.QueryRowContext(ctx, name).Scan(&ts.Pending, &ts.Retrying,
+		&paused, &ts.Disabled, &ts.DisabledReason, &disabledAt); err != nil {
+		return TargetState{}, fmt.Errorf("read queue of %s: %w", name, err)
+	}
+	if paused.Valid {
+		if ts.PausedUntil, err = backstop.ParseTime(paused.String); err != nil {
+			return TargetState{}, fmt.Errorf("read queue of %s: paused_until: %w", name, err)
+		}
+	}
+	if disabledAt.Valid {
+		if ts.DisabledAt, err = backstop.ParseTime(disabledAt.String); err != nil {
+			return TargetState{}, fmt.Errorf("read queue of %s: disabled_at: %w", name, err)
+		}
+	}
+	return ts, nil
 }
 
 // readTargetStates fills byName's states for names, at most maxIn of them.

@@ -586,3 +586,102 @@ func TestRecordAttempts(t *testing.T) {
 		t.Errorf("a failed RecordAttempts logged %d attempts of d", len(atts))
 	}
 }
+
+// TestTargetQueue: the worker's view of a target is TargetStates' without
+// the delivered and dead-letter counts, from one statement.
+func TestTargetQueue(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	enqueue(t, db, "crm", "evt_1", "payment.succeeded", t0)
+	r := enqueue(t, db, "crm", "evt_2", "payment.succeeded", t0)
+	dl := enqueue(t, db, "crm", "evt_3", "payment.succeeded", t0)
+	dv := enqueue(t, db, "crm", "evt_4", "payment.succeeded", t0)
+	enqueue(t, db, "billing", "evt_1", "payment.succeeded", t0)
+	record(t, db, Attempt{DeliveryID: r, Attempt: 1, StatusCode: 503, At: t0}, Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(time.Minute)})
+	record(t, db, Attempt{DeliveryID: dl, Attempt: 1, StatusCode: 404, At: t0}, Outcome{Status: StatusDeadLetter})
+	record(t, db, Attempt{DeliveryID: dv, Attempt: 1, StatusCode: 200, At: t0}, Outcome{Status: StatusDelivered})
+
+	queue := func(name string) TargetState {
+		t.Helper()
+		st, err := db.TargetQueue(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if got, want := queue("crm"), (TargetState{Name: "crm", Pending: 1, Retrying: 1}); got != want {
+		t.Errorf("TargetQueue(crm) = %+v, want %+v", got, want)
+	}
+	if got, want := queue("nobody"), (TargetState{Name: "nobody"}); got != want {
+		t.Errorf("TargetQueue(nobody) = %+v, want %+v", got, want)
+	}
+	if err := db.PauseTarget(ctx, "crm", t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.DisableTarget(ctx, "crm", "410 Gone", t0.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	full, err := db.TargetStates(ctx, []string{"crm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := full[0]
+	want.Delivered, want.DeadLetter = 0, 0
+	if got := queue("crm"); got != want || !got.Disabled || got.PausedUntil.IsZero() {
+		t.Errorf("TargetQueue(crm) = %+v, want %+v", got, want)
+	}
+	if got, want := queue("billing"), (TargetState{Name: "billing", Pending: 1}); got != want {
+		t.Errorf("TargetQueue(billing) = %+v, want %+v", got, want)
+	}
+}
+
+// TestRelease: rows claimed but not sent are due again at once; rows that
+// were attempted meanwhile keep their outcome.
+func TestRelease(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	a := enqueue(t, db, "crm", "evt_a", "payment.succeeded", t0)
+	b := enqueue(t, db, "crm", "evt_b", "payment.succeeded", t0)
+	c := enqueue(t, db, "crm", "evt_c", "payment.succeeded", t0)
+	if got := claimIDs(t, db, "crm", t0, 10, time.Hour); !sameIDs(got, []int64{a, b, c}) {
+		t.Fatalf("claim = %v", got)
+	}
+	record(t, db, Attempt{DeliveryID: a, Attempt: 1, StatusCode: 200, At: t0}, Outcome{Status: StatusDelivered})
+	n, err := db.Release(ctx, []int64{a, b, c}, t0.Add(time.Second))
+	if err != nil || n != 2 {
+		t.Fatalf("Release = %d, %v; want 2 (b and c)", n, err)
+	}
+	if got := claimIDs(t, db, "crm", t0.Add(time.Second), 10, time.Hour); !sameIDs(got, []int64{b, c}) {
+		t.Errorf("claim after release = %v, want [%d %d]", got, b, c)
+	}
+	if r := mustDelivery(t, db, a); r.Status != StatusDelivered {
+		t.Errorf("released a delivered row: %+v", r)
+	}
+	if n, err := db.Release(ctx, nil, t0); err != nil || n != 0 {
+		t.Errorf("Release(nil) = %d, %v", n, err)
+	}
+}
+
+// TestClaimReadsTheQueueIndex: a claim reads the due rows in claim order
+// from outbox_due, without sorting every queued row of the target.
+func TestClaimReadsTheQueueIndex(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	var plan []struct {
+		ID      int    `db:"id"`
+		Parent  int    `db:"parent"`
+		NotUsed int    `db:"notused"`
+		Detail  string `db:"detail"`
+	}
+	if err := db.r.SelectContext(ctx, &plan, `EXPLAIN QUERY PLAN `+claimSelectSQL, "crm", "2026", 10); err != nil {
+		t.Fatal(err)
+	}
+	var details []string
+	for _, p := range plan {
+		details = append(details, p.Detail)
+	}
+	got := strings.Join(details, "; ")
+	if !strings.Contains(got, "outbox_due") || strings.Contains(got, "TEMP B-TREE") {
+		t.Errorf("claim plan %q, want a search of outbox_due and no sort", got)
+	}
+}
