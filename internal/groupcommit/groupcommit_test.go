@@ -96,6 +96,75 @@ func TestMaxBatch(t *testing.T) {
 	}
 }
 
+// TestLinger: with Linger, items submitted one after another, none
+// waiting for the previous one's commit, share one commit; without it each
+// goes alone when the writer is idle.
+func TestLinger(t *testing.T) {
+	const n = 5
+	for _, tc := range []struct {
+		linger time.Duration
+		want   string
+	}{
+		{0, "[1 1 1 1 1]"},
+		{time.Minute, "[5]"}, // MaxBatch ends the wait, not the minute
+	} {
+		t.Run(fmt.Sprint(tc.linger), func(t *testing.T) {
+			var mu sync.Mutex
+			var sizes []int
+			committed := make(chan struct{}, n)
+			w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
+				for range items {
+					committed <- struct{}{}
+				}
+				return items, nil
+			}, groupcommit.Options{MaxBatch: n, Linger: tc.linger, Observe: func(size int, _ time.Duration, _ error) {
+				mu.Lock()
+				defer mu.Unlock()
+				sizes = append(sizes, size)
+			}})
+			start(t, w)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					if got, err := w.Submit(context.Background(), i); err != nil || got != i {
+						t.Errorf("Submit(%d) = %d, %v", i, got, err)
+					}
+				})
+				if tc.linger == 0 {
+					<-committed // idle again before the next item
+				}
+			}
+			wg.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			if got := fmt.Sprint(sizes); got != tc.want {
+				t.Errorf("commit sizes %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestLingerEndsAtClose: Close commits a lingering batch at once.
+func TestLingerEndsAtClose(t *testing.T) {
+	w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) { return items, nil },
+		groupcommit.Options{Linger: time.Hour})
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.Submit(context.Background(), 1)
+		done <- err
+	}()
+	waitQueued(t, w, 1) // queued before Run starts, so Close cannot refuse it
+	go w.Run(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.Close(ctx); err != nil {
+		t.Fatalf("Close: %v (a lingering batch held it)", err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("Submit: %v", err)
+	}
+}
+
 // waitQueued waits until n items wait for a commit, polling with a
 // deadline.
 func waitQueued[T, R any](t *testing.T, w *groupcommit.Writer[T, R], n int) {
