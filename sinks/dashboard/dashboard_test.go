@@ -28,8 +28,9 @@ type fakeBackend struct {
 	RetryFunc func(seen delivery.Row) (bool, error)
 }
 
-func (f *fakeBackend) Deliveries(context.Context, DeliveryFilter) ([]delivery.Row, error) {
-	return f.rows, nil
+func (f *fakeBackend) Deliveries(_ context.Context, flt DeliveryFilter) ([]delivery.Row, error) {
+	rows := f.rows[min(flt.Offset, len(f.rows)):]
+	return rows[:min(flt.Limit, len(rows))], nil
 }
 
 func (f *fakeBackend) Delivery(_ context.Context, id int64) (delivery.Row, bool, error) {
@@ -359,6 +360,46 @@ func TestEveryPageRenders(t *testing.T) {
 	}
 	if a := do(t, c, "GET", srv.URL+"/ui/static/style.css", nil, nil); a.status != http.StatusOK || !strings.Contains(a.header.Get("Content-Type"), "text/css") {
 		t.Errorf("stylesheet: %d %s", a.status, a.header.Get("Content-Type"))
+	}
+}
+
+func TestDeliveriesArePaginated(t *testing.T) {
+	fb := &fakeBackend{}
+	for id := int64(5); id >= 1; id-- {
+		fb.rows = append(fb.rows, delivery.Row{ID: id, Target: "billing", EventType: "payment.failed", Status: delivery.StatusDeadLetter,
+			Payload: json.RawMessage(`{}`)})
+	}
+	d, err := New(Options{Token: testToken, Backend: fb, PageSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(d)
+	defer srv.Close()
+	c := client(t)
+	signIn(t, c, srv.URL)
+	ids := regexp.MustCompile(`id="delivery-(\d+)"`)
+	for _, p := range []struct {
+		query, ids string
+		prev, next bool
+	}{
+		{"status=dead_letter", "5 4", false, true},
+		{"status=dead_letter&page=2", "3 2", true, true},
+		{"status=dead_letter&page=3", "1", true, false},
+	} {
+		a := do(t, c, "GET", srv.URL+"/ui/deliveries?"+p.query, nil, html)
+		var got []string
+		for _, m := range ids.FindAllStringSubmatch(a.body, -1) {
+			got = append(got, m[1])
+		}
+		if strings.Join(got, " ") != p.ids {
+			t.Errorf("%s lists deliveries %v, want %s", p.query, got, p.ids)
+		}
+		if prev, next := strings.Contains(a.body, `rel="prev"`), strings.Contains(a.body, `rel="next"`); prev != p.prev || next != p.next {
+			t.Errorf("%s: newer link %v, older link %v; want %v, %v", p.query, prev, next, p.prev, p.next)
+		}
+		if p.next && !strings.Contains(a.body, "status=dead_letter") {
+			t.Errorf("%s: the page links lose the filter", p.query)
+		}
 	}
 }
 
