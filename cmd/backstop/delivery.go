@@ -29,9 +29,10 @@ var (
 type deliveryStore interface {
 	ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]store.OutboxRow, error)
 	RecordAttempt(ctx context.Context, a store.Attempt, out store.Outcome) (int64, error)
+	Release(ctx context.Context, ids []int64, now time.Time) (int64, error)
 	PauseTarget(ctx context.Context, name string, until time.Time) error
 	DisableTarget(ctx context.Context, name, reason string, now time.Time) error
-	TargetStates(ctx context.Context, names []string) ([]store.TargetState, error)
+	TargetQueue(ctx context.Context, name string) (store.TargetState, error)
 }
 
 // groupCommitStore is db whose RecordAttempt goes through a group-commit
@@ -45,7 +46,7 @@ type groupCommitStore struct {
 // newDeliveryQueue returns a queue over db that group-commits attempts.
 // Close it after the dispatcher over it has stopped and before db closes.
 func newDeliveryQueue(db *store.DB) *deliveryQueue {
-	w := groupcommit.New(db.RecordAttempts, groupcommit.Options{})
+	w := groupcommit.New(db.RecordAttempts, groupcommit.Options{Linger: delivery.RecordLinger})
 	// The commits run on their own context: an attempt whose answer is in
 	// is recorded even while shutting down (Close waits for it).
 	go w.Run(context.Background())
@@ -87,6 +88,11 @@ func (q deliveryQueue) RecordAttempt(ctx context.Context, a delivery.Attempt, o 
 	return q.db.RecordAttempt(ctx, store.Attempt(a), store.Outcome(o))
 }
 
+func (q deliveryQueue) Release(ctx context.Context, ids []int64, now time.Time) error {
+	_, err := q.db.Release(ctx, ids, now)
+	return err
+}
+
 func (q deliveryQueue) PauseTarget(ctx context.Context, name string, until time.Time) error {
 	return q.db.PauseTarget(ctx, name, until)
 }
@@ -95,16 +101,9 @@ func (q deliveryQueue) DisableTarget(ctx context.Context, name, reason string, n
 	return q.db.DisableTarget(ctx, name, reason, now)
 }
 
-func (q deliveryQueue) TargetStates(ctx context.Context, names []string) ([]delivery.TargetState, error) {
-	states, err := q.db.TargetStates(ctx, names)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]delivery.TargetState, len(states))
-	for i, s := range states {
-		out[i] = delivery.TargetState(s)
-	}
-	return out, nil
+func (q deliveryQueue) TargetQueue(ctx context.Context, name string) (delivery.TargetState, error) {
+	st, err := q.db.TargetQueue(ctx, name)
+	return delivery.TargetState(st), err
 }
 
 func toDeliveryRow(r store.OutboxRow) delivery.Row { return delivery.Row(r) }

@@ -3,6 +3,7 @@ package delivery
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -55,16 +57,40 @@ type Options struct {
 	// (default 1s). Wake looks at once.
 	Poll time.Duration
 	// Lease is how long a claimed row is kept from other claims while its
-	// attempt is in flight (default, per target, 2×Timeout+ConnectTimeout).
+	// attempt is in flight and its outcome is being recorded (default, per
+	// target, 2×Timeout+ConnectTimeout).
 	Lease time.Duration
-	// Batch is how many due rows a worker claims at a time (default 16).
+	// Batch is the most due rows a worker claims at a time (default
+	// DefaultBatch). A target claims fewer while its answers are so slow
+	// that a whole batch could not be sent within half the lease.
 	Batch int
+	// Concurrency is how many requests each target may have in flight at
+	// once (default DefaultConcurrency). 1 sends a target's rows one after
+	// another.
+	Concurrency int
 	// Pacers, by target name, pace a target's attempts from the
 	// rate-limit headers it answers with (X-RateLimit-Remaining with
 	// X-RateLimit-Reset or Discord's X-RateLimit-Reset-After), and from its
 	// configured rate_limit before the first answer.
 	Pacers map[string]Pacer
 }
+
+// Defaults for Options' zero fields.
+const (
+	DefaultBatch       = 128
+	DefaultConcurrency = 1
+)
+
+// RecordLinger is how long the group commit that records the attempts
+// (see Queue.RecordAttempt) should wait for more attempts before it
+// commits: the workers do not wait for a record before they send on, so a
+// little more latency on each costs nothing, while fewer, larger commits
+// cost the store much less per attempt.
+const RecordLinger = 5 * time.Millisecond
+
+// firstBatch is the most rows a worker claims before it has timed any
+// answer of its target.
+const firstBatch = 16
 
 // Pacer paces one target's requests (the rate-limit governor serves).
 type Pacer interface {
@@ -81,31 +107,56 @@ type PaceTicket interface {
 
 // Dispatcher delivers each target's due rows, one worker per target, so a
 // slow, limited or dead target never delays another.
+//
+// A worker claims a batch of due rows (leasing them), sends them with up
+// to Concurrency requests in flight, and records each attempt without
+// waiting for the record to commit before it sends the next row: the
+// lease keeps a row from being claimed again until its outcome is
+// committed (or, should that fail or the process die, until the lease
+// ends and the row is due again: at-least-once).
 type Dispatcher struct {
-	pacers  map[string]Pacer
-	q       Queue
-	workers []*worker
-	byName  map[string]*worker
-	logger  *slog.Logger
-	now     func() time.Time
-	rand    func() float64
-	poll    time.Duration
-	batch   int
-	metrics *metrics
-	running atomic.Bool
+	pacers      map[string]Pacer
+	q           Queue
+	workers     []*worker
+	byName      map[string]*worker
+	logger      *slog.Logger
+	now         func() time.Time
+	rand        func() float64
+	poll        time.Duration
+	batch       int
+	concurrency int
+	metrics     *metrics
+	requestIDs  *requestIDs
+	running     atomic.Bool
 }
 
-// worker is one target's queue. Its fields other than wake are used only
-// by its own goroutine, or are immutable.
+// worker is one target's queue.
 type worker struct {
-	t        Target
-	client   *http.Client
-	lease    time.Duration
-	wake     chan struct{}
-	logger   *slog.Logger
+	t      Target
+	client *http.Client
+	url    string // t.URL as attempts log it (redacted)
+	lease  time.Duration
+	wake   chan struct{}
+	logger *slog.Logger
+	m      targetMetrics
+
+	// Used only by the worker's own goroutine.
 	nextDue  time.Time
 	paused   bool
 	disabled bool
+
+	// unrecorded holds one token per attempt whose record is not
+	// committed yet, so that a slow store holds the sends back instead of
+	// piling up outcomes in memory.
+	unrecorded chan struct{}
+	records    sync.WaitGroup // attempts being recorded
+
+	// mu guards what the answers of the current batch tell the worker.
+	mu         sync.Mutex
+	pauseUntil time.Time     // a 429 paused the target until then
+	gone       bool          // a 410 disabled the target
+	due        time.Time     // the earliest retry of the batch's outcomes
+	took       time.Duration // moving average of the attempts' durations
 }
 
 // New returns a dispatcher over q for targets; call Run to start it. It
@@ -124,18 +175,23 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 		opts.Poll = time.Second
 	}
 	if opts.Batch <= 0 {
-		opts.Batch = 16
+		opts.Batch = DefaultBatch
+	}
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = DefaultConcurrency
 	}
 	d := &Dispatcher{
-		pacers:  opts.Pacers,
-		q:       q,
-		byName:  make(map[string]*worker, len(targets)),
-		logger:  opts.Logger.With("component", "delivery"),
-		now:     opts.Now,
-		rand:    opts.Rand,
-		poll:    opts.Poll,
-		batch:   opts.Batch,
-		metrics: newMetrics(opts.Registerer),
+		pacers:      opts.Pacers,
+		q:           q,
+		byName:      make(map[string]*worker, len(targets)),
+		logger:      opts.Logger.With("component", "delivery"),
+		now:         opts.Now,
+		rand:        opts.Rand,
+		poll:        opts.Poll,
+		batch:       opts.Batch,
+		concurrency: opts.Concurrency,
+		metrics:     newMetrics(opts.Registerer),
+		requestIDs:  newRequestIDs(),
 	}
 	for _, t := range targets {
 		if err := t.Validate(); err != nil {
@@ -150,11 +206,14 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 			lease = 2*t.Timeout + t.ConnectTimeout
 		}
 		w := &worker{
-			t:      t,
-			client: NewClient(t),
-			lease:  lease,
-			wake:   make(chan struct{}, 1),
-			logger: d.logger.With("target", t.Name),
+			t:          t,
+			client:     newClient(t, opts.Concurrency),
+			url:        redactURL(t.URL),
+			lease:      lease,
+			wake:       make(chan struct{}, 1),
+			logger:     d.logger.With("target", t.Name),
+			m:          d.metrics.target(t.Name),
+			unrecorded: make(chan struct{}, 2*opts.Batch),
 		}
 		d.workers = append(d.workers, w)
 		d.byName[t.Name] = w
@@ -163,22 +222,21 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 }
 
 // Run delivers until ctx is done, then waits for the attempts in flight
-// to end and returns nil. Attempts cut short by ctx are not recorded: their
-// rows are due again when their lease ends. Run may be called once.
+// to end and for the records of those answered to commit, and returns nil.
+// Attempts cut short by ctx are not recorded: their rows are due again
+// when their lease ends. Run may be called once.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("delivery: Run called twice")
 	}
-	done := make(chan struct{}, len(d.workers))
+	var wg sync.WaitGroup
 	for _, w := range d.workers {
-		go func() {
-			defer func() { done <- struct{}{} }()
+		wg.Go(func() {
 			d.loop(ctx, w)
-		}()
+			w.records.Wait()
+		})
 	}
-	for range d.workers {
-		<-done
-	}
+	wg.Wait()
 	return nil
 }
 
@@ -187,10 +245,15 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // ignored.
 func (d *Dispatcher) Wake(target string) {
 	if w, ok := d.byName[target]; ok {
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
+		w.poke()
+	}
+}
+
+// poke makes w look at its queue now.
+func (w *worker) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -216,25 +279,21 @@ func (d *Dispatcher) loop(ctx context.Context, w *worker) {
 	}
 }
 
-// pass looks at the target's state, claims its due rows and delivers them
-// in order. It returns how long to wait before the next pass.
+// pass looks at the target's state, claims its due rows and delivers them.
+// It returns how long to wait before the next pass.
 func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	now := d.now()
 	if !w.nextDue.After(now) {
 		w.nextDue = time.Time{}
 	}
-	states, err := d.q.TargetStates(ctx, []string{w.t.Name})
+	st, err := d.q.TargetQueue(ctx, w.t.Name)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.logger.Error("read target state", "err", err)
 		}
 		return d.poll
 	}
-	var st TargetState
-	if len(states) > 0 {
-		st = states[0]
-	}
-	d.metrics.depth.WithLabelValues(w.t.Name).Set(float64(st.Pending + st.Retrying))
+	w.m.depth.Set(float64(st.Pending + st.Retrying))
 	d.setDisabled(w, st.Disabled)
 	if st.Disabled {
 		return d.poll
@@ -245,38 +304,24 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	}
 	d.setPaused(w, false)
 
-	rows, err := d.q.ClaimDue(ctx, w.t.Name, now, d.batch, w.lease)
+	limit := d.claimLimit(w)
+	rows, err := d.q.ClaimDue(ctx, w.t.Name, now, limit, w.lease)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.logger.Error("claim due deliveries", "err", err)
 		}
 		return d.poll
 	}
-	for _, row := range rows {
-		dec, recorded := d.deliver(ctx, w, row)
-		if ctx.Err() != nil {
-			return 0
-		}
-		if !recorded {
-			continue
-		}
-		if dec.Disable {
-			return d.poll
-		}
-		if dec.Status == StatusRetrying && (w.nextDue.IsZero() || dec.NextAttemptAt.Before(w.nextDue)) {
-			w.nextDue = dec.NextAttemptAt
-		}
-		if dec.Pause > 0 {
-			// The rest of the batch is claimed: hold it until the pause
-			// ends rather than leave it to its lease.
-			d.setPaused(w, true)
-			if !sleep(ctx, dec.Pause) {
-				return 0
-			}
-			d.setPaused(w, false)
-		}
+	sent, gone := d.deliverAll(ctx, w, rows)
+	d.release(ctx, w, rows[sent:])
+	if ctx.Err() != nil {
+		return 0
 	}
-	if len(rows) == d.batch {
+	if gone {
+		d.setDisabled(w, true)
+		return d.poll
+	}
+	if len(rows) == limit {
 		return 0
 	}
 	wait := d.poll
@@ -286,54 +331,189 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	return wait
 }
 
-// deliver makes one attempt at row, records it with the policy's outcome
-// and pauses or disables the target as the policy says. recorded is false
-// when the attempt was cut short by ctx or could not be recorded; the row
-// is then due again when its lease ends.
-func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row) (dec Decision, recorded bool) {
-	a, retryAfter, err := d.send(ctx, w.t, w.client, row, w.t.URL, row.Attempts+1, false)
-	if err != nil && ctx.Err() != nil {
-		return Decision{}, false
+// claimLimit is how many rows w claims next: d.batch, or as many as its
+// target answers within half a lease at the pace its answers came so far.
+func (d *Dispatcher) claimLimit(w *worker) int {
+	w.mu.Lock()
+	took := w.took
+	w.mu.Unlock()
+	if took <= 0 {
+		return min(d.batch, firstBatch)
 	}
-	now := d.now()
-	dec = Next(w.t.RetrySchedule, a.Attempt, a.StatusCode, retryAfter, err, now, d.rand())
+	n := time.Duration(d.concurrency) * w.lease / (2 * took)
+	return int(min(max(n, 1), time.Duration(d.batch)))
+}
+
+// release makes rows, claimed but not sent, due again now rather than
+// when their lease ends.
+func (d *Dispatcher) release(ctx context.Context, w *worker, rows []Row) {
+	if len(rows) == 0 {
+		return
+	}
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	id, rerr := d.q.RecordAttempt(rctx, a, Outcome{Status: dec.Status, NextAttemptAt: dec.NextAttemptAt})
-	if rerr != nil {
-		w.logger.Error("record attempt", "delivery", row.ID, "event_id", row.EventID, "err", rerr)
-		return dec, false
+	if err := d.q.Release(rctx, ids, d.now()); err != nil {
+		w.logger.Error("release claimed deliveries", "count", len(ids), "err", err)
 	}
-	a.ID = id
-	d.metrics.attempts.WithLabelValues(w.t.Name, dec.Status).Inc()
-	d.metrics.request.WithLabelValues(w.t.Name).Observe(a.Duration.Seconds())
-	log := w.logger.With("delivery", row.ID, "event_id", row.EventID, "attempt", a.Attempt,
-		"status", a.StatusCode, "request_id", a.RequestID, "outcome", dec.Status)
-	switch dec.Status {
-	case StatusDelivered:
-		d.metrics.latency.WithLabelValues(w.t.Name).Observe(now.Sub(row.CreatedAt).Seconds())
-		log.Debug("delivered")
-	case StatusDeadLetter:
-		d.metrics.deadLetters.WithLabelValues(w.t.Name).Inc()
-		log.Warn("dead-lettered", "reason", dec.Reason, "err", a.Error)
-	default:
-		log.Info("will retry", "reason", dec.Reason, "next_attempt_at", dec.NextAttemptAt, "err", a.Error)
+}
+
+// deliverAll attempts rows in the order claimed, up to d.concurrency at a
+// time, and returns once every attempt it started has its answer (their
+// records may still be committing), with the number of rows it sent
+// (rows[sent:] were not). Once an answer pauses the target (a 429), no
+// further row is sent until the pause ends; once one disables it (a 410),
+// none is sent at all and deliverAll reports gone.
+func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, rows []Row) (sent int, gone bool) {
+	w.mu.Lock()
+	w.pauseUntil, w.gone, w.due = time.Time{}, false, time.Time{}
+	w.mu.Unlock()
+	next := 0 // the next row to send, guarded by w.mu
+	// take returns the next row to send, or false once there is none or
+	// the target must not be sent more now.
+	take := func() (Row, bool) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if next == len(rows) || w.gone || ctx.Err() != nil || w.pauseUntil.After(d.now()) {
+			return Row{}, false
+		}
+		next++
+		return rows[next-1], true
+	}
+	for {
+		// Senders, each sending one row after another, until the rows
+		// run out or an answer stops them.
+		var senders sync.WaitGroup
+		for range min(d.concurrency, len(rows)-next) {
+			senders.Go(func() {
+				for row, ok := take(); ok; row, ok = take() {
+					d.deliver(ctx, w, row)
+				}
+			})
+		}
+		senders.Wait()
+		w.mu.Lock()
+		until, left := w.pauseUntil, len(rows)-next
+		gone = w.gone
+		if !w.due.IsZero() && (w.nextDue.IsZero() || w.due.Before(w.nextDue)) {
+			w.nextDue = w.due
+		}
+		w.mu.Unlock()
+		if gone || left == 0 || ctx.Err() != nil {
+			return next, gone
+		}
+		// The rest of the batch is claimed: hold it until the pause ends
+		// rather than leave it to its lease.
+		d.setPaused(w, true)
+		ok := sleep(ctx, until.Sub(d.now()))
+		d.setPaused(w, false)
+		if !ok {
+			return next, false
+		}
+		w.mu.Lock()
+		w.pauseUntil = time.Time{} // slept out (no sender runs meanwhile)
+		w.mu.Unlock()
+	}
+}
+
+// deliver makes one attempt at row, tells the worker at once what the
+// policy makes of its answer (pause, disable, retry time) and hands the
+// attempt to record. An attempt cut short by ctx is dropped: the row is
+// due again when its lease ends.
+func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row) {
+	a, retryAfter, err := d.send(ctx, w, row, w.t.URL, row.Attempts+1, false)
+	if err != nil && ctx.Err() != nil {
+		return
+	}
+	now := d.now()
+	dec := Next(w.t.RetrySchedule, a.Attempt, a.StatusCode, retryAfter, err, now, d.rand())
+	w.mu.Lock()
+	if w.took == 0 {
+		w.took = a.Duration
+	} else {
+		w.took += (a.Duration - w.took) / 8
 	}
 	if dec.Pause > 0 {
-		if err := d.q.PauseTarget(rctx, w.t.Name, now.Add(dec.Pause)); err != nil {
+		w.pauseUntil = later(w.pauseUntil, now.Add(dec.Pause))
+	}
+	if dec.Disable {
+		w.gone = true
+	}
+	if dec.Status == StatusRetrying && (w.due.IsZero() || dec.NextAttemptAt.Before(w.due)) {
+		w.due = dec.NextAttemptAt
+	}
+	w.mu.Unlock()
+
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	if dec.Pause > 0 {
+		if err := d.q.PauseTarget(sctx, w.t.Name, now.Add(dec.Pause)); err != nil {
 			w.logger.Error("pause target", "err", err)
 		}
 		w.logger.Info("target paused", "for", dec.Pause)
 	}
 	if dec.Disable {
 		reason := fmt.Sprintf("%s from %s on %s", dec.Reason, a.URL, now.UTC().Format(time.RFC3339))
-		if err := d.q.DisableTarget(rctx, w.t.Name, reason, now); err != nil {
+		if err := d.q.DisableTarget(sctx, w.t.Name, reason, now); err != nil {
 			w.logger.Error("disable target", "err", err)
 		}
-		d.setDisabled(w, true)
 		w.logger.Warn("target disabled", "reason", reason)
 	}
-	return dec, true
+	d.record(ctx, w, row, a, dec, now)
+}
+
+// record records attempt a of row with its decision in the background,
+// then counts and logs it. It blocks while too many of w's attempts wait
+// for their records.
+func (d *Dispatcher) record(ctx context.Context, w *worker, row Row, a Attempt, dec Decision, now time.Time) {
+	w.unrecorded <- struct{}{}
+	w.records.Go(func() {
+		defer func() { <-w.unrecorded }()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		defer cancel()
+		id, err := d.q.RecordAttempt(rctx, a, Outcome{Status: dec.Status, NextAttemptAt: dec.NextAttemptAt})
+		if err != nil {
+			w.logger.Error("record attempt", "delivery", row.ID, "event_id", row.EventID, "err", err)
+			return
+		}
+		a.ID = id
+		w.m.attempt(dec.Status).Inc()
+		w.m.request.Observe(a.Duration.Seconds())
+		switch dec.Status {
+		case StatusDelivered:
+			w.m.latency.Observe(now.Sub(row.CreatedAt).Seconds())
+			if w.logger.Enabled(rctx, slog.LevelDebug) {
+				attemptLog(w.logger, row, a, dec).Debug("delivered")
+			}
+		case StatusDeadLetter:
+			w.m.deadLetters.Inc()
+			attemptLog(w.logger, row, a, dec).Warn("dead-lettered", "reason", dec.Reason, "err", a.Error)
+		default:
+			attemptLog(w.logger, row, a, dec).Info("will retry", "reason", dec.Reason, "next_attempt_at", dec.NextAttemptAt, "err", a.Error)
+			if !dec.NextAttemptAt.After(d.now()) {
+				// Due already: a claim made while this record was
+				// committing passed the row over.
+				w.poke()
+			}
+		}
+	})
+}
+
+// attemptLog is logger with attempt a of row and its outcome.
+func attemptLog(logger *slog.Logger, row Row, a Attempt, dec Decision) *slog.Logger {
+	return logger.With("delivery", row.ID, "event_id", row.EventID, "attempt", a.Attempt,
+		"status", a.StatusCode, "request_id", a.RequestID, "outcome", dec.Status)
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // Redirect sends row once, now, to rawURL instead of its target's URL,
@@ -356,10 +536,10 @@ func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Atte
 	if err := checkURL(rawURL, w.t.AllowPrivate); err != nil {
 		refused = err
 		a = Attempt{DeliveryID: row.ID, Target: row.Target, URL: redactURL(rawURL), Attempt: row.Attempts + 1,
-			Error: err.Error(), RequestID: uuid.NewString(), At: d.now(), Redirect: true}
+			Error: err.Error(), RequestID: d.requestIDs.next(), At: d.now(), Redirect: true}
 	} else {
 		var err error
-		a, _, err = d.send(ctx, w.t, w.client, row, rawURL, row.Attempts+1, true)
+		a, _, err = d.send(ctx, w, row, rawURL, row.Attempts+1, true)
 		if err != nil && ctx.Err() != nil {
 			return a, fmt.Errorf("delivery: redirect %d: %w", row.ID, ctx.Err())
 		}
@@ -375,25 +555,30 @@ func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Atte
 		return a, fmt.Errorf("delivery: redirect %d: record attempt: %w", row.ID, err)
 	}
 	a.ID = id
-	d.metrics.attempts.WithLabelValues(w.t.Name, "redirect").Inc()
+	w.m.attempt("redirect").Inc()
 	if refused != nil {
 		return a, fmt.Errorf("delivery: redirect %d: %w", row.ID, refused)
 	}
 	return a, nil
 }
 
-// send POSTs row to rawURL once. It returns the attempt (not yet
-// recorded), the answer's Retry-After header, and the transport error
-// when no answer came (also in Attempt.Error).
-func (d *Dispatcher) send(ctx context.Context, t Target, client *http.Client, row Row, rawURL string, attempt int, redirect bool) (Attempt, string, error) {
+// send POSTs row to rawURL once with w's target settings and client. It
+// returns the attempt (not yet recorded), the answer's Retry-After header,
+// and the transport error when no answer came (also in Attempt.Error).
+func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string, attempt int, redirect bool) (Attempt, string, error) {
+	t, client := w.t, w.client
+	shown := w.url
+	if rawURL != t.URL {
+		shown = redactURL(rawURL)
+	}
 	body := cutPayload(row.Payload, t.MaxPayload)
 	at := d.now()
 	a := Attempt{
 		DeliveryID: row.ID,
 		Target:     row.Target,
-		URL:        redactURL(rawURL),
+		URL:        shown,
 		Attempt:    attempt,
-		RequestID:  uuid.NewString(),
+		RequestID:  d.requestIDs.next(),
 		At:         at,
 		Redirect:   redirect,
 	}
@@ -466,6 +651,31 @@ func describe(err error) string {
 		return ue.Err.Error()
 	}
 	return err.Error()
+}
+
+// requestIDs makes the X-Request-Id of each attempt: random (version 4)
+// UUIDs read from a ChaCha8 stream seeded from crypto/rand, so that an
+// attempt costs no system call for its id. It is safe for concurrent use.
+type requestIDs struct {
+	mu sync.Mutex
+	r  *rand.ChaCha8
+}
+
+func newRequestIDs() *requestIDs {
+	var seed [32]byte
+	_, _ = crand.Read(seed[:]) // never fails (crypto/rand panics instead)
+	return &requestIDs{r: rand.NewChaCha8(seed)}
+}
+
+// next returns a new request id.
+func (g *requestIDs) next() string {
+	g.mu.Lock()
+	id, err := uuid.NewRandomFromReader(g.r)
+	g.mu.Unlock()
+	if err != nil { // ChaCha8 reads never fail; keep an id all the same
+		return uuid.NewString()
+	}
+	return id.String()
 }
 
 // redactURL hides the password of a URL's user info.

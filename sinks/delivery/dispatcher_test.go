@@ -562,3 +562,135 @@ func TestNewValidatesTargets(t *testing.T) {
 		t.Errorf("private literal with AllowPrivate: %v", err)
 	}
 }
+
+// TestConcurrencySendsInParallelWithinItsBound: with Concurrency n, a
+// target has up to n requests in flight at once, never more.
+func TestConcurrencySendsInParallelWithinItsBound(t *testing.T) {
+	t.Parallel()
+	const (
+		n    = 3
+		rows = 12
+	)
+	var inFlight, most atomic.Int32
+	release := make(chan struct{})
+	rec := newRecorder(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		now := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	q := newStoreQueue(t)
+	ids := make([]int64, rows)
+	for i := range rows {
+		ids[i] = q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
+	}
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Concurrency: n})
+	q.waitFor(t, 10*time.Second, "n requests in flight", func() bool { return inFlight.Load() == n })
+	close(release)
+	for _, id := range ids {
+		q.waitFor(t, 10*time.Second, "delivery", q.rowStatus(t, id, StatusDelivered))
+	}
+	if m := most.Load(); m != n {
+		t.Errorf("at most %d requests were in flight, want %d", m, n)
+	}
+}
+
+// TestRetryAfterStopsSendsWithRequestsInFlight: with several requests in
+// flight, a 429 lets those finish but starts no other request to the
+// target before its Retry-After ends.
+func TestRetryAfterStopsSendsWithRequestsInFlight(t *testing.T) {
+	t.Parallel()
+	const n = 4
+	var inFlight atomic.Int32
+	var answered atomic.Value // when the 429 was seen to be answered
+	rec := newRecorder(t, func(k int, w http.ResponseWriter, r *http.Request) {
+		inFlight.Add(1)
+		defer inFlight.Add(-1)
+		if k == 1 {
+			// Answer once all n slots are taken, so that the others are
+			// in flight when the 429 arrives.
+			deadline := time.Now().Add(5 * time.Second)
+			for inFlight.Load() < n && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			answered.Store(time.Now())
+			return
+		}
+		if k <= n {
+			time.Sleep(50 * time.Millisecond) // still in flight when the 429 lands
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	q := newStoreQueue(t)
+	var ids []int64
+	for i := range 8 {
+		ids = append(ids, q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`))
+	}
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, RetrySchedule: ms(5, 5, 5, 5)}}, Options{Concurrency: n})
+	for _, id := range ids {
+		q.waitFor(t, 20*time.Second, "delivery", q.rowStatus(t, id, StatusDelivered))
+	}
+	at := answered.Load().(time.Time)
+	hits := rec.all()
+	if len(hits) != len(ids)+1 {
+		t.Fatalf("%d requests, want %d (a 429, then every row once)", len(hits), len(ids)+1)
+	}
+	for i, h := range hits[n:] {
+		if h.at.Before(at.Add(time.Second - 10*time.Millisecond)) {
+			t.Errorf("request %d came %v after the 429, within its 1 s Retry-After", n+i+1, h.at.Sub(at))
+		}
+	}
+}
+
+// TestStopReleasesUnsentRows: when the dispatcher stops, the rows it
+// claimed but did not send are due again at once, not when their lease
+// ends; the one in flight keeps its lease (it may have been delivered).
+func TestStopReleasesUnsentRows(t *testing.T) {
+	t.Parallel()
+	arrived := make(chan struct{}, 1)
+	rec := newRecorder(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+		<-r.Context().Done() // never answers
+	})
+	q := newStoreQueue(t)
+	var ids []int64
+	for i := range 5 {
+		ids = append(ids, q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`))
+	}
+	d, err := New(q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Poll: time.Hour, Lease: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	<-arrived
+	stopped := time.Now()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	leased := 0
+	for _, id := range ids {
+		r := q.row(t, id)
+		if r.Attempts != 0 || r.Status != StatusPending {
+			t.Errorf("row %d = %+v, want pending and unattempted", id, r)
+		}
+		if r.NextAttemptAt.After(stopped.Add(time.Minute)) {
+			leased++
+		}
+	}
+	if leased != 1 {
+		t.Errorf("%d rows still leased after the stop, want 1 (the one in flight)", leased)
+	}
+}

@@ -53,3 +53,31 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	return m
 }
+
+// targetMetrics are one target's collectors, looked up once.
+type targetMetrics struct {
+	depth            prometheus.Gauge
+	attempts         map[string]prometheus.Counter // by outcome
+	deadLetters      prometheus.Counter
+	latency, request prometheus.Observer
+}
+
+// target returns the collectors of target name.
+func (m *metrics) target(name string) targetMetrics {
+	tm := targetMetrics{
+		depth:       m.depth.WithLabelValues(name),
+		attempts:    map[string]prometheus.Counter{},
+		deadLetters: m.deadLetters.WithLabelValues(name),
+		latency:     m.latency.WithLabelValues(name),
+		request:     m.request.WithLabelValues(name),
+	}
+	for _, outcome := range []string{StatusDelivered, StatusRetrying, StatusDeadLetter, "redirect"} {
+		tm.attempts[outcome] = m.attempts.WithLabelValues(name, outcome)
+	}
+	return tm
+}
+
+// attempt returns the attempts counter of outcome.
+func (tm targetMetrics) attempt(outcome string) prometheus.Counter {
+	return tm.attempts[outcome]
+}

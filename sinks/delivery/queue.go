@@ -29,13 +29,20 @@ type Queue interface {
 	// count to a.Attempt, and its last status and error from a. A
 	// redirect attempt leaves the row unchanged.
 	RecordAttempt(ctx context.Context, a Attempt, out Outcome) (int64, error)
+	// Release makes the rows ids, claimed but not attempted, due again at
+	// now instead of when their lease ends. Rows no longer pending or
+	// retrying are left alone.
+	Release(ctx context.Context, ids []int64, now time.Time) error
 	// PauseTarget keeps the target's rows from being attempted before until.
 	PauseTarget(ctx context.Context, name string, until time.Time) error
 	// DisableTarget stops all deliveries to the target until it is
 	// re-enabled, with a reason a person reads.
 	DisableTarget(ctx context.Context, name, reason string, now time.Time) error
-	// TargetStates returns the state and queue counts of the named targets.
-	TargetStates(ctx context.Context, names []string) ([]TargetState, error)
+	// TargetQueue returns the target's pause and disabled state and its
+	// queued rows (Pending and Retrying; the other counts may be left
+	// zero). The worker reads it before every claim, so it must not cost
+	// more as the delivered history grows.
+	TargetQueue(ctx context.Context, name string) (TargetState, error)
 }
 
 // Row is one queued delivery: one event for one target. Its fields are

@@ -244,6 +244,12 @@ func allDigits(s string, base int) bool {
 // t's connect timeout (to the dial and TLS handshake) and timeout (to the
 // whole exchange). Zero timeouts take the defaults.
 func NewClient(t Target) *http.Client {
+	return newClient(t, 1)
+}
+
+// newClient is NewClient for a target sent up to concurrency requests at
+// once: it keeps that many idle connections to the target for reuse.
+func newClient(t Target, concurrency int) *http.Client {
 	t = t.withDefaults()
 	dialer := &net.Dialer{Timeout: t.ConnectTimeout, KeepAlive: 30 * time.Second}
 	if !t.AllowPrivate {
@@ -253,7 +259,7 @@ func NewClient(t Target) *http.Client {
 	tr.Proxy = nil
 	tr.DialContext = dialer.DialContext
 	tr.TLSHandshakeTimeout = t.ConnectTimeout
-	tr.MaxIdleConnsPerHost = 4
+	tr.MaxIdleConnsPerHost = max(4, concurrency)
 	return &http.Client{
 		Transport: tr,
 		Timeout:   t.Timeout,

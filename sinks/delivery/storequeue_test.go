@@ -17,15 +17,16 @@ import (
 // t.TempDir(), through the same few lines as cmd/backstop's deliveryQueue
 // adapter (made by newDeliveryQueue): attempts are recorded in group
 // commits over store.RecordAttempts. It adds what the tests wait on: a count of worker passes per
-// target (one TargetStates call each) and a signal on every change made
-// through it.
+// target (one TargetQueue call each), a count of the deliveries committed
+// as delivered per target, and a signal on every change made through it.
 type storeQueue struct {
 	db       *store.DB
 	attempts *groupcommit.Writer[store.AttemptOutcome, int64]
 
-	mu      sync.Mutex
-	passes  map[string]int
-	changed chan struct{} // closed and replaced on every change
+	mu        sync.Mutex
+	passes    map[string]int
+	delivered map[string]int // outcomes committed as delivered, by target
+	changed   chan struct{}  // closed and replaced on every change
 }
 
 var _ Queue = (*storeQueue)(nil)
@@ -43,14 +44,14 @@ func newStoreQueue(t testing.TB) *storeQueue {
 			t.Errorf("close store: %v", err)
 		}
 	})
-	w := groupcommit.New(db.RecordAttempts, groupcommit.Options{})
+	w := groupcommit.New(db.RecordAttempts, groupcommit.Options{Linger: RecordLinger})
 	go w.Run(context.Background())
 	t.Cleanup(func() { // before the store closes, after the dispatcher stops
 		if err := w.Close(context.Background()); err != nil {
 			t.Errorf("close attempt writer: %v", err)
 		}
 	})
-	return &storeQueue{db: db, attempts: w, passes: map[string]int{}, changed: make(chan struct{})}
+	return &storeQueue{db: db, attempts: w, passes: map[string]int{}, delivered: map[string]int{}, changed: make(chan struct{})}
 }
 
 func (q *storeQueue) notify() {
@@ -74,7 +75,19 @@ func (q *storeQueue) ClaimDue(ctx context.Context, target string, now time.Time,
 
 func (q *storeQueue) RecordAttempt(ctx context.Context, a Attempt, o Outcome) (int64, error) {
 	defer q.notify()
-	return q.attempts.Submit(ctx, store.AttemptOutcome{Attempt: store.Attempt(a), Outcome: store.Outcome(o)})
+	id, err := q.attempts.Submit(ctx, store.AttemptOutcome{Attempt: store.Attempt(a), Outcome: store.Outcome(o)})
+	if err == nil && !a.Redirect && o.Status == StatusDelivered {
+		q.mu.Lock()
+		q.delivered[a.Target]++
+		q.mu.Unlock()
+	}
+	return id, err
+}
+
+func (q *storeQueue) Release(ctx context.Context, ids []int64, now time.Time) error {
+	defer q.notify()
+	_, err := q.db.Release(ctx, ids, now)
+	return err
 }
 
 func (q *storeQueue) PauseTarget(ctx context.Context, name string, until time.Time) error {
@@ -87,22 +100,16 @@ func (q *storeQueue) DisableTarget(ctx context.Context, name, reason string, now
 	return q.db.DisableTarget(ctx, name, reason, now)
 }
 
-func (q *storeQueue) TargetStates(ctx context.Context, names []string) ([]TargetState, error) {
-	states, err := q.db.TargetStates(ctx, names)
+func (q *storeQueue) TargetQueue(ctx context.Context, name string) (TargetState, error) {
+	st, err := q.db.TargetQueue(ctx, name)
 	if err != nil {
-		return nil, err
-	}
-	out := make([]TargetState, len(states))
-	for i, s := range states {
-		out[i] = TargetState(s)
+		return TargetState{}, err
 	}
 	q.mu.Lock()
-	for _, n := range names {
-		q.passes[n]++
-	}
+	q.passes[name]++
 	q.mu.Unlock()
 	q.notify()
-	return out, nil
+	return TargetState(st), nil
 }
 
 // add queues an event for target with store.Enqueue and returns the row's
@@ -152,6 +159,14 @@ func (q *storeQueue) state(t testing.TB, name string) TargetState {
 		t.Fatalf("read state of %s: %v", name, err)
 	}
 	return TargetState(states[0])
+}
+
+// deliveredOf returns how many outcomes recorded through q for target were
+// committed as delivered so far.
+func (q *storeQueue) deliveredOf(target string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.delivered[target]
 }
 
 // passesOf returns how many worker passes looked at target so far.
