@@ -82,6 +82,8 @@ type Dashboard struct {
 	runs    sync.WaitGroup
 	mu      sync.Mutex
 	running map[string]bool
+
+	failed failures // failed sign-ins per client address
 }
 
 // New returns the dashboard. It fails without a token or a backend.
@@ -183,8 +185,15 @@ func (d *Dashboard) routes() http.Handler {
 // asking for a page) or answered 401.
 func (d *Dashboard) guard(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d.tooManyFailures(w, r) {
+			return
+		}
 		c, err := d.identify(r)
 		if err != nil {
+			if errors.Is(err, errBadBearer) {
+				d.log.Warn("dashboard: wrong bearer token", "remote", r.RemoteAddr)
+				d.failed.fail(clientAddr(r), d.now())
+			}
 			if r.Method == http.MethodGet && wantsHTML(r) && !errors.Is(err, errBadBearer) {
 				http.Redirect(w, r, Prefix+"/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 				return

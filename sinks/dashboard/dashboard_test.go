@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -468,4 +469,68 @@ func mustURL(t *testing.T, s string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+func TestWrongTokensAreLimitedPerAddress(t *testing.T) {
+	srv, _, clk := serve(t)
+	c := client(t)
+	for i := range maxFailures {
+		if a := do(t, c, "POST", srv.URL+"/ui/login", url.Values{"token": {fmt.Sprint("guess", i)}}, html); a.status != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d: %d, want 401", i+1, a.status)
+		}
+	}
+	// Past the limit even the right token, and a bearer header, wait.
+	a := do(t, c, "POST", srv.URL+"/ui/login", url.Values{"token": {testToken}}, html)
+	if a.status != http.StatusTooManyRequests || a.header.Get("Retry-After") != "60" || !strings.Contains(a.body, "Too many wrong tokens") {
+		t.Fatalf("after %d wrong tokens: %d Retry-After %q, want 429 with Retry-After 60", maxFailures, a.status, a.header.Get("Retry-After"))
+	}
+	req, _ := http.NewRequest("GET", srv.URL+"/ui/jobs", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("bearer from a blocked address: %d, want 429", res.StatusCode)
+	}
+
+	clk.Add(failureWindow)
+	if a := do(t, c, "POST", srv.URL+"/ui/login", url.Values{"token": {testToken}}, html); a.status != http.StatusSeeOther {
+		t.Errorf("sign-in after the window: %d, want 303", a.status)
+	}
+}
+
+func TestWrongBearerTokensCount(t *testing.T) {
+	srv, _, _ := serve(t)
+	c := client(t)
+	status := func(tok string) int {
+		req, _ := http.NewRequest("GET", srv.URL+"/ui/jobs", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		res, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	for i := range maxFailures {
+		if got := status(fmt.Sprint("guess", i)); got != http.StatusUnauthorized {
+			t.Fatalf("wrong bearer %d: %d, want 401", i+1, got)
+		}
+	}
+	if got := status("guess-again"); got != http.StatusTooManyRequests {
+		t.Errorf("after %d wrong bearer tokens: %d, want 429", maxFailures, got)
+	}
+}
+
+func TestFailuresForgetOldAddresses(t *testing.T) {
+	var f failures
+	now := time.Unix(1_700_000_000, 0)
+	for i := range maxTracked + 10 {
+		f.fail(fmt.Sprint("10.0.", i/256, ".", i%256), now.Add(time.Duration(i)*time.Millisecond))
+	}
+	if len(f.addrs) > maxTracked {
+		t.Errorf("%d addresses tracked, want at most %d", len(f.addrs), maxTracked)
+	}
 }
