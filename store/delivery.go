@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -126,7 +128,17 @@ const (
 type deliveryStmts struct {
 	claimSelect, claimLease, insertAttempt, recordOutcome *sqlx.Stmt
 	targetQueue                                           *sqlx.Stmt
+
+	// mu guards chunks: the multi-row statements of RecordAttempts by
+	// chunk size, prepared when first needed.
+	mu     sync.Mutex
+	closed bool
+	chunks map[int]chunkStmts
 }
+
+// chunkStmts record recordChunk attempts or fewer (a power of two) in two
+// statements: their outcomes and their log rows.
+type chunkStmts struct{ outcomes, inserts *sqlx.Stmt }
 
 // prepareDelivery prepares db's delivery statements.
 func (db *DB) prepareDelivery(ctx context.Context) error {
@@ -175,6 +187,14 @@ func (st *deliveryStmts) close() {
 			s.Close()
 		}
 	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.closed = true
+	for _, c := range st.chunks {
+		c.outcomes.Close()
+		c.inserts.Close()
+	}
+	st.chunks = nil
 }
 
 // ClaimDue returns up to limit rows of target that are due at now (status
@@ -384,6 +404,13 @@ func (db *DB) recordAttempts(ctx context.Context, items []AttemptOutcome) (ids [
 	if err != nil {
 		return nil, -1, err
 	}
+	if manyAtOnce(items) {
+		ids, err := db.recordMany(ctx, st, items, args)
+		if !errors.Is(err, errUnknownDelivery) {
+			return ids, -1, err
+		}
+		// Record them one by one to name the unknown delivery.
+	}
 	tx, err := db.w.BeginTxx(ctx, nil)
 	if err != nil {
 		return nil, -1, fmt.Errorf("begin: %w", err)
@@ -407,6 +434,149 @@ func (db *DB) recordAttempts(ctx context.Context, items []AttemptOutcome) (ids [
 		return nil, -1, fmt.Errorf("commit: %w", err)
 	}
 	return ids, -1, nil
+}
+
+// recordChunk is the most attempts one multi-row statement records.
+const recordChunk = 32
+
+// errUnknownDelivery is recordMany's: an item names no delivery.
+var errUnknownDelivery = errors.New("no such delivery")
+
+// manyAtOnce reports whether items may be recorded with multi-row
+// statements: several, none a redirect (which checks its delivery exists
+// instead of updating it), and no delivery twice (one statement would
+// apply only one of its outcomes).
+func manyAtOnce(items []AttemptOutcome) bool {
+	if len(items) < 2 {
+		return false
+	}
+	seen := make(map[int64]struct{}, len(items))
+	for _, it := range items {
+		if it.Attempt.Redirect {
+			return false
+		}
+		if _, dup := seen[it.Attempt.DeliveryID]; dup {
+			return false
+		}
+		seen[it.Attempt.DeliveryID] = struct{}{}
+	}
+	return true
+}
+
+// recordMany records items, which manyAtOnce accepts, as recordOne would
+// one by one, but in chunks of multi-row statements: a statement per chunk
+// applies the outcomes and one logs the attempts, with ids allotted after
+// the largest in use. It returns errUnknownDelivery, having recorded
+// nothing, when an item names no delivery.
+func (db *DB) recordMany(ctx context.Context, st *deliveryStmts, items []AttemptOutcome, args []attemptArgs) ([]int64, error) {
+	// The statements are prepared before the transaction: the writer has
+	// one connection, which the transaction holds.
+	sizes := make([]int, 0, 8)
+	for left := len(items); left > 0; {
+		n := recordChunk
+		for n > left {
+			n /= 2
+		}
+		sizes = append(sizes, n)
+		left -= n
+	}
+	chunks := make([]chunkStmts, len(sizes))
+	for i, n := range sizes {
+		c, err := st.chunk(ctx, db.w, n)
+		if err != nil {
+			return nil, err
+		}
+		chunks[i] = c
+	}
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	sctx := context.WithoutCancel(ctx) // as in recordAttempts
+	var last int64
+	if err := tx.GetContext(sctx, &last, `SELECT coalesce(max(id), 0) FROM delivery_attempts`); err != nil {
+		return nil, err
+	}
+	ids := make([]int64, len(items))
+	for i := range ids {
+		ids[i] = last + 1 + int64(i)
+	}
+	start := 0
+	for k, n := range sizes {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		c := chunks[k]
+		outs := make([]any, 0, 7*n)
+		logs := make([]any, 0, 12*n)
+		for i := start; i < start+n; i++ {
+			a, out, arg := items[i].Attempt, items[i].Outcome, args[i]
+			lastErr := a.Error
+			if lastErr == "" {
+				lastErr = arg.body
+			}
+			outs = append(outs, a.DeliveryID, out.Status, a.Attempt, arg.next, nullInt(a.StatusCode), nullString(lastErr), arg.at)
+			logs = append(logs, ids[i], a.DeliveryID, a.Target, a.URL, a.Attempt, a.StatusCode, a.Error, arg.body,
+				a.RequestID, float64(a.Duration)/float64(time.Millisecond), arg.at, a.Redirect)
+		}
+		res, err := tx.StmtxContext(sctx, c.outcomes).ExecContext(sctx, outs...)
+		if err != nil {
+			return nil, err
+		}
+		if updated, err := res.RowsAffected(); err != nil {
+			return nil, err
+		} else if updated != int64(n) {
+			return nil, errUnknownDelivery
+		}
+		if _, err := tx.StmtxContext(sctx, c.inserts).ExecContext(sctx, logs...); err != nil {
+			return nil, err
+		}
+		start += n
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return ids, nil
+}
+
+// chunk returns the multi-row statements for n attempts, preparing them on
+// w the first time; it must not be called inside a write transaction.
+func (st *deliveryStmts) chunk(ctx context.Context, w *sqlx.DB, n int) (chunkStmts, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return chunkStmts{}, errors.New("store is closed")
+	}
+	if c, ok := st.chunks[n]; ok {
+		return c, nil
+	}
+	outcomes, err := w.PreparexContext(ctx, `UPDATE outbox SET status = v.column2, attempts = v.column3,
+		next_attempt_at = v.column4, last_status = v.column5, last_error = v.column6, updated_at = v.column7
+		FROM (VALUES `+rowsOf(n, 7)+`) AS v WHERE outbox.id = v.column1`)
+	if err != nil {
+		return chunkStmts{}, fmt.Errorf("prepare outcomes of %d attempts: %w", n, err)
+	}
+	inserts, err := w.PreparexContext(ctx, `INSERT INTO delivery_attempts
+		(id, delivery_id, target, url, attempt, status_code, error, body, request_id, duration_ms, at, redirect)
+		VALUES `+rowsOf(n, 12))
+	if err != nil {
+		outcomes.Close()
+		return chunkStmts{}, fmt.Errorf("prepare log of %d attempts: %w", n, err)
+	}
+	if st.chunks == nil {
+		st.chunks = make(map[int]chunkStmts)
+	}
+	c := chunkStmts{outcomes: outcomes, inserts: inserts}
+	st.chunks[n] = c
+	return c, nil
+}
+
+// rowsOf returns n rows of cols placeholders for a VALUES list:
+// "(?, ?), (?, ?)".
+func rowsOf(n, cols int) string {
+	row := "(" + placeholders(cols) + ")"
+	return strings.Repeat(row+", ", n-1) + row
 }
 
 // recordOne records one validated attempt inside tx, through outcome and

@@ -685,3 +685,62 @@ func TestClaimReadsTheQueueIndex(t *testing.T) {
 		t.Errorf("claim plan %q, want a search of outbox_due and no sort", got)
 	}
 }
+
+// TestRecordAttemptsInChunks: a batch recorded with multi-row statements
+// (many deliveries, each once, no redirect) ends as RecordAttempt would
+// leave each delivery, with the ids in recording order.
+func TestRecordAttemptsInChunks(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	const n = 45 // 32 + 8 + 4 + 1
+	var items []AttemptOutcome
+	for i := range n {
+		id := enqueue(t, db, "crm", fmt.Sprintf("evt_%d", i), "contact.created", t0)
+		a := Attempt{DeliveryID: id, Target: "crm", URL: "https://crm.example/hook", Attempt: 1 + i%3,
+			RequestID: fmt.Sprint("req_", i), Duration: time.Duration(i) * time.Millisecond, At: t0.Add(time.Duration(i) * time.Second)}
+		var out Outcome
+		switch i % 3 {
+		case 0:
+			a.StatusCode, out = 200, Outcome{Status: StatusDelivered}
+		case 1:
+			a.StatusCode, a.Body = 503, fmt.Sprint("busy ", i)
+			out = Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(time.Hour)}
+		case 2:
+			a.Error, out = "connection refused", Outcome{Status: StatusDeadLetter}
+		}
+		items = append(items, AttemptOutcome{a, out})
+	}
+	ids, err := db.RecordAttempts(ctx, items)
+	if err != nil || len(ids) != n {
+		t.Fatalf("RecordAttempts = %d ids, %v", len(ids), err)
+	}
+	for i, it := range items {
+		if i > 0 && ids[i] <= ids[i-1] {
+			t.Fatalf("ids %v not in recording order", ids)
+		}
+		a, out := it.Attempt, it.Outcome
+		r := mustDelivery(t, db, a.DeliveryID)
+		wantErr := a.Error
+		if wantErr == "" {
+			wantErr = a.Body
+		}
+		if r.Status != out.Status || r.Attempts != a.Attempt || r.LastStatus != a.StatusCode ||
+			r.LastError != wantErr || !r.UpdatedAt.Equal(a.At) || !r.NextAttemptAt.Equal(out.NextAttemptAt) {
+			t.Errorf("item %d: delivery %+v after %+v, %+v", i, r, a, out)
+		}
+		atts, err := db.Attempts(ctx, a.DeliveryID)
+		if err != nil || len(atts) != 1 {
+			t.Fatalf("item %d: Attempts = %v, %v", i, atts, err)
+		}
+		got := atts[0]
+		a.ID = ids[i]
+		if got != a {
+			t.Errorf("item %d: logged %+v, want %+v", i, got, a)
+		}
+	}
+	// The next attempt, recorded alone, takes the next id.
+	if id := record(t, db, Attempt{DeliveryID: items[1].Attempt.DeliveryID, Attempt: 3, StatusCode: 200, At: t0},
+		Outcome{Status: StatusDelivered}); id != ids[n-1]+1 {
+		t.Errorf("next attempt id %d, want %d", id, ids[n-1]+1)
+	}
+}
