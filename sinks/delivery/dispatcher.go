@@ -586,28 +586,42 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		a.Error = describe(err)
 		return a, "", err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rawURL, bytes.NewReader(body))
+	// The client's transport alone: redirects are not followed, so the
+	// client's redirect machinery (a copy of every header) is not needed;
+	// the target's timeout bounds the whole exchange as it would there.
+	rctx, cancel := context.WithTimeout(ctx, t.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, rawURL, bytes.NewReader(body))
 	if err != nil {
 		return fail(err)
 	}
+	h := make(http.Header, len(t.Headers)+len(attemptHeaders))
 	for k, v := range t.Headers {
-		req.Header.Set(k, v)
+		h.Set(k, v)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", "backstop")
-	req.Header.Set(intake.HeaderWebhookID, row.EventID)
-	req.Header.Set(intake.HeaderWebhookTimestamp, strconv.FormatInt(at.Unix(), 10))
+	// Set after the target's own headers, which cannot replace them; one
+	// allocation holds every value.
+	vals := make([]string, 0, len(attemptHeaders))
+	set := func(key, v string) {
+		vals = append(vals, v)
+		h[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	set(hContentType, "application/json")
+	set(hUserAgent, "backstop")
+	set(hWebhookID, row.EventID)
+	set(hWebhookTimestamp, strconv.FormatInt(at.Unix(), 10))
 	if t.Secret != "" {
 		sig, err := intake.SignStandardWebhooks(t.Secret, row.EventID, at, body)
 		if err != nil {
 			return fail(err)
 		}
-		req.Header.Set(intake.HeaderWebhookSignature, sig)
+		set(hWebhookSignature, sig)
 	}
-	req.Header.Set(HeaderEventID, row.EventID)
-	req.Header.Set(HeaderEventType, row.EventType)
-	req.Header.Set(HeaderDeliveryAttempt, strconv.Itoa(attempt))
-	req.Header.Set(HeaderRequestID, a.RequestID)
+	set(hEventID, row.EventID)
+	set(hEventType, row.EventType)
+	set(hDeliveryAttempt, strconv.Itoa(attempt))
+	set(hRequestID, a.RequestID)
+	req.Header = h
 
 	var ticket PaceTicket
 	if p := d.pacers[t.Name]; p != nil && !redirect {
@@ -618,7 +632,7 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		}
 	}
 	start := time.Now()
-	resp, err := client.Do(req)
+	resp, err := client.Transport.RoundTrip(req)
 	if err != nil {
 		a.Duration = time.Since(start)
 		if ticket != nil {
@@ -631,12 +645,36 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		ticket.Done(resp.StatusCode, resp.Header)
 	}
 	a.StatusCode = resp.StatusCode
-	logged, _ := io.ReadAll(io.LimitReader(resp.Body, maxLoggedBody))
-	a.Body = strings.ToValidUTF8(string(logged), "\uFFFD")
+	buf := bodyBufs.Get().(*[]byte)
+	n, _ := io.ReadFull(resp.Body, *buf) // shorter bodies end it early
+	a.Body = strings.ToValidUTF8(string((*buf)[:n]), "\uFFFD")
+	bodyBufs.Put(buf)
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDrainedBody)
 	a.Duration = time.Since(start)
 	return a, resp.Header.Get("Retry-After"), nil
 }
+
+// The canonical forms of the headers each attempt sets.
+var (
+	hContentType      = http.CanonicalHeaderKey("Content-Type")
+	hUserAgent        = http.CanonicalHeaderKey("User-Agent")
+	hWebhookID        = http.CanonicalHeaderKey(intake.HeaderWebhookID)
+	hWebhookTimestamp = http.CanonicalHeaderKey(intake.HeaderWebhookTimestamp)
+	hWebhookSignature = http.CanonicalHeaderKey(intake.HeaderWebhookSignature)
+	hEventID          = http.CanonicalHeaderKey(HeaderEventID)
+	hEventType        = http.CanonicalHeaderKey(HeaderEventType)
+	hDeliveryAttempt  = http.CanonicalHeaderKey(HeaderDeliveryAttempt)
+	hRequestID        = http.CanonicalHeaderKey(HeaderRequestID)
+
+	attemptHeaders = []string{hContentType, hUserAgent, hWebhookID, hWebhookTimestamp,
+		hWebhookSignature, hEventID, hEventType, hDeliveryAttempt, hRequestID}
+)
+
+// bodyBufs are buffers of maxLoggedBody bytes for the start of answers.
+var bodyBufs = sync.Pool{New: func() any {
+	b := make([]byte, maxLoggedBody)
+	return &b
+}}
 
 // describe turns a transport error into the attempt's error text: the SSRF
 // refusal alone when there is one, else the error without the URL (which
