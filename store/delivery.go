@@ -103,8 +103,12 @@ const (
 		WHERE target = ? AND (status = 'pending' OR status = 'retrying') AND next_attempt_at <= ?
 		ORDER BY next_attempt_at, id LIMIT ?`
 	// claimLeaseSQL leases the rows claimSelectSQL read, by id (a JSON
-	// array), rather than running the selection again.
-	claimLeaseSQL    = `UPDATE outbox SET next_attempt_at = ? WHERE id IN (SELECT value FROM json_each(?))`
+	// array), rather than running the selection again. OR FAIL, here and
+	// in the other UPDATEs of many rows, spares SQLite a statement journal
+	// (a copy of every page the statement changes, so that a failure could
+	// undo it alone): the caller rolls the whole transaction back on any
+	// error anyway.
+	claimLeaseSQL    = `UPDATE OR FAIL outbox SET next_attempt_at = ? WHERE id IN (SELECT value FROM json_each(?))`
 	insertAttemptSQL = `INSERT INTO delivery_attempts
 		(delivery_id, target, url, attempt, status_code, error, body, request_id, duration_ms, at, redirect)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
@@ -297,7 +301,7 @@ func (db *DB) Release(ctx context.Context, ids []int64, now time.Time) (int64, e
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	res, err := db.w.ExecContext(ctx, `UPDATE outbox SET next_attempt_at = ?
+	res, err := db.w.ExecContext(ctx, `UPDATE OR FAIL outbox SET next_attempt_at = ?
 		WHERE id IN (SELECT value FROM json_each(?)) AND (status = 'pending' OR status = 'retrying')`,
 		backstop.CanonicalTime(now), jsonIDs(ids))
 	if err != nil {
@@ -551,7 +555,7 @@ func (st *deliveryStmts) chunk(ctx context.Context, w *sqlx.DB, n int) (chunkStm
 	if c, ok := st.chunks[n]; ok {
 		return c, nil
 	}
-	outcomes, err := w.PreparexContext(ctx, `UPDATE outbox SET status = v.column2, attempts = v.column3,
+	outcomes, err := w.PreparexContext(ctx, `UPDATE OR FAIL outbox SET status = v.column2, attempts = v.column3,
 		next_attempt_at = v.column4, last_status = v.column5, last_error = v.column6, updated_at = v.column7
 		FROM (VALUES `+rowsOf(n, 7)+`) AS v WHERE outbox.id = v.column1`)
 	if err != nil {
