@@ -86,7 +86,7 @@ const (
 // commits: the workers do not wait for a record before they send on, so a
 // little more latency on each costs nothing, while fewer, larger commits
 // cost the store much less per attempt.
-const RecordLinger = 5 * time.Millisecond
+const RecordLinger = 2 * time.Millisecond
 
 // firstBatch is the most rows a worker claims before it has timed any
 // answer of its target.
