@@ -182,13 +182,16 @@ func (d *Dashboard) routes() http.Handler {
 // guard lets through a request from a signed-in browser or from a script
 // with the bearer token; a POST from a browser must also carry the
 // session's CSRF token. Anyone else is sent to the login page (a browser
-// asking for a page) or answered 401.
+// asking for a page) or answered 401. An address that sent too many wrong
+// tokens is answered 429, but a valid session is always let through: its
+// cookie cannot be guessed, and a stranger's guesses from the same address
+// (a shared proxy or NAT) must not lock a signed-in operator out.
 func (d *Dashboard) guard(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if d.tooManyFailures(w, r) {
+		c, err := d.identify(r)
+		if (err != nil || c.bearer) && d.tooManyFailures(w, r) {
 			return
 		}
-		c, err := d.identify(r)
 		if err != nil {
 			if errors.Is(err, errBadBearer) {
 				d.log.Warn("dashboard: wrong bearer token", "remote", r.RemoteAddr)

@@ -501,6 +501,24 @@ func TestWrongTokensAreLimitedPerAddress(t *testing.T) {
 	}
 }
 
+// Wrong tokens from an address do not lock out a browser already signed
+// in from it (a shared proxy, a NAT): its session cookie is no guess.
+func TestWrongTokensDoNotLockOutASession(t *testing.T) {
+	srv, _, _ := serve(t)
+	operator := client(t)
+	signIn(t, operator, srv.URL)
+	stranger := client(t)
+	for i := range maxFailures + 1 {
+		do(t, stranger, "POST", srv.URL+"/ui/login", url.Values{"token": {fmt.Sprint("guess", i)}}, html)
+	}
+	if a := do(t, stranger, "GET", srv.URL+"/ui/jobs", nil, map[string]string{"Authorization": "Bearer " + testToken}); a.status != http.StatusTooManyRequests {
+		t.Fatalf("bearer from the blocked address: %d, want 429", a.status)
+	}
+	if a := do(t, operator, "GET", srv.URL+"/ui/jobs", nil, html); a.status != http.StatusOK {
+		t.Errorf("signed-in browser at the same address: %d, want 200", a.status)
+	}
+}
+
 func TestWrongBearerTokensCount(t *testing.T) {
 	srv, _, _ := serve(t)
 	c := client(t)
