@@ -46,6 +46,12 @@ type LeaseOptions struct {
 // others take the key when it has expired. So a leader that dies is
 // replaced within TTL (plus one campaign interval), and a leader that
 // stops in order (Resign) at once.
+//
+// A leader's term (Lost) ends as soon as it finds another process holding
+// the key, when it resigns, or when TTL has passed since the start of its
+// last successful renewal, which is no later than the key expires in
+// Redis: so a process whose renewals fail (Redis unreachable) stops
+// counting itself leader before any other process can take the key.
 type RedisLease struct {
 	rdb redis.Scripter
 	key string
@@ -54,8 +60,29 @@ type RedisLease struct {
 	log *slog.Logger
 
 	mu     stdsync.Mutex
-	leader bool
+	leader bool          // the outcome of the last attempt
+	term   chan struct{} // open while this process holds the lease; nil otherwise
+	until  time.Time     // when the term ends unless renewed
+	expiry *time.Timer   // ends the term at until
 }
+
+// Lost is implemented by electors whose leadership can end in the middle
+// of a run (RedisLease): the scheduler cancels its scheduled runs when the
+// channel closes, so that they do not go on beside the next leader's.
+type Lost interface {
+	// Lost returns a channel closed when the current term as leader ends;
+	// it is closed already when this process does not lead.
+	Lost() <-chan struct{}
+}
+
+var _ Lost = (*RedisLease)(nil)
+
+// ended is the closed channel of no term.
+var ended = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 var _ Elector = (*RedisLease)(nil)
 
@@ -87,10 +114,24 @@ func (l *RedisLease) Leader() bool {
 	return l.leader
 }
 
+// Lost implements Lost: the returned channel is closed when this
+// process's current term as leader ends (see RedisLease).
+func (l *RedisLease) Lost() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.term == nil {
+		return ended
+	}
+	return l.term
+}
+
 // IsLeader implements Elector: it takes the lease when it is free and
 // renews it when it is this process's. It returns ErrNotLeader when
-// another process holds it, or the Redis error.
+// another process holds it, or the Redis error. A Redis error does not end
+// the current term at once: the lease still holds in Redis until TTL
+// after its last renewal, and the term ends then unless renewed.
 func (l *RedisLease) IsLeader(ctx context.Context) error {
+	start := time.Now()
 	n, err := acquireScript.Run(ctx, l.rdb, []string{l.key}, l.id, l.ttl.Milliseconds()).Int()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -98,11 +139,57 @@ func (l *RedisLease) IsLeader(ctx context.Context) error {
 		}
 		return fmt.Errorf("sync: jobs lease: %w", err)
 	}
-	l.set(n == 1, nil)
 	if n != 1 {
+		l.endTerm()
+		l.set(false, nil)
 		return ErrNotLeader
 	}
+	l.renewed(start)
+	l.set(true, nil)
 	return nil
+}
+
+// renewed extends the term (or starts one) to TTL after start, the time
+// the renewal was sent: Redis counts the TTL from a later moment.
+func (l *RedisLease) renewed(start time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.term == nil {
+		l.term = make(chan struct{})
+	}
+	l.until = start.Add(l.ttl)
+	if l.expiry == nil {
+		l.expiry = time.AfterFunc(time.Until(l.until), l.expire)
+	} else {
+		l.expiry.Reset(time.Until(l.until))
+	}
+}
+
+// expire ends the term when it has not been renewed since its timer was
+// set (a renewal re-arms the timer).
+func (l *RedisLease) expire() {
+	l.mu.Lock()
+	if l.term == nil || time.Now().Before(l.until) {
+		l.mu.Unlock()
+		return
+	}
+	close(l.term)
+	l.term = nil
+	l.mu.Unlock()
+	l.log.Warn("jobs lease: expired without renewal: scheduled runs stopped", "lease_id", l.id)
+}
+
+// endTerm ends the current term, if any.
+func (l *RedisLease) endTerm() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.expiry != nil {
+		l.expiry.Stop()
+	}
+	if l.term != nil {
+		close(l.term)
+		l.term = nil
+	}
 }
 
 // Campaign asks for the lease every TTL/3 until ctx is done, then resigns.
@@ -124,9 +211,10 @@ func (l *RedisLease) Campaign(ctx context.Context) {
 	}
 }
 
-// Resign gives the lease up if this process holds it, so that another
-// takes over at its next campaign.
+// Resign ends this process's term and gives the lease up if this process
+// holds it, so that another takes over at its next campaign.
 func (l *RedisLease) Resign(ctx context.Context) error {
+	l.endTerm()
 	if err := releaseScript.Run(ctx, l.rdb, []string{l.key}, l.id).Err(); err != nil {
 		return fmt.Errorf("sync: jobs lease: resign: %w", err)
 	}

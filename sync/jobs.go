@@ -164,7 +164,8 @@ type SchedulerOptions struct {
 	// Elector, when set, is asked before every scheduled run, so that of
 	// several processes only the leader runs the jobs. If it also has a
 	// Campaign(ctx) method (RedisLease), Start runs it in the background
-	// until Stop.
+	// until Stop; if it implements Lost, a scheduled run is cancelled when
+	// the leadership it started under ends.
 	Elector Elector
 }
 
@@ -407,16 +408,39 @@ func (s *Scheduler) RunJob(ctx context.Context, job string) (JobRun, error) {
 	return s.run(ctx, st)
 }
 
-// scheduled is gocron's task for one job.
+// scheduled is gocron's task for one job. With an Elector that can lose
+// its leadership mid-run (Lost), the run is cancelled when it does, so
+// that it does not go on beside the new leader's.
 func (s *Scheduler) scheduled(ctx context.Context, st *jobState) {
+	if e, ok := s.opts.Elector.(Lost); ok {
+		var stop context.CancelFunc
+		ctx, stop = whileLeader(ctx, e.Lost())
+		defer stop()
+	}
 	run, err := s.run(ctx, st)
 	switch {
 	case err == nil, errors.Is(err, ErrJobRunning):
+	case errors.Is(context.Cause(ctx), ErrNotLeader):
+		s.log.Warn("job stopped: this process is no longer the jobs leader", "job", run.Job, "kind", run.Kind)
 	case errors.Is(err, context.Canceled):
 		s.log.Info("job stopped", "job", run.Job, "kind", run.Kind)
 	default:
 		s.log.Error("job failed", "job", run.Job, "kind", run.Kind, "err", err)
 	}
+}
+
+// whileLeader returns ctx, cancelled with cause ErrNotLeader when lost
+// closes; stop releases it and must be called.
+func whileLeader(ctx context.Context, lost <-chan struct{}) (_ context.Context, stop context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-lost:
+			cancel(ErrNotLeader)
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
 }
 
 // run runs st's job once under its guard and stores the run.
