@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -126,6 +127,17 @@ func (s *Server) start() error {
 	for {
 		err := ping(s.Addr())
 		if err == nil {
+			// Another test's server may hold the port (found free, then
+			// taken before this one bound it): that one answers PING too,
+			// while this one exits with "address in use".
+			var pid int
+			if pid, err = serverPID(s.Addr()); err == nil && pid != cmd.Process.Pid {
+				_ = cmd.Process.Kill()
+				<-done
+				return fmt.Errorf("port %d is taken by another redis-server (pid %d)", s.port, pid)
+			}
+		}
+		if err == nil {
 			break
 		}
 		select {
@@ -164,6 +176,38 @@ func ping(addr string) error {
 		return errors.New("unexpected answer to PING: " + strings.TrimSpace(line))
 	}
 	return nil
+}
+
+// serverPID asks the server at addr for its process id (INFO server).
+func serverPID(addr string) (int, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+		return 0, err
+	}
+	r := bufio.NewReader(c)
+	head, err := r.ReadString('\n')
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if !strings.HasPrefix(head, "$") || err != nil {
+		return 0, errors.New("unexpected answer to INFO: " + strings.TrimSpace(head))
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server has no process_id")
 }
 
 // freePort returns a loopback TCP port that was free a moment ago.

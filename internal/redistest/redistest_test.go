@@ -20,3 +20,17 @@ func TestStopAndRestartOnTheSamePort(t *testing.T) {
 		t.Fatalf("restarted server does not answer: %v", err)
 	}
 }
+
+// A server whose port another test's server took in the meantime fails to
+// start, instead of handing out the other server's address.
+func TestStartRefusesAPortAnotherServerHolds(t *testing.T) {
+	s := Start(t)
+	other := &Server{t: t, bin: s.bin, dir: t.TempDir(), port: s.port}
+	if err := other.start(); err == nil {
+		other.Stop()
+		t.Fatal("start on a port another redis-server holds succeeded")
+	}
+	if pid, err := serverPID(s.Addr()); err != nil || pid != s.cmd.Process.Pid {
+		t.Errorf("the first server's pid is %d (%v), want %d", pid, err, s.cmd.Process.Pid)
+	}
+}
