@@ -123,9 +123,13 @@ func New(opts Options) (*Dashboard, error) {
 func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) { d.handler.ServeHTTP(w, r) }
 
 // Close cancels the job runs started from the dashboard and waits for them
-// to end, or for ctx.
+// to end, or for ctx. No run starts after it.
 func (d *Dashboard) Close(ctx context.Context) error {
+	// Under mu, so that a "run now" either was counted before the wait
+	// below or sees runCtx done.
+	d.mu.Lock()
 	d.stopRun()
+	d.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
 		d.runs.Wait()

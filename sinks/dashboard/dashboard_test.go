@@ -315,6 +315,12 @@ func TestRetryPassesWhatThePageShowed(t *testing.T) {
 	if a := do(t, c, "POST", srv.URL+"/ui/deliveries/8/retry", url.Values{"csrf": {token}}, nil); a.status != http.StatusNotFound {
 		t.Errorf("retry of an unknown delivery: %d, want 404", a.status)
 	}
+	fb.RetryFunc = func(seen delivery.Row) (bool, error) {
+		return false, fmt.Errorf("retry delivery %d: no such delivery: %w", seen.ID, backstop.ErrNotFound)
+	}
+	if a := do(t, c, "POST", srv.URL+"/ui/deliveries/7/retry", url.Values{"csrf": {token}}, nil); a.status != http.StatusNotFound {
+		t.Errorf("retry of a delivery purged since the page was drawn: %d, want 404", a.status)
+	}
 }
 
 func TestBearerToken(t *testing.T) {

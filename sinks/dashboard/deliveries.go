@@ -172,6 +172,10 @@ func (d *Dashboard) retry(w http.ResponseWriter, r *http.Request) {
 		seen.Status, seen.UpdatedAt = r.PostFormValue("status"), t
 	}
 	done, err := d.opts.Backend.Retry(r.Context(), seen)
+	if errors.Is(err, backstop.ErrNotFound) { // purged since the lookup
+		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("There is no delivery %d (it may have been purged).", row.ID))
+		return
+	}
 	if err != nil {
 		d.backendError(w, r, err)
 		return
