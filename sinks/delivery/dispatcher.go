@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -144,6 +145,7 @@ type worker struct {
 	nextDue  time.Time
 	paused   bool
 	disabled bool
+	ahead    []Row // claimed while the previous batch was sent
 
 	// unrecorded holds one token per attempt whose record is not
 	// committed yet, so that a slow store holds the sends back instead of
@@ -233,6 +235,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	for _, w := range d.workers {
 		wg.Go(func() {
 			d.loop(ctx, w)
+			d.release(ctx, w, w.ahead)
+			w.ahead = nil
 			w.records.Wait()
 		})
 	}
@@ -295,6 +299,10 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	}
 	w.m.depth.Set(float64(st.Pending + st.Retrying))
 	d.setDisabled(w, st.Disabled)
+	if st.Disabled || st.PausedUntil.After(now) {
+		d.release(ctx, w, w.ahead)
+		w.ahead = nil
+	}
 	if st.Disabled {
 		return d.poll
 	}
@@ -305,15 +313,40 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	d.setPaused(w, false)
 
 	limit := d.claimLimit(w)
-	rows, err := d.q.ClaimDue(ctx, w.t.Name, now, limit, w.lease)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.logger.Error("claim due deliveries", "err", err)
+	rows := w.ahead
+	w.ahead = nil
+	if len(rows) == 0 {
+		if rows, err = d.q.ClaimDue(ctx, w.t.Name, now, limit, w.lease); err != nil {
+			if ctx.Err() == nil {
+				w.logger.Error("claim due deliveries", "err", err)
+			}
+			return d.poll
 		}
-		return d.poll
+	}
+	// A full batch: claim the next one while this one is sent, so that
+	// the target does not wait for a claim between batches. (claimLimit
+	// keeps the two within the lease.)
+	var ahead chan []Row
+	if len(rows) >= limit {
+		ahead = make(chan []Row, 1)
+		go func() {
+			next, err := d.q.ClaimDue(ctx, w.t.Name, d.now(), limit, w.lease)
+			if err != nil && ctx.Err() == nil {
+				w.logger.Error("claim due deliveries", "err", err)
+			}
+			ahead <- next
+		}()
 	}
 	sent, gone := d.deliverAll(ctx, w, rows)
-	d.release(ctx, w, rows[sent:])
+	unsent := rows[sent:]
+	if ahead != nil {
+		w.ahead = <-ahead
+	}
+	if gone || ctx.Err() != nil {
+		unsent = append(slices.Clip(unsent), w.ahead...)
+		w.ahead = nil
+	}
+	d.release(ctx, w, unsent)
 	if ctx.Err() != nil {
 		return 0
 	}
@@ -321,7 +354,7 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 		d.setDisabled(w, true)
 		return d.poll
 	}
-	if len(rows) == limit {
+	if len(w.ahead) > 0 {
 		return 0
 	}
 	wait := d.poll

@@ -650,8 +650,9 @@ func TestRetryAfterStopsSendsWithRequestsInFlight(t *testing.T) {
 }
 
 // TestStopReleasesUnsentRows: when the dispatcher stops, the rows it
-// claimed but did not send are due again at once, not when their lease
-// ends; the one in flight keeps its lease (it may have been delivered).
+// claimed but did not send (the rest of its batch, and the batch it
+// claimed ahead) are due again at once, not when their lease ends; the one
+// in flight keeps its lease (it may have been delivered).
 func TestStopReleasesUnsentRows(t *testing.T) {
 	t.Parallel()
 	arrived := make(chan struct{}, 1)
@@ -667,7 +668,7 @@ func TestStopReleasesUnsentRows(t *testing.T) {
 	for i := range 5 {
 		ids = append(ids, q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`))
 	}
-	d, err := New(q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Poll: time.Hour, Lease: time.Hour})
+	d, err := New(q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Poll: time.Hour, Lease: time.Hour, Batch: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -675,6 +676,10 @@ func TestStopReleasesUnsentRows(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
 	<-arrived
+	// The batch after the first is claimed ahead while the first is sent.
+	q.waitFor(t, 10*time.Second, "the claim ahead", func() bool {
+		return q.row(t, ids[3]).NextAttemptAt.After(time.Now().Add(time.Minute))
+	})
 	stopped := time.Now()
 	cancel()
 	if err := <-done; err != nil {
