@@ -104,9 +104,10 @@ jobs:
 	took := time.Since(killed)
 	t.Logf("%s took over from %s %s after the SIGKILL (lease %s)", next.name, leader.name, took.Round(time.Millisecond), lease)
 	// The lease ends at most lease after its last renewal (at or before the
-	// kill), and the survivors ask for it every lease/3; one second more
-	// for a loaded machine.
-	if limit := lease + lease/3 + time.Second; took > limit {
+	// kill), and the survivors ask for it every lease/3; two seconds more
+	// for a loaded machine (three serve processes under -race beside the
+	// other packages' tests).
+	if limit := lease + lease/3 + 2*time.Second; took > limit {
 		t.Errorf("takeover took %s, want within %s", took, limit)
 	}
 	next.waitCount(jobDone, 3, 30*time.Second)
@@ -116,8 +117,10 @@ jobs:
 		}
 	}
 
-	// The shared store holds one run per tick: consecutive runs are a tick
-	// apart (never two in one tick), but for the takeover.
+	// The shared store holds one run per tick: consecutive runs are about a
+	// tick apart (never two in one tick), but for the takeover. A run's
+	// start can lag its tick on a loaded machine, so the bounds are wide;
+	// two processes running the job would also double the count of runs.
 	db, err := store.Open(context.Background(), dbPath, store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -136,13 +139,16 @@ jobs:
 		t.Errorf("%d runs stored, %d logged as finished", len(runs), logged)
 	}
 	slices.Reverse(runs) // oldest first
+	if span := runs[len(runs)-1].StartedAt.Sub(runs[0].StartedAt); len(runs) > int(span/every)+2 {
+		t.Errorf("%d runs in %s: more than one per %s tick", len(runs), span.Round(time.Millisecond), every)
+	}
 	long := 0
 	for i := 1; i < len(runs); i++ {
 		gap := runs[i].StartedAt.Sub(runs[i-1].StartedAt)
 		switch {
-		case gap < every*3/4:
+		case gap < every/4:
 			t.Errorf("runs %d and %d started %s apart: the job ran twice in one tick", i-1, i, gap)
-		case gap > every*3/2:
+		case gap > 2*every:
 			long++
 		}
 		if runs[i].Status != "ok" {
@@ -150,7 +156,7 @@ jobs:
 		}
 	}
 	if long > 1 {
-		t.Errorf("%d gaps longer than 1.5 ticks between runs, want at most the takeover's", long)
+		t.Errorf("%d gaps longer than 2 ticks between runs, want at most the takeover's", long)
 	}
 
 	for _, p := range rest {
