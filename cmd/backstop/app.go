@@ -86,7 +86,7 @@ func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, sync
 		)
 		govStore = fallback
 		log.Info("governor: sharing the rate-limit budget through Redis",
-			"redis", redactRedisURL(cfg.Governor.Redis.Value()), "fallback_share", cfg.Governor.FallbackShare)
+			"redis", redactedURL(cfg.Governor.Redis.Value()), "fallback_share", cfg.Governor.FallbackShare)
 	}
 	db, err := store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: synchronous(cfg)})
 	if err != nil {
@@ -172,7 +172,7 @@ var quietRedis sync.Once
 // answers. Its errors name the server without the password.
 func connectRedis(ctx context.Context, rawURL string) (*redis.Client, error) {
 	quietRedis.Do(func() { redis.SetLogger(discardRedisLog{}) })
-	addr := redactRedisURL(rawURL)
+	addr := redactedURL(rawURL)
 	opts, err := redis.ParseURL(rawURL)
 	if err != nil {
 		// The parser's message may quote the URL, password and all.
@@ -192,8 +192,9 @@ func connectRedis(ctx context.Context, rawURL string) (*redis.Client, error) {
 	return rdb, nil
 }
 
-// redactRedisURL is the Redis URL with its password replaced by "xxxxx".
-func redactRedisURL(raw string) string {
+// redactedURL is raw with its password replaced by "xxxxx" (a Redis URL,
+// a target's URL), or "(unreadable URL)".
+func redactedURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "(unreadable URL)"

@@ -412,15 +412,15 @@ jobs:
 	}
 }
 
-func TestRedactRedisURL(t *testing.T) {
+func TestRedactedURL(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"},
 		{"redis://:s3cret@10.0.0.7:6379/2", "redis://:xxxxx@10.0.0.7:6379/2"},
 		{"rediss://user:s3cret@cache.example.com:6380/0", "rediss://user:xxxxx@cache.example.com:6380/0"},
 		{"redis://:s3cret@[::1", "(unreadable URL)"},
 	} {
-		if got := redactRedisURL(tc.in); got != tc.want {
-			t.Errorf("redactRedisURL(%q) = %q, want %q", tc.in, got, tc.want)
+		if got := redactedURL(tc.in); got != tc.want {
+			t.Errorf("redactedURL(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }

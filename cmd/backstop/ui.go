@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"sync/atomic"
 	"time"
 
@@ -144,15 +143,6 @@ func (b *uiBackend) Targets(ctx context.Context) ([]dashboard.Target, error) {
 		out[i] = dashboard.Target{TargetState: delivery.TargetState(s), URL: redactedURL(cfg.Targets[i].URL)}
 	}
 	return out, nil
-}
-
-// redactedURL hides a URL's password, which would be a secret.
-func redactedURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unreadable URL)"
-	}
-	return u.Redacted()
 }
 
 func (b *uiBackend) Retry(ctx context.Context, seen delivery.Row) (bool, error) {
