@@ -66,8 +66,8 @@ type Options struct {
 	// that a whole batch could not be sent within half the lease.
 	Batch int
 	// Concurrency is how many requests each target may have in flight at
-	// once (default DefaultConcurrency). 1 sends a target's rows one after
-	// another.
+	// once, unless the target sets its own (default DefaultConcurrency). 1
+	// sends a target's rows one after another.
 	Concurrency int
 	// Pacers, by target name, pace a target's attempts from the
 	// rate-limit headers it answers with (X-RateLimit-Remaining with
@@ -116,30 +116,30 @@ type PaceTicket interface {
 // committed (or, should that fail or the process die, until the lease
 // ends and the row is due again: at-least-once).
 type Dispatcher struct {
-	pacers      map[string]Pacer
-	q           Queue
-	workers     []*worker
-	byName      map[string]*worker
-	logger      *slog.Logger
-	now         func() time.Time
-	rand        func() float64
-	poll        time.Duration
-	batch       int
-	concurrency int
-	metrics     *metrics
-	requestIDs  *requestIDs
-	running     atomic.Bool
+	pacers     map[string]Pacer
+	q          Queue
+	workers    []*worker
+	byName     map[string]*worker
+	logger     *slog.Logger
+	now        func() time.Time
+	rand       func() float64
+	poll       time.Duration
+	batch      int
+	metrics    *metrics
+	requestIDs *requestIDs
+	running    atomic.Bool
 }
 
 // worker is one target's queue.
 type worker struct {
-	t      Target
-	client *http.Client
-	url    string // t.URL as attempts log it (redacted)
-	lease  time.Duration
-	wake   chan struct{}
-	logger *slog.Logger
-	m      targetMetrics
+	t           Target
+	concurrency int // requests in flight at most
+	client      *http.Client
+	url         string // t.URL as attempts log it (redacted)
+	lease       time.Duration
+	wake        chan struct{}
+	logger      *slog.Logger
+	m           targetMetrics
 
 	// Used only by the worker's own goroutine.
 	nextDue  time.Time
@@ -183,17 +183,16 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 		opts.Concurrency = DefaultConcurrency
 	}
 	d := &Dispatcher{
-		pacers:      opts.Pacers,
-		q:           q,
-		byName:      make(map[string]*worker, len(targets)),
-		logger:      opts.Logger.With("component", "delivery"),
-		now:         opts.Now,
-		rand:        opts.Rand,
-		poll:        opts.Poll,
-		batch:       opts.Batch,
-		concurrency: opts.Concurrency,
-		metrics:     newMetrics(opts.Registerer),
-		requestIDs:  newRequestIDs(),
+		pacers:     opts.Pacers,
+		q:          q,
+		byName:     make(map[string]*worker, len(targets)),
+		logger:     opts.Logger.With("component", "delivery"),
+		now:        opts.Now,
+		rand:       opts.Rand,
+		poll:       opts.Poll,
+		batch:      opts.Batch,
+		metrics:    newMetrics(opts.Registerer),
+		requestIDs: newRequestIDs(),
 	}
 	for _, t := range targets {
 		if err := t.Validate(); err != nil {
@@ -207,15 +206,20 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 		if lease <= 0 {
 			lease = 2*t.Timeout + t.ConnectTimeout
 		}
+		concurrency := t.Concurrency
+		if concurrency == 0 {
+			concurrency = opts.Concurrency
+		}
 		w := &worker{
-			t:          t,
-			client:     newClient(t, opts.Concurrency),
-			url:        redactURL(t.URL),
-			lease:      lease,
-			wake:       make(chan struct{}, 1),
-			logger:     d.logger.With("target", t.Name),
-			m:          d.metrics.target(t.Name),
-			unrecorded: make(chan struct{}, 2*opts.Batch),
+			t:           t,
+			concurrency: concurrency,
+			client:      newClient(t, concurrency),
+			url:         redactURL(t.URL),
+			lease:       lease,
+			wake:        make(chan struct{}, 1),
+			logger:      d.logger.With("target", t.Name),
+			m:           d.metrics.target(t.Name),
+			unrecorded:  make(chan struct{}, 2*opts.Batch),
 		}
 		d.workers = append(d.workers, w)
 		d.byName[t.Name] = w
@@ -373,7 +377,7 @@ func (d *Dispatcher) claimLimit(w *worker) int {
 	if took <= 0 {
 		return min(d.batch, firstBatch)
 	}
-	n := time.Duration(d.concurrency) * w.lease / (2 * took)
+	n := time.Duration(w.concurrency) * w.lease / (2 * took)
 	return int(min(max(n, 1), time.Duration(d.batch)))
 }
 
@@ -394,7 +398,7 @@ func (d *Dispatcher) release(ctx context.Context, w *worker, rows []Row) {
 	}
 }
 
-// deliverAll attempts rows in the order claimed, up to d.concurrency at a
+// deliverAll attempts rows in the order claimed, up to w.concurrency at a
 // time, and returns once every attempt it started has its answer (their
 // records may still be committing), with the number of rows it sent
 // (rows[sent:] were not). Once an answer pauses the target (a 429), no
@@ -420,7 +424,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, rows []Row) (sen
 		// Senders, each sending one row after another, until the rows
 		// run out or an answer stops them.
 		var senders sync.WaitGroup
-		for range min(d.concurrency, len(rows)-next) {
+		for range min(w.concurrency, len(rows)-next) {
 			senders.Go(func() {
 				for row, ok := take(); ok; row, ok = take() {
 					d.deliver(ctx, w, row)

@@ -552,6 +552,7 @@ func TestNewValidatesTargets(t *testing.T) {
 		{"private literal", []Target{{Name: "a", URL: "http://10.0.0.1/"}}},
 		{"bad secret", []Target{{Name: "a", URL: "https://example.com", Secret: "whsec_!!"}}},
 		{"zero step", []Target{{Name: "a", URL: "https://example.com", RetrySchedule: []time.Duration{0}}}},
+		{"negative concurrency", []Target{{Name: "a", URL: "https://example.com", Concurrency: -1}}},
 		{"duplicate", []Target{{Name: "a", URL: "https://example.com"}, {Name: "a", URL: "https://example.org"}}},
 	} {
 		if _, err := New(newStoreQueue(t), tc.targets, Options{}); err == nil {
@@ -563,8 +564,9 @@ func TestNewValidatesTargets(t *testing.T) {
 	}
 }
 
-// TestConcurrencySendsInParallelWithinItsBound: with Concurrency n, a
-// target has up to n requests in flight at once, never more.
+// TestConcurrencySendsInParallelWithinItsBound: with Concurrency n (the
+// target's own, over the dispatcher's 1), a target has up to n requests in
+// flight at once, never more.
 func TestConcurrencySendsInParallelWithinItsBound(t *testing.T) {
 	t.Parallel()
 	const (
@@ -589,7 +591,7 @@ func TestConcurrencySendsInParallelWithinItsBound(t *testing.T) {
 	for i := range rows {
 		ids[i] = q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
 	}
-	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Concurrency: n})
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: n}}, Options{Concurrency: 1})
 	q.waitFor(t, 10*time.Second, "n requests in flight", func() bool { return inFlight.Load() == n })
 	close(release)
 	for _, id := range ids {

@@ -39,6 +39,10 @@ type Target struct {
 	// it, the envelope's data is cut to {"id":…} and "truncated": true is
 	// added.
 	MaxPayload int
+	// Concurrency, when positive, is how many requests the target may
+	// have in flight at once, instead of the dispatcher's
+	// Options.Concurrency.
+	Concurrency int
 	// AllowPrivate lets the target, and redirects of its deliveries, reach
 	// loopback, private, link-local and the other ranges CheckAddr refuses.
 	AllowPrivate bool
@@ -64,8 +68,8 @@ func (t Target) withDefaults() Target {
 // Validate returns an error naming the target and what is wrong: no name,
 // a URL CheckURL refuses (a private address literal is accepted with
 // AllowPrivate), a secret that is not a Standard Webhooks secret, a
-// negative timeout or payload limit, or a schedule step that is not
-// positive.
+// negative timeout, payload limit or concurrency, or a schedule step that
+// is not positive.
 func (t Target) Validate() error {
 	if t.Name == "" {
 		return errors.New("delivery: target has no name")
@@ -83,6 +87,9 @@ func (t Target) Validate() error {
 	}
 	if t.MaxPayload < 0 {
 		return fmt.Errorf("delivery: target %s: max_payload must not be negative", t.Name)
+	}
+	if t.Concurrency < 0 {
+		return fmt.Errorf("delivery: target %s: concurrency must not be negative", t.Name)
 	}
 	for i, d := range t.RetrySchedule {
 		if d <= 0 {
