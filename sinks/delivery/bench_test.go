@@ -88,13 +88,17 @@ func p99(ds []time.Duration) time.Duration {
 	return ds[(len(ds)*99+99)/100-1]
 }
 
-// baselineFanout POSTs perTarget bodies to each URL from one goroutine per
-// URL, repeating a 500 at once, until the fast URLs (all but the first)
-// are done.
+// fanoutConcurrency is how many requests each target has in flight at
+// once, in the bare loop and in the dispatcher alike (its Concurrency).
+const fanoutConcurrency = DefaultConcurrency
+
+// baselineFanout POSTs perTarget bodies to each URL, fanoutConcurrency
+// requests at a time per URL (one goroutine each), repeating a 500 at once,
+// until the fast URLs (all but the first) are done.
 func baselineFanout(b *testing.B, urls []string, perTarget int) fanoutResult {
 	b.Helper()
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = 4
+	tr.MaxIdleConnsPerHost = max(4, fanoutConcurrency)
 	client := &http.Client{Transport: tr}
 	defer tr.CloseIdleConnections()
 	body := []byte(`{"event_id":"evt_1","event":"contact.created","created_at":"2026-01-02T03:04:05Z","origin":"webhook","data":{"id":"ct_1"}}`)
@@ -109,45 +113,52 @@ func baselineFanout(b *testing.B, urls []string, perTarget int) fanoutResult {
 	)
 	began := time.Now()
 	for i, u := range urls {
-		if i > 0 {
-			fast.Add(1)
-		}
-		all.Add(1)
-		go func() {
-			defer all.Done()
+		var left atomic.Int64 // bodies of u not yet taken by a goroutine
+		left.Store(int64(perTarget))
+		for range fanoutConcurrency {
 			if i > 0 {
-				defer fast.Done()
+				fast.Add(1)
 			}
-			var times []time.Duration
-			for done := 0; done < perTarget && ctx.Err() == nil; {
-				req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
-				if err != nil {
-					b.Error(err)
-					return
+			all.Add(1)
+			go func() {
+				defer all.Done()
+				if i > 0 {
+					defer fast.Done()
 				}
-				req.Header.Set("Content-Type", "application/json")
-				start := time.Now()
-				resp, err := client.Do(req)
-				if err != nil {
-					if ctx.Err() == nil {
-						b.Error(err)
+				var times []time.Duration
+				// Take a body, then POST it until it is delivered.
+				for ctx.Err() == nil && left.Add(-1) >= 0 {
+					for ctx.Err() == nil {
+						req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						req.Header.Set("Content-Type", "application/json")
+						start := time.Now()
+						resp, err := client.Do(req)
+						if err != nil {
+							if ctx.Err() == nil {
+								b.Error(err)
+							}
+							return
+						}
+						_, _ = bytes.NewBuffer(nil).ReadFrom(resp.Body)
+						resp.Body.Close()
+						times = append(times, time.Since(start))
+						if resp.StatusCode < 300 {
+							delivered.Add(1)
+							break
+						}
 					}
-					return
 				}
-				_, _ = bytes.NewBuffer(nil).ReadFrom(resp.Body)
-				resp.Body.Close()
-				times = append(times, time.Since(start))
-				if resp.StatusCode < 300 {
-					done++
-					delivered.Add(1)
+				if i > 0 {
+					mu.Lock()
+					fastTimes = append(fastTimes, times...)
+					mu.Unlock()
 				}
-			}
-			if i > 0 {
-				mu.Lock()
-				fastTimes = append(fastTimes, times...)
-				mu.Unlock()
-			}
-		}()
+			}()
+		}
 	}
 	fast.Wait()
 	took := time.Since(began)
@@ -179,7 +190,7 @@ func dispatchFanout(b *testing.B, urls []string, perTarget int) fanoutResult {
 			ids[name] = append(ids[name], q.add(b, name, fmt.Sprintf("evt_%s_%d", name, j), "contact.created", fmt.Sprintf(`{"id":"ct_%d"}`, j)))
 		}
 	}
-	d, err := New(q, targets, Options{Poll: 10 * time.Millisecond})
+	d, err := New(q, targets, Options{Poll: 10 * time.Millisecond, Concurrency: fanoutConcurrency})
 	if err != nil {
 		b.Fatal(err)
 	}
