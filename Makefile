@@ -17,6 +17,8 @@ build: ## build bin/backstop
 
 .PHONY: test
 test: lint deps ## what CI runs: go vet, gofmt check, test deps, then every test with -race
+	mkdir -p artifacts
+	BACKSTOP_ARTIFACTS=$(CURDIR)/artifacts \
 	$(GO) test -race -count=1 -timeout 45m $(PKGS)
 
 .PHONY: deps
