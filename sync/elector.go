@@ -66,16 +66,17 @@ type RedisLease struct {
 	expiry *time.Timer   // ends the term at until
 }
 
-// Lost is implemented by electors whose leadership can end in the middle
-// of a run (RedisLease): the scheduler cancels its scheduled runs when the
-// channel closes, so that they do not go on beside the next leader's.
-type Lost interface {
+// Leadership is implemented by electors whose leadership can end in the
+// middle of a run (RedisLease): the scheduler cancels its scheduled runs
+// when Lost's channel closes, so that they do not go on beside the next
+// leader's.
+type Leadership interface {
 	// Lost returns a channel closed when the current term as leader ends;
 	// it is closed already when this process does not lead.
 	Lost() <-chan struct{}
 }
 
-var _ Lost = (*RedisLease)(nil)
+var _ Leadership = (*RedisLease)(nil)
 
 // ended is the closed channel of no term.
 var ended = func() chan struct{} {
@@ -114,7 +115,7 @@ func (l *RedisLease) Leader() bool {
 	return l.leader
 }
 
-// Lost implements Lost: the returned channel is closed when this
+// Lost implements Leadership: the returned channel is closed when this
 // process's current term as leader ends (see RedisLease).
 func (l *RedisLease) Lost() <-chan struct{} {
 	l.mu.Lock()

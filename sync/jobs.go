@@ -164,8 +164,8 @@ type SchedulerOptions struct {
 	// Elector, when set, is asked before every scheduled run, so that of
 	// several processes only the leader runs the jobs. If it also has a
 	// Campaign(ctx) method (RedisLease), Start runs it in the background
-	// until Stop; if it implements Lost, a scheduled run is cancelled when
-	// the leadership it started under ends.
+	// until Stop; if it implements Leadership, a scheduled run is
+	// cancelled when the leadership it started under ends.
 	Elector Elector
 }
 
@@ -409,10 +409,10 @@ func (s *Scheduler) RunJob(ctx context.Context, job string) (JobRun, error) {
 }
 
 // scheduled is gocron's task for one job. With an Elector that can lose
-// its leadership mid-run (Lost), the run is cancelled when it does, so
+// its leadership mid-run (Leadership), the run is cancelled when it does, so
 // that it does not go on beside the new leader's.
 func (s *Scheduler) scheduled(ctx context.Context, st *jobState) {
-	if e, ok := s.opts.Elector.(Lost); ok {
+	if e, ok := s.opts.Elector.(Leadership); ok {
 		var stop context.CancelFunc
 		ctx, stop = whileLeader(ctx, e.Lost())
 		defer stop()
