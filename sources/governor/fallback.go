@@ -55,10 +55,15 @@ type FallbackStore struct {
 	retry  time.Duration
 	log    *slog.Logger
 
-	mu        sync.Mutex
-	local     bool
-	nextTry   time.Time
-	trying    bool
+	mu      sync.Mutex
+	local   bool
+	nextTry time.Time
+	trying  bool
+	// live is done once the shared store has failed, so that the calls
+	// still waiting on it give up and pace locally rather than each
+	// waiting out its own timeout; a new one starts when it answers again.
+	live      context.Context
+	endLive   context.CancelFunc
 	budgets   map[string]*Budget
 	grants    map[grantKey]int // local grants not yet observed
 	fallbacks int64
@@ -85,11 +90,13 @@ func NewFallbackStore(shared Store, opts FallbackOptions) *FallbackStore {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &FallbackStore{
+	f := &FallbackStore{
 		shared: shared, share: opts.Share, retry: opts.Retry,
 		log:     opts.Logger.With("component", "governor"),
 		budgets: make(map[string]*Budget), grants: make(map[grantKey]int),
 	}
+	f.live, f.endLive = context.WithCancel(context.Background())
+	return f
 }
 
 // Stats returns the store's counts.
@@ -101,8 +108,10 @@ func (f *FallbackStore) Stats() FallbackStats {
 
 // Reserve implements Store. It fails only with ctx's error.
 func (f *FallbackStore) Reserve(ctx context.Context, key string, now time.Time, p Policy) (time.Duration, bool, error) {
-	if f.useShared(now) {
-		wait, ok, err := f.shared.Reserve(ctx, key, now, p)
+	if live, ok := f.useShared(now); ok {
+		sctx, stop := whileLive(ctx, live)
+		wait, ok, err := f.shared.Reserve(sctx, key, now, p)
+		stop()
 		switch {
 		case err == nil:
 			f.recovered()
@@ -140,13 +149,21 @@ func (f *FallbackStore) Observe(ctx context.Context, key string, now time.Time, 
 		f.mu.Unlock()
 		return nil
 	}
-	f.mu.Unlock()
 
 	// A request the shared store granted: only it can release the slot.
-	if err := f.shared.Observe(ctx, key, now, obs, p); err != nil {
-		f.failed(now, err)
-	} else {
+	// While the store is known to be unreachable, it only releases it
+	// locally (the store restates this process's count at its next write)
+	// instead of waiting for Redis.
+	live := f.live
+	f.mu.Unlock()
+	sctx, stop := whileLive(ctx, live)
+	err := f.shared.Observe(sctx, key, now, obs, p)
+	stop()
+	switch {
+	case err == nil:
 		f.recovered()
+	case live.Err() == nil:
+		f.failed(now, err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -173,18 +190,34 @@ func (f *FallbackStore) Snapshot(ctx context.Context, key string, now time.Time,
 }
 
 // useShared reports whether to ask the shared store: always while it
-// answers; while it does not, one caller once per Retry.
-func (f *FallbackStore) useShared(now time.Time) bool {
+// answers; while it does not, one caller once per Retry. live is done
+// when the shared store fails meanwhile (nil for the caller trying it
+// again).
+func (f *FallbackStore) useShared(now time.Time) (live context.Context, ok bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.local {
-		return true
+		return f.live, true
 	}
 	if f.trying || now.Before(f.nextTry) {
-		return false
+		return nil, false
 	}
 	f.trying = true
-	return true
+	return nil, true
+}
+
+// whileLive returns ctx, also cancelled when live is done (live nil:
+// ctx itself); stop releases it and must be called.
+func whileLive(ctx, live context.Context) (_ context.Context, stop func()) {
+	if live == nil {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	unhook := context.AfterFunc(live, cancel)
+	return ctx, func() {
+		unhook()
+		cancel()
+	}
 }
 
 // failed switches to local pacing (or stays there) after err.
@@ -197,6 +230,7 @@ func (f *FallbackStore) failed(now time.Time, err error) {
 		return
 	}
 	f.local = true
+	f.endLive()
 	f.fallbacks++
 	f.log.Warn("governor: shared budget unreachable: pacing locally",
 		"share", f.share, "retry_every", f.retry, "err", err)
@@ -211,6 +245,7 @@ func (f *FallbackStore) recovered() {
 		return
 	}
 	f.local = false
+	f.live, f.endLive = context.WithCancel(context.Background())
 	f.log.Info("governor: shared budget reachable again: pacing through it", "local_grants", f.granted)
 }
 

@@ -3,6 +3,7 @@ package governor
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -101,5 +102,54 @@ func TestFallbackStoreObservesWhereGranted(t *testing.T) {
 	}
 	if st := f.Stats(); st.Fallbacks != 1 || st.LocalGrants != 1 {
 		t.Errorf("stats %+v, want 1 fallback and 1 local grant", st)
+	}
+}
+
+// When the shared store fails, the calls still waiting on it (behind the
+// failing one, or on a Redis that does not answer) give up and pace
+// locally at once, instead of each waiting out its own timeout.
+func TestFallbackStoreReleasesWaitersWhenSharedFails(t *testing.T) {
+	ctx := context.Background()
+	down := errors.New("i/o timeout")
+	entered := make(chan struct{}, 2)
+	fail := make(chan struct{})
+	var calls atomic.Int32
+	shared := funcStore{
+		ReserveFunc: func(ctx context.Context, key string, now time.Time, p Policy) (time.Duration, bool, error) {
+			entered <- struct{}{}
+			if calls.Add(1) == 1 {
+				<-fail
+				return 0, false, down
+			}
+			<-ctx.Done() // a Redis that does not answer
+			return 0, false, ctx.Err()
+		},
+	}
+	f := NewFallbackStore(shared, FallbackOptions{Share: 0.5})
+	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+	t0 := time.Unix(1_700_000_000, 0)
+	results := make(chan error, 2)
+	reserve := func() {
+		// Granted, or told how long to wait, by local pacing.
+		_, _, err := f.Reserve(ctx, "k", t0, pol)
+		results <- err
+	}
+	go reserve()
+	<-entered
+	go reserve()
+	<-entered
+	close(fail)
+	for range 2 {
+		select {
+		case err := <-results:
+			if err != nil {
+				t.Errorf("reserve: %v, want local pacing's answer", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a reservation still waits on the shared store after it failed")
+		}
+	}
+	if st := f.Stats(); !st.Local || st.Fallbacks != 1 || st.LocalGrants < 1 {
+		t.Errorf("stats %+v, want local, 1 fallback, local grants", st)
 	}
 }

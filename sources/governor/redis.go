@@ -73,10 +73,12 @@ type RedisStore struct {
 
 var _ Store = (*RedisStore)(nil)
 
-// redisKey is what this store knows of one key. Its mutex serializes the
-// process's own calls on the key, so they never race each other in Redis.
+// redisKey is what this store knows of one key. Its lock serializes the
+// process's own calls on the key, so they never race each other in Redis;
+// it is a semaphore so that a Reserve waiting for it can give up when its
+// context ends (Redis not answering the call ahead of it).
 type redisKey struct {
-	mu sync.Mutex
+	lock chan struct{}
 	// out counts this store's grants not yet observed.
 	out int
 	// version and raw are the state last read or written, tried first by
@@ -107,8 +109,9 @@ func NewRedisStore(rdb redis.Scripter, opts RedisOptions) *RedisStore {
 	}
 }
 
-// Reserve implements Store. Its errors are Redis's (wrapped) and
-// ErrContention.
+// Reserve implements Store. Its errors are Redis's (wrapped),
+// ErrContention, and ctx's when it ends while another call of this process
+// on the key is still waiting for Redis.
 func (s *RedisStore) Reserve(ctx context.Context, key string, now time.Time, p Policy) (time.Duration, bool, error) {
 	var wait time.Duration
 	var granted bool
@@ -153,8 +156,18 @@ func (s *RedisStore) Snapshot(ctx context.Context, key string, now time.Time, p 
 // again.
 func (s *RedisStore) update(ctx context.Context, key string, now time.Time, observe bool, op func(*Budget) (granted bool)) error {
 	k := s.key(key)
-	k.mu.Lock()
-	defer k.mu.Unlock()
+	if observe {
+		// An observation must release its slot, so it waits its turn
+		// whatever its context; with the context done, its turn is short.
+		k.lock <- struct{}{}
+	} else {
+		select {
+		case k.lock <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("governor: redis: %w", ctx.Err())
+		}
+	}
+	defer func() { <-k.lock }()
 	rkey := s.prefix + key
 	fail := func(err error) error {
 		if observe {
@@ -221,7 +234,7 @@ func (s *RedisStore) key(key string) *redisKey {
 	defer s.mu.Unlock()
 	k := s.keys[key]
 	if k == nil {
-		k = &redisKey{}
+		k = &redisKey{lock: make(chan struct{}, 1)}
 		s.keys[key] = k
 	}
 	return k

@@ -2,6 +2,7 @@ package governor
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"math/rand/v2"
 	"net/http"
@@ -281,4 +282,29 @@ func TestFallbackStoreSurvivesRedisRestart(t *testing.T) {
 	if st := f.Stats(); st.Local || st.Fallbacks != 1 || st.LocalGrants != 2 {
 		t.Fatalf("stats after Redis came back: %+v, want shared, 1 fallback, 2 local grants", st)
 	}
+}
+
+// A reservation waiting for this process's call ahead of it on the key
+// (stuck on a Redis that does not answer) gives up when its context ends.
+func TestRedisStoreReserveGivesUpWaiting(t *testing.T) {
+	_, rdb := newRedis(t)
+	s := NewRedisStore(rdb, RedisOptions{})
+	k := s.key("k")
+	k.lock <- struct{}{} // the call ahead, still waiting for Redis
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := s.Reserve(ctx, "k", time.Unix(1_700_000_000, 0), Policy{Limit: 10, Window: time.Minute})
+		done <- err
+	}()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("reserve: %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a reservation waits for the call ahead whatever its context")
+	}
+	<-k.lock
 }
