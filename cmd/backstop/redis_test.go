@@ -122,7 +122,7 @@ func (p *fleetProc) waitCount(substr string, n int, within time.Duration) {
 				p.t.Fatalf("%s ended after %d of %d %q lines:\n%s", p.name, p.count(substr), n, substr, p.output())
 			}
 		case <-timeout:
-			p.t.Fatalf("%s: saw %d of %d %q lines in %s", p.name, p.count(substr), n, substr, within)
+			p.t.Fatalf("%s: saw %d of %d %q lines in %s:\n%s", p.name, p.count(substr), n, substr, within, p.output())
 		}
 	}
 }
@@ -360,6 +360,16 @@ jobs:
 	all := append(slices.Clone(backfills), serve)
 
 	waitRequests(t, s, 100, time.Minute)
+	// serve calls the platform only from its job, and starts no run while
+	// Redis is down (no lease): stop Redis while a run is going, so that
+	// serve has requests to pace locally.
+	deadline := time.Now().Add(time.Minute)
+	for serve.count("job started") <= serve.count(jobDone) {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve started no job run in a minute:\n%s", serve.output())
+		}
+		time.Sleep(5 * time.Millisecond) // polling the log, with a deadline
+	}
 	rds.Stop()
 	stoppedAt := s.Stats().Requests
 	for _, p := range all {
