@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -253,7 +254,7 @@ func (s *RedisStore) read(ctx context.Context, rkey string) (int64, []byte, erro
 // whether it did, and the version now stored with, when it did not, the
 // state that is.
 func (s *RedisStore) swap(ctx context.Context, rkey string, version int64, next []byte) (bool, int64, []byte, error) {
-	res, err := casScript.Run(ctx, s.rdb, []string{rkey}, version, next, s.keyTTL.Milliseconds()).Slice()
+	res, err := casScript.Run(ctx, s.rdb, []string{rkey}, version, next, s.keyTTL.Milliseconds(), firstVersion()).Slice()
 	if err != nil {
 		return false, 0, nil, fmt.Errorf("governor: redis write: %w", err)
 	}
@@ -303,19 +304,31 @@ local r = redis.call('HMGET', KEYS[1], 'v', 's')
 return {tonumber(r[1] or '0'), r[2] or ''}
 `)
 
-// casScript stores ARGV[2] as the state of KEYS[1] with version ARGV[1]+1
-// when its version is still ARGV[1], and keeps the key ARGV[3] ms. It
-// returns {1, new version}, or {0, version, state} when another write won.
+// casScript stores ARGV[2] as the state of KEYS[1] when its version is
+// still ARGV[1], and keeps the key ARGV[3] ms. The next version is the
+// stored one plus 1, or ARGV[4] (a random starting point) when the key is
+// absent: a key that expired or a Redis that restarted empty then does not
+// count its versions from 1 again, so a process holding a version from
+// before cannot match a different state by chance (ABA). It returns
+// {1, new version}, or {0, version, state} when another write won.
 var casScript = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'v', 's')
 local v = tonumber(r[1] or '0')
 if v ~= tonumber(ARGV[1]) then
   return {0, v, r[2] or ''}
 end
-redis.call('HSET', KEYS[1], 'v', v + 1, 's', ARGV[2])
+local nv = v + 1
+if r[1] == false then
+  nv = tonumber(ARGV[4])
+end
+redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {1, v + 1}
+return {1, nv}
 `)
+
+// firstVersion returns a random version for a key written the first time:
+// in [1, 2^40), so versions stay exact in Lua's doubles for any run.
+func firstVersion() int64 { return mrand.Int64N(1<<40-1) + 1 }
 
 // shared is a key's state as stored in Redis: the Budget and, per
 // process, the requests it has in flight.

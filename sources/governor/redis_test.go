@@ -308,3 +308,35 @@ func TestRedisStoreReserveGivesUpWaiting(t *testing.T) {
 	}
 	<-k.lock
 }
+
+// A key that expired, or a Redis that restarted empty, starts its versions
+// at a random point: a process still holding a version from before cannot
+// compare-and-set over a different state that reached the same number.
+func TestRedisStoreVersionsDoNotRepeatAfterALostKey(t *testing.T) {
+	_, rdb := newRedis(t)
+	ctx := context.Background()
+	s := NewRedisStore(rdb, RedisOptions{})
+	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+	now := time.Unix(1_700_000_000, 0)
+	seen := map[int64]bool{}
+	for round := range 5 {
+		if _, ok, err := s.Reserve(ctx, "k", now, pol); err != nil || !ok {
+			t.Fatalf("round %d: reserve: %v %v", round, ok, err)
+		}
+		v, raw, err := s.read(ctx, s.prefix+"k")
+		if err != nil || raw == nil {
+			t.Fatalf("round %d: read: %v (state %q)", round, err, raw)
+		}
+		if seen[v] {
+			t.Fatalf("round %d: version %d again after the key was lost", round, v)
+		}
+		seen[v] = true
+		obs := Observation{Status: 200, HasBudget: true, Limit: 100, Remaining: 99, Reset: now.Add(time.Minute), Granted: now}
+		if err := s.Observe(ctx, "k", now, obs, pol); err != nil {
+			t.Fatalf("round %d: observe: %v", round, err)
+		}
+		if err := rdb.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
