@@ -64,6 +64,17 @@ func (m *Main) openApp(ctx context.Context, g *globals, logw io.Writer) (*app, e
 // openAppWith is openApp with the SQLite synchronous level chosen from the
 // configuration (serve uses intake.synchronous, FULL by default).
 func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, synchronous func(*config.Config) string) (*app, error) {
+	return m.openAppOpts(ctx, g, logw, synchronous, true)
+}
+
+// openAppLocal is openApp for commands that only read (jobs): they make no
+// platform request, so they neither need nor wait for Redis, and work while
+// it is down.
+func (m *Main) openAppLocal(ctx context.Context, g *globals, logw io.Writer) (*app, error) {
+	return m.openAppOpts(ctx, g, logw, func(c *config.Config) string { return c.Store.Synchronous }, false)
+}
+
+func (m *Main) openAppOpts(ctx context.Context, g *globals, logw io.Writer, synchronous func(*config.Config) string, shared bool) (*app, error) {
 	log, err := g.newLogger(logw)
 	if err != nil {
 		return nil, err
@@ -71,6 +82,9 @@ func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, sync
 	cfg, err := m.loadConfig(g)
 	if err != nil {
 		return nil, err
+	}
+	if !shared {
+		cfg.Governor.Redis = ""
 	}
 	src := cfg.Source
 	var rdb *redis.Client

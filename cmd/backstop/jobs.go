@@ -28,7 +28,7 @@ stored run and its result. Runs are stored by backstop serve and backstop run.`,
 		Args:    cobraArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			a, err := m.openApp(ctx, g, m.Stderr)
+			a, err := m.openAppLocal(ctx, g, m.Stderr)
 			if err != nil {
 				return err
 			}

@@ -301,6 +301,14 @@ func TestRedisUnreachableAtStartExits2(t *testing.T) {
 	if e.sim.Stats().Requests != 0 {
 		t.Errorf("%d requests were made without the shared budget", e.sim.Stats().Requests)
 	}
+
+	// Commands that only read work while Redis is down: an operator in an
+	// incident can still list the jobs and the deliveries.
+	for _, args := range [][]string{{"jobs"}, {"deliveries", "list"}, {"cursors"}} {
+		if code, _, stderr := e.run(context.Background(), args...); code != exitOK {
+			t.Errorf("%s with Redis down: exit %d, want 0\n%s", strings.Join(args, " "), code, stderr)
+		}
+	}
 }
 
 // newSimServer serves s over HTTP for the test and returns its URL.
