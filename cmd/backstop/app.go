@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"sync"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/cmd/backstop/config"
 	"github.com/backstop-sync/backstop/sources"
 	"github.com/backstop-sync/backstop/sources/governor"
@@ -100,7 +100,7 @@ func (m *Main) openAppOpts(ctx context.Context, g *globals, logw io.Writer, sync
 		)
 		govStore = fallback
 		log.Info("governor: sharing the rate-limit budget through Redis",
-			"redis", redactedURL(cfg.Governor.Redis.Value()), "fallback_share", cfg.Governor.FallbackShare)
+			"redis", backstop.RedactURL(cfg.Governor.Redis.Value()), "fallback_share", cfg.Governor.FallbackShare)
 	}
 	db, err := store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: synchronous(cfg)})
 	if err != nil {
@@ -186,7 +186,7 @@ var quietRedis sync.Once
 // answers. Its errors name the server without the password.
 func connectRedis(ctx context.Context, rawURL string) (*redis.Client, error) {
 	quietRedis.Do(func() { redis.SetLogger(discardRedisLog{}) })
-	addr := redactedURL(rawURL)
+	addr := backstop.RedactURL(rawURL)
 	opts, err := redis.ParseURL(rawURL)
 	if err != nil {
 		// The parser's message may quote the URL, password and all.
@@ -204,16 +204,6 @@ func connectRedis(ctx context.Context, rawURL string) (*redis.Client, error) {
 		return nil, fmt.Errorf("governor.redis %s: unreachable: %w", addr, err)
 	}
 	return rdb, nil
-}
-
-// redactedURL is raw with its password replaced by "xxxxx" (a Redis URL,
-// a target's URL), or "(unreadable URL)".
-func redactedURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unreadable URL)"
-	}
-	return u.Redacted()
 }
 
 // discardRedisLog is a go-redis logger that drops everything.

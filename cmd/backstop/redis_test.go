@@ -429,16 +429,3 @@ jobs:
 		t.Errorf("serve: exit %d after SIGTERM\n%s", code, serve.output())
 	}
 }
-
-func TestRedactedURL(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"},
-		{"redis://:s3cret@10.0.0.7:6379/2", "redis://:xxxxx@10.0.0.7:6379/2"},
-		{"rediss://user:s3cret@cache.example.com:6380/0", "rediss://user:xxxxx@cache.example.com:6380/0"},
-		{"redis://:s3cret@[::1", "(unreadable URL)"},
-	} {
-		if got := redactedURL(tc.in); got != tc.want {
-			t.Errorf("redactedURL(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}

@@ -140,7 +140,7 @@ func (b *uiBackend) Targets(ctx context.Context) ([]dashboard.Target, error) {
 	}
 	out := make([]dashboard.Target, len(states))
 	for i, s := range states {
-		out[i] = dashboard.Target{TargetState: delivery.TargetState(s), URL: redactedURL(cfg.Targets[i].URL)}
+		out[i] = dashboard.Target{TargetState: delivery.TargetState(s), URL: backstop.RedactURL(cfg.Targets[i].URL)}
 	}
 	return out, nil
 }

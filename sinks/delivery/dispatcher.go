@@ -21,6 +21,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/sinks/intake"
 )
 
@@ -214,7 +215,7 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 			t:           t,
 			concurrency: concurrency,
 			client:      newClient(t, concurrency),
-			url:         redactURL(t.URL),
+			url:         backstop.RedactURL(t.URL),
 			lease:       lease,
 			wake:        make(chan struct{}, 1),
 			logger:      d.logger.With("target", t.Name),
@@ -572,7 +573,7 @@ func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Atte
 	)
 	if err := checkURL(rawURL, w.t.AllowPrivate); err != nil {
 		refused = err
-		a = Attempt{DeliveryID: row.ID, Target: row.Target, URL: redactURL(rawURL), Attempt: row.Attempts + 1,
+		a = Attempt{DeliveryID: row.ID, Target: row.Target, URL: backstop.RedactURL(rawURL), Attempt: row.Attempts + 1,
 			Error: err.Error(), RequestID: d.requestIDs.next(), At: d.now(), Redirect: true}
 	} else {
 		var err error
@@ -606,7 +607,7 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	t, client := w.t, w.client
 	shown := w.url
 	if rawURL != t.URL {
-		shown = redactURL(rawURL)
+		shown = backstop.RedactURL(rawURL)
 	}
 	body := cutPayload(row.Payload, t.MaxPayload)
 	at := d.now()
@@ -751,15 +752,6 @@ func (g *requestIDs) next() string {
 		return uuid.NewString()
 	}
 	return id.String()
-}
-
-// redactURL hides the password of a URL's user info.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return raw
-	}
-	return u.Redacted()
 }
 
 // setPaused keeps the paused-targets gauge in step with w.
