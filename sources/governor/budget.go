@@ -65,6 +65,12 @@ type Budget struct {
 	Consecutive429 int
 	// PauseStart is when the latest 429 burst began.
 	PauseStart time.Time
+	// Answered is when the server first answered (below 500) without
+	// rate-limit headers: it does not publish its budget, so the seeded one
+	// is all there is to know, and requests need not wait one at a time
+	// for a response that will never say more (a delivery target without
+	// X-RateLimit-*).
+	Answered time.Time `json:",omitzero"`
 }
 
 // Observation is what one finished request tells the budget. Every granted
@@ -136,6 +142,8 @@ func (b *Budget) Observe(now time.Time, obs Observation, p Policy) {
 	b.roll(now, p)
 	if obs.HasBudget {
 		b.observeHeaders(obs, p)
+	} else if b.Observed.IsZero() && b.Answered.IsZero() && !obs.Aborted && obs.Status > 0 && obs.Status < 500 {
+		b.Answered = now
 	}
 	switch {
 	case obs.Aborted:
@@ -280,9 +288,14 @@ func decide(b Budget, now time.Time, p Policy) time.Duration {
 }
 
 // unconfirmed reports whether the budget is a guess that one response would
-// correct: no response seen yet, or a window assumed without a learned length.
+// correct: no response seen yet, or a window assumed without a learned
+// length. A server that answered without rate-limit headers has nothing to
+// correct it with: its seeded budget stands.
 func (b Budget) unconfirmed() bool {
-	return b.Observed.IsZero() || (b.Window == 0 && b.Reset.After(b.Observed))
+	if b.Observed.IsZero() {
+		return b.Answered.IsZero()
+	}
+	return b.Window == 0 && b.Reset.After(b.Observed)
 }
 
 func reserveFor(limit int, p Policy) int {

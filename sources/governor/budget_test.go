@@ -41,6 +41,9 @@ func TestDecide(t *testing.T) {
 		{"paused by 429 despite budget", func() Budget { b := known(90, 0, time.Time{}); b.PausedUntil = at(3000); return b }(), at(0), p, 3 * time.Second},
 		{"pause over", func() Budget { b := known(90, 0, time.Time{}); b.PausedUntil = at(0); return b }(), at(0), p, 0},
 		{"probe in flight before first response", Budget{Limit: 100, Remaining: 100, Reset: at(1000), InFlight: 1}, at(0), p, probeRecheck},
+		// 94 available (100 − 1 in flight − 5) over 1s, one just granted:
+		// spread, not one at a time.
+		{"a server that answered without headers: its seed stands", Budget{Limit: 100, Remaining: 100, Reset: at(1000), InFlight: 1, LastGrant: at(0), Answered: at(0)}, at(0), p, time.Second / 94},
 		{"probe in flight in an assumed window of unknown length", Budget{Limit: 100, Remaining: 100, Reset: at(61000), Observed: at(1000), InFlight: 1}, at(1100), p, probeRecheck},
 		{"assumed window of learned length spreads", Budget{Limit: 100, Remaining: 96, Reset: at(2000), Observed: at(1000), Window: time.Second, InFlight: 1, LastGrant: at(1100)}, at(1100), p, 10 * time.Millisecond},
 		{"reserve capped at half a small limit", Budget{Limit: 4, Remaining: 3, Reset: at(1000), Observed: at(1000)}, at(0), p, 0},
@@ -69,6 +72,29 @@ func TestReserve(t *testing.T) {
 		// The probe is out: the next request waits for its answer.
 		if wait, ok := b.Reserve(at(0), p); ok || wait != probeRecheck {
 			t.Fatalf("second Reserve = %v, %v; want probe wait", wait, ok)
+		}
+	})
+	t.Run("a headerless answer ends the probe; a 5xx or an abort does not", func(t *testing.T) {
+		for _, tc := range []struct {
+			obs     Observation
+			granted bool
+		}{
+			{Observation{Status: 200}, true},
+			{Observation{Status: 404}, true},
+			{Observation{Status: 503}, false},
+			{Observation{Aborted: true}, false},
+		} {
+			var b Budget
+			b.Reserve(at(0), p)
+			b.Reserve(at(0), p) // waits for the probe
+			b.Observe(at(5), tc.obs, p)
+			if _, ok := b.Reserve(at(50), p); !ok {
+				t.Fatalf("after %+v: the next request was not granted", tc.obs)
+			}
+			_, ok := b.Reserve(at(100), p) // with that one still in flight
+			if ok != tc.granted {
+				t.Errorf("after %+v: a second request in flight granted = %v, want %v", tc.obs, ok, tc.granted)
+			}
 		}
 	})
 	t.Run("before reset + margin the exhausted window holds", func(t *testing.T) {
