@@ -124,6 +124,7 @@ func deliveryTargets(cfg *config.Config) []delivery.Target {
 			Name: t.Name, URL: t.URL, Secret: t.Secret.Value(), Headers: headers,
 			ConnectTimeout: t.ConnectTimeout.Std(), Timeout: t.Timeout.Std(),
 			RetrySchedule: schedule, MaxPayload: t.MaxPayload, AllowPrivate: t.AllowPrivate,
+			Concurrency: t.Concurrency,
 		}
 	}
 	return out

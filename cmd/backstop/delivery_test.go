@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	stdsync "sync"
 	"syscall"
@@ -243,3 +244,75 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 }
 
 func jsonUnmarshal(s string, v any) error { return json.Unmarshal([]byte(s), v) }
+
+// targets[].concurrency reaches the dispatcher: with deliveries queued for a
+// target that, after its first answer, holds every request until four are
+// in flight at once, serve must send them side by side (one after another,
+// the second would wait for company that never comes).
+func TestTargetConcurrencyFromConfig(t *testing.T) {
+	const want = 4
+	var mu stdsync.Mutex
+	answered, inFlight, peak := 0, 0, 0
+	release := make(chan struct{})
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		answered++
+		if answered == 1 {
+			// The first answer at once: until a target has answered, its
+			// pacer lets one request through at a time.
+			mu.Unlock()
+			return
+		}
+		inFlight++
+		peak = max(peak, inFlight)
+		if inFlight == want {
+			close(release)
+		}
+		mu.Unlock()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+	}))
+	defer target.Close()
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeDeliveryConfig(addr, target.URL)
+	base, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Long timeout: with concurrency 1 the first request would wait for
+	// company that never comes, and time out.
+	cfg := strings.Replace(string(base), "    timeout: 1s\n", fmt.Sprintf("    timeout: 60s\n    concurrency: %d\n", want), 1)
+	e.writeConfig(cfg)
+	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret)
+	db, err := store.Open(context.Background(), e.db, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want + 1 {
+		if _, err := db.Enqueue(context.Background(), "recorder", fmt.Sprintf("evt_conc_%d", i), "test.event",
+			[]byte(fmt.Sprintf(`{"n":%d}`, i)), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	srv, lines := e.startBinaryEnv(env, "serve")
+	defer func() {
+		srv.cmd.Process.Signal(syscall.SIGTERM)
+		srv.cmd.Wait()
+	}()
+	waitLines(t, lines, "serving", 1, 30*time.Second)
+	select {
+	case <-release:
+	case <-time.After(time.Minute):
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("at most %d requests were in flight at once, want %d (targets[].concurrency: %d)", peak, want, want)
+	}
+}

@@ -125,6 +125,11 @@ type Target struct {
 	MaxPayload    int             `yaml:"max_payload"`   // bytes, default 65536
 	AllowPrivate  bool            `yaml:"allow_private"` // let the SSRF guard dial private addresses
 	RateLimit     TargetRateLimit `yaml:"rate_limit"`
+	// Concurrency is how many deliveries to the target may be in flight at
+	// once (default 1: one after another, in queue order). A target that
+	// answers slowly but can take several requests at a time goes faster
+	// with more.
+	Concurrency int `yaml:"concurrency"`
 }
 
 // TargetRateLimit caps deliveries to one target; zero means no cap.
@@ -196,7 +201,8 @@ func (t *Target) setDefaults() {
 			Duration(time.Minute), Duration(10 * time.Minute),
 			Duration(time.Hour), Duration(24 * time.Hour),
 		},
-		MaxPayload: 65536,
+		MaxPayload:  65536,
+		Concurrency: 1,
 	}
 }
 

@@ -139,6 +139,8 @@ func TestParseErrors(t *testing.T) {
 			nil, `schedules.yaml:7: targets[0].events[0]: want an event type or glob like payment.*, got "payment.["`, 7, "targets[0].events[0]"},
 		{"target retry delay", base + "targets:\n  - name: a\n    url: https://a.example.com\n    retry_schedule: [1m, 0s]\n",
 			nil, `schedules.yaml:7: targets[0].retry_schedule[1]: want a duration above 0, got 0s`, 7, "targets[0].retry_schedule[1]"},
+		{"target concurrency", base + "targets:\n  - name: a\n    url: https://a.example.com\n    concurrency: 0\n",
+			nil, `schedules.yaml:7: targets[0].concurrency: want 1..64 requests in flight, got 0`, 7, "targets[0].concurrency"},
 		{"target max payload", base + "targets:\n  - name: a\n    url: https://a.example.com\n    max_payload: 0\n",
 			nil, `schedules.yaml:7: targets[0].max_payload: want more than 0 bytes, got 0`, 7, "targets[0].max_payload"},
 		{"header name", base + "targets:\n  - name: a\n    url: https://a.example.com\n    headers: {\"X A\": b}\n",
@@ -258,7 +260,7 @@ func TestDefaults(t *testing.T) {
 		RetrySchedule: []Duration{
 			Duration(time.Minute), Duration(10 * time.Minute), Duration(time.Hour), Duration(24 * time.Hour),
 		},
-		MaxPayload: 65536,
+		MaxPayload: 65536, Concurrency: 1,
 	}}
 	want.Jobs = []Job{{Name: "nightly", Kind: KindSync, Cron: "0 3 * * *", Lookback: Duration(10 * time.Minute)}}
 	cfg.meta = nil

@@ -148,6 +148,9 @@ func (c *Config) target(i int, names map[string]string) *Error {
 	if t.MaxPayload < 1 {
 		return c.errorf(k+".max_payload", "want more than 0 bytes, got %d", t.MaxPayload)
 	}
+	if t.Concurrency < 1 || t.Concurrency > maxTargetConcurrency {
+		return c.errorf(k+".concurrency", "want 1..%d requests in flight, got %d", maxTargetConcurrency, t.Concurrency)
+	}
 	if t.RateLimit.PerSecond < 0 {
 		return c.errorf(k+".rate_limit.per_second", "want 0 (no limit) or more, got %d", t.RateLimit.PerSecond)
 	}
@@ -156,6 +159,10 @@ func (c *Config) target(i int, names map[string]string) *Error {
 	}
 	return nil
 }
+
+// maxTargetConcurrency bounds targets[].concurrency: more requests in flight
+// to one target than this only queue in its server.
+const maxTargetConcurrency = 64
 
 // job validates c.Jobs[i]; names maps names seen so far to their keys.
 func (c *Config) job(i int, names map[string]string) *Error {
