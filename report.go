@@ -24,6 +24,26 @@ func (s *RunStats) AddPage(p Page, res ApplyResult) {
 	s.Cost = s.Cost.Add(p.Cost)
 }
 
+// JobCounts are what one run of a scheduled job counted, summed over its
+// resources. Which are set depends on the job's kind: sync and backfill
+// fill Pages to Updated, reconcile Missing and Behind, every emitting run
+// Reemitted and Suppressed, maintenance Pruned; every run that calls the
+// platform Requests and RateLimited. The scheduler makes them, the store
+// keeps them, the CLI and the dashboard show them.
+type JobCounts struct {
+	Pages       int   `json:"pages"`
+	Objects     int   `json:"objects"`
+	New         int   `json:"new"`
+	Updated     int   `json:"updated"`
+	Missing     int   `json:"missing"`
+	Behind      int   `json:"behind"`
+	Reemitted   int   `json:"reemitted"`
+	Suppressed  int   `json:"suppressed"`
+	Pruned      int64 `json:"pruned"`
+	Requests    int   `json:"requests"`
+	RateLimited int   `json:"rate_limited"`
+}
+
 // ReconcileReport is what one reconciliation of one resource found and did.
 // It lives in the root so that the engine (which makes it) and the store
 // (which keeps it) share it without importing each other.

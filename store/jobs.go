@@ -12,23 +12,6 @@ import (
 	"github.com/backstop-sync/backstop"
 )
 
-// JobCounts are the counts one job run stores. Which are set depends on the
-// job's kind: sync and backfill fill Pages to Updated, reconcile Missing and
-// Behind, every emitting run Reemitted and Suppressed, maintenance Pruned.
-type JobCounts struct {
-	Pages       int
-	Objects     int
-	New         int
-	Updated     int
-	Missing     int
-	Behind      int
-	Reemitted   int
-	Suppressed  int
-	Pruned      int64
-	Requests    int
-	RateLimited int
-}
-
 // JobRun is one stored run of a scheduled job.
 type JobRun struct {
 	ID         int64
@@ -38,7 +21,7 @@ type JobRun struct {
 	FinishedAt time.Time
 	// Status is "ok", "failed" or "skipped".
 	Status string
-	Counts JobCounts
+	Counts backstop.JobCounts
 	// Error is the failed run's error, empty otherwise.
 	Error string
 }
@@ -72,7 +55,7 @@ type jobRunRow struct {
 func (row jobRunRow) jobRun() (JobRun, error) {
 	run := JobRun{
 		ID: row.ID, Job: row.Job, Kind: row.Kind, Status: row.Status, Error: row.Error.String,
-		Counts: JobCounts{
+		Counts: backstop.JobCounts{
 			Pages: row.Pages, Objects: row.Objects, New: row.New, Updated: row.Updated,
 			Missing: row.Missing, Behind: row.Behind, Reemitted: row.Reemitted,
 			Suppressed: row.Suppressed, Pruned: row.Pruned, Requests: row.Requests,

@@ -26,7 +26,7 @@ func TestJobRunsSaveListPrune(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := JobRun{Job: "a", Kind: "sync", StartedAt: t0, FinishedAt: t0.Add(time.Second), Status: "ok",
-		Counts: JobCounts{Pages: 1, Objects: 2, New: 3, Updated: 4, Missing: 5, Behind: 6, Reemitted: 7,
+		Counts: backstop.JobCounts{Pages: 1, Objects: 2, New: 3, Updated: 4, Missing: 5, Behind: 6, Reemitted: 7,
 			Suppressed: 8, Pruned: 9, Requests: 10, RateLimited: 11}}
 	id, err := db.SaveJobRun(ctx, want)
 	if err != nil {

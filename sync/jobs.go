@@ -75,22 +75,8 @@ const (
 	JobSkipped JobStatus = "skipped" // the job was still running
 )
 
-// JobCounts are what one job run counted, summed over its resources.
-type JobCounts struct {
-	Pages       int   `json:"pages"`
-	Objects     int   `json:"objects"`
-	New         int   `json:"new"`
-	Updated     int   `json:"updated"`
-	Missing     int   `json:"missing"`
-	Behind      int   `json:"behind"`
-	Reemitted   int   `json:"reemitted"`
-	Suppressed  int   `json:"suppressed"`
-	Pruned      int64 `json:"pruned"`
-	Requests    int   `json:"requests"`
-	RateLimited int   `json:"rate_limited"`
-}
-
-func (c *JobCounts) addRun(st backstop.RunStats, em EmitStats) {
+// addRun adds one resource's run and what it emitted to c.
+func addRun(c *backstop.JobCounts, st backstop.RunStats, em EmitStats) {
 	c.Pages += st.Pages
 	c.Objects += st.Objects
 	c.New += st.New
@@ -109,7 +95,7 @@ type JobRun struct {
 	StartedAt  time.Time
 	FinishedAt time.Time
 	Status     JobStatus
-	Counts     JobCounts
+	Counts     backstop.JobCounts
 	// Err is why a failed run failed; nil otherwise.
 	Err error
 }
@@ -486,8 +472,8 @@ func (s *Scheduler) skip(ctx context.Context, st *jobState) {
 
 // work does j's work over its resources. A failing resource does not stop
 // the others (except on cancellation); the errors are joined.
-func (s *Scheduler) work(ctx context.Context, j Job) (JobCounts, error) {
-	var c JobCounts
+func (s *Scheduler) work(ctx context.Context, j Job) (backstop.JobCounts, error) {
+	var c backstop.JobCounts
 	e := s.opts.Engine
 	if j.Kind == JobMaintenance {
 		return c, s.maintain(ctx, &c)
@@ -504,7 +490,7 @@ func (s *Scheduler) work(ctx context.Context, j Job) (JobCounts, error) {
 			var st backstop.RunStats
 			var em EmitStats
 			st, em, err = e.SyncEmit(ctx, r, s.opts.Routes)
-			c.addRun(st, em)
+			addRun(&c, st, em)
 		case JobBackfill:
 			var st backstop.RunStats
 			var em EmitStats
@@ -513,7 +499,7 @@ func (s *Scheduler) work(ctx context.Context, j Job) (JobCounts, error) {
 			} else {
 				st, err = e.Backfill(ctx, r, false)
 			}
-			c.addRun(st, em)
+			addRun(&c, st, em)
 		case JobReconcile:
 			var rep ReconcileReport
 			rep, err = e.Reconcile(ctx, r, ReconcileOptions{Lookback: j.Lookback, Full: j.Full, Routes: s.opts.Routes})
@@ -535,7 +521,7 @@ func (s *Scheduler) work(ctx context.Context, j Job) (JobCounts, error) {
 
 // maintain prunes processed events and job runs older than the retention,
 // and delivery attempts older than AttemptRetention.
-func (s *Scheduler) maintain(ctx context.Context, c *JobCounts) error {
+func (s *Scheduler) maintain(ctx context.Context, c *backstop.JobCounts) error {
 	before := s.opts.Now().Add(-s.opts.Retention)
 	n, err := s.opts.Store.PruneProcessed(ctx, before)
 	c.Pruned += n

@@ -18,7 +18,7 @@ type jobStore struct{ *store.DB }
 
 func (s jobStore) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, error) {
 	r := store.JobRun{Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
-		Status: string(run.Status), Counts: store.JobCounts(run.Counts)}
+		Status: string(run.Status), Counts: run.Counts}
 	if run.Err != nil {
 		r.Error = run.Err.Error()
 	}

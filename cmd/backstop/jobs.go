@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/cmd/backstop/config"
 	"github.com/backstop-sync/backstop/store"
 	bsync "github.com/backstop-sync/backstop/sync"
@@ -59,7 +60,7 @@ type jobStore struct {
 // SaveJobRun stores run with store.DB.SaveJobRun.
 func (s jobStore) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, error) {
 	r := store.JobRun{Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
-		Status: string(run.Status), Counts: store.JobCounts(run.Counts)}
+		Status: string(run.Status), Counts: run.Counts}
 	if run.Err != nil {
 		r.Error = run.Err.Error()
 	}
@@ -129,11 +130,11 @@ type jobRow struct {
 
 // lastJobRun is the last stored run of a job.
 type lastJobRun struct {
-	StartedAt  time.Time       `json:"started_at"`
-	FinishedAt time.Time       `json:"finished_at"`
-	Status     string          `json:"status"`
-	Counts     bsync.JobCounts `json:"counts"`
-	Error      string          `json:"error,omitempty"`
+	StartedAt  time.Time          `json:"started_at"`
+	FinishedAt time.Time          `json:"finished_at"`
+	Status     string             `json:"status"`
+	Counts     backstop.JobCounts `json:"counts"`
+	Error      string             `json:"error,omitempty"`
 }
 
 func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, error) {
@@ -151,7 +152,7 @@ func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, e
 		var after time.Time
 		if ok {
 			row.LastRun = &lastJobRun{StartedAt: last.StartedAt, FinishedAt: last.FinishedAt, Status: last.Status,
-				Counts: bsync.JobCounts(last.Counts), Error: last.Error}
+				Counts: last.Counts, Error: last.Error}
 			after = last.StartedAt
 		}
 		if row.NextRun, err = s.NextRun(j.Name, after); err != nil {

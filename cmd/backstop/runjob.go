@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/backstop-sync/backstop"
 	bsync "github.com/backstop-sync/backstop/sync"
 )
 
@@ -55,14 +56,14 @@ configuration, 130 interrupted (a sync finishes its current page first).`,
 func printJobRun(w io.Writer, run bsync.JobRun, asJSON bool) error {
 	if asJSON {
 		out := struct {
-			ID         int64           `json:"id"`
-			Job        string          `json:"job"`
-			Kind       string          `json:"kind"`
-			StartedAt  time.Time       `json:"started_at"`
-			FinishedAt time.Time       `json:"finished_at"`
-			Status     string          `json:"status"`
-			Counts     bsync.JobCounts `json:"counts"`
-			Error      string          `json:"error,omitempty"`
+			ID         int64              `json:"id"`
+			Job        string             `json:"job"`
+			Kind       string             `json:"kind"`
+			StartedAt  time.Time          `json:"started_at"`
+			FinishedAt time.Time          `json:"finished_at"`
+			Status     string             `json:"status"`
+			Counts     backstop.JobCounts `json:"counts"`
+			Error      string             `json:"error,omitempty"`
 		}{ID: run.ID, Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
 			Status: string(run.Status), Counts: run.Counts}
 		if run.Err != nil {

@@ -181,7 +181,7 @@ func (b *uiBackend) Jobs(ctx context.Context, runs int) ([]dashboard.Job, error)
 			}
 			for _, r := range stored {
 				v.Runs = append(v.Runs, dashboard.JobRun{StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
-					Status: r.Status, Counts: dashboard.JobCounts(r.Counts), Error: r.Error})
+					Status: r.Status, Counts: r.Counts, Error: r.Error})
 			}
 			if len(stored) > 0 {
 				after = stored[0].StartedAt

@@ -110,7 +110,7 @@ func seedDashboard(t *testing.T, path, keyID string) uiSeed {
 
 	if _, err := db.SaveJobRun(ctx, store.JobRun{Job: "payments-hourly", Kind: "reconcile", StartedAt: now.Add(-2 * time.Hour),
 		FinishedAt: now.Add(-2*time.Hour + 3*time.Second), Status: "ok",
-		Counts: store.JobCounts{Pages: 2, Objects: 120, Missing: 3, Behind: 1, Reemitted: 4, Requests: 2}}); err != nil {
+		Counts: backstop.JobCounts{Pages: 2, Objects: 120, Missing: 3, Behind: 1, Reemitted: 4, Requests: 2}}); err != nil {
 		t.Fatal(err)
 	}
 	rep := backstop.ReconcileReport{Resource: backstop.Payments, StartedAt: now.Add(-2 * time.Hour), Since: now.Add(-3 * time.Hour)}

@@ -84,23 +84,8 @@ type JobRun struct {
 	StartedAt, FinishedAt time.Time
 	// Status is "ok", "failed" or "skipped".
 	Status string
-	Counts JobCounts
+	Counts backstop.JobCounts
 	Error  string
-}
-
-// JobCounts are what one job run counted (the fields of store.JobCounts).
-type JobCounts struct {
-	Pages       int
-	Objects     int
-	New         int
-	Updated     int
-	Missing     int
-	Behind      int
-	Reemitted   int
-	Suppressed  int
-	Pruned      int64
-	Requests    int
-	RateLimited int
 }
 
 // ReconcileRun is one stored reconcile report (the fields of
