@@ -30,6 +30,9 @@ type app struct {
 	client *sources.Client
 	gov    *governor.Governor
 	engine *bsync.Engine
+	// meter counts what the engine's platform calls cost, for the quota
+	// samples; the engine's Source is the meter over client.
+	meter *quotaMeter
 
 	// With governor.redis: the client, the governor's store that falls
 	// back to local pacing, and the jobs lease (made by schedulerWith).
@@ -133,16 +136,18 @@ func (m *Main) openAppOpts(ctx context.Context, g *globals, logw io.Writer, sync
 		}
 		return nil, usageError{fmt.Errorf("source: %w", err)}
 	}
+	meter := &quotaMeter{Source: client}
 	return &app{
 		cfg:      cfg,
 		log:      log,
 		db:       db,
 		client:   client,
 		gov:      gov,
+		meter:    meter,
 		rdb:      rdb,
 		fallback: fallback,
 		engine: &bsync.Engine{
-			Source:   client,
+			Source:   meter,
 			Mirror:   db,
 			PageSize: src.PageSize,
 			Logger:   log.With("component", "engine"),
@@ -162,6 +167,7 @@ func (a *app) Close() error {
 				"fallbacks", st.Fallbacks, "local_requests", st.LocalGrants)
 		}
 	}
+	a.saveLastQuotaSample()
 	err := a.db.Close()
 	if a.rdb != nil {
 		err = errors.Join(err, a.rdb.Close())

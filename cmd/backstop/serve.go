@@ -71,9 +71,9 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.registerMetrics(reg) // the shared governor's fallbacks and the jobs lease
-	// Every platform call's cost is counted for the dashboard's quota page.
-	meter := &quotaMeter{Source: a.engine.Source}
-	a.engine.Source = meter
+	// Every platform call's cost is counted (a.meter) for the dashboard's
+	// quota page; the truncated-event fetcher goes through it too.
+	meter := a.meter
 	sched, err := a.schedulerWith(newJobMetrics(reg))
 	if err != nil {
 		return err

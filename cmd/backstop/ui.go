@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -284,35 +283,6 @@ func counterValue(c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
-// quotaMeter is the platform source, counting what its calls cost:
-// requests sent, 429 answers and time waited on the governor.
-type quotaMeter struct {
-	backstop.Source
-	requests, rateLimited, waited atomic.Int64
-}
-
-var _ backstop.Source = (*quotaMeter)(nil)
-
-func (m *quotaMeter) add(c backstop.Cost) {
-	m.requests.Add(int64(c.Requests))
-	m.rateLimited.Add(int64(c.RateLimited))
-	m.waited.Add(int64(c.ThrottleWait))
-}
-
-// List calls the source's List and counts its cost, also when it failed.
-func (m *quotaMeter) List(ctx context.Context, req backstop.ListRequest) (backstop.Page, error) {
-	p, err := m.Source.List(ctx, req)
-	m.add(p.Cost)
-	return p, err
-}
-
-// Get calls the source's Get and counts its cost, also when it failed.
-func (m *quotaMeter) Get(ctx context.Context, r backstop.Resource, id string) (backstop.Object, backstop.Cost, error) {
-	o, c, err := m.Source.Get(ctx, r, id)
-	m.add(c)
-	return o, c, err
-}
-
 // sampler records, every period, the governor's budget with the meter's
 // counts since the previous sample, and the intake's duplicates and
 // signature failures since the previous sample; it prunes samples older
@@ -325,8 +295,7 @@ type sampler struct {
 	log    *slog.Logger
 	now    func() time.Time
 
-	requests, rateLimited, waited int64
-	dups, badSigs                 float64
+	dups, badSigs float64
 }
 
 // run samples every period until ctx ends, then once more.
@@ -353,16 +322,8 @@ func (s *sampler) sample(ctx context.Context) {
 		s.log.Warn("quota sample: governor state", "err", err)
 		return
 	}
-	req, lim, wait := s.meter.requests.Load(), s.meter.rateLimited.Load(), s.meter.waited.Load()
-	q := store.QuotaSample{
-		KeyID: s.gov.KeyID(), At: now, Limit: st.Limit, Remaining: st.Remaining, Reset: st.Reset,
-		PausedUntil: st.PausedUntil, Requests: int(req - s.requests), RateLimited: int(lim - s.rateLimited),
-		ThrottleWait: time.Duration(wait - s.waited),
-	}
-	if err := s.db.SaveQuotaSample(ctx, q); err != nil {
+	if err := saveQuotaSample(ctx, s.db, s.gov, s.meter, now, st); err != nil {
 		s.log.Warn("quota sample", "err", err)
-	} else {
-		s.requests, s.rateLimited, s.waited = req, lim, wait
 	}
 	dups, bad := counterValue(s.intake.Duplicates), counterValue(s.intake.SignatureFailures)
 	in := store.IntakeSample{At: now, Duplicates: int(dups - s.dups), SignatureFailures: int(bad - s.badSigs)}

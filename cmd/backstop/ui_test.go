@@ -627,3 +627,30 @@ func TestDashboardOffWithoutToken(t *testing.T) {
 		t.Errorf("/ui without a token: %d %s", rec.Code, rec.Body)
 	}
 }
+
+// A command run from system cron counts on the Quota page too: `backstop
+// sync` stores, as it closes, one sample with what its requests cost; a
+// command that made none stores nothing.
+func TestCommandsStoreTheirQuotaSample(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 6, Objects: 30, Limit: 500}})
+	if code, _, stderr := e.run(ctx, "cursors"); code != exitOK {
+		t.Fatalf("cursors: exit %d\n%s", code, stderr)
+	}
+	if code, _, stderr := e.run(ctx, "sync", "contacts"); code != exitOK {
+		t.Fatalf("sync: exit %d\n%s", code, stderr)
+	}
+	db := e.openStore()
+	defer db.Close()
+	qs, err := db.QuotaSamples(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	made := e.sim.Stats().Requests
+	if len(qs) != 1 || qs[0].Requests != made || made == 0 {
+		t.Fatalf("quota samples %+v, want one with the sync's %d requests", qs, made)
+	}
+	if q := qs[0]; q.KeyID != governor.KeyID(e.sim.APIKey()) || q.Limit != 500 || q.Remaining != 500-made {
+		t.Errorf("sample %+v, want the sim's budget of the key: 500, %d left", q, 500-made)
+	}
+}
