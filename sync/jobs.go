@@ -153,6 +153,10 @@ type SchedulerOptions struct {
 	// until Stop; if it implements Leadership, a scheduled run is
 	// cancelled when the leadership it started under ends.
 	Elector Elector
+	// Locker, when set, is asked for the job's lock before every run,
+	// scheduled or through RunJob, so that a job never runs in two
+	// processes at once; a run it refuses is stored as skipped.
+	Locker JobLocker
 }
 
 // Scheduler runs configured jobs under one gocron scheduler, each never
@@ -381,8 +385,9 @@ func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
 }
 
 // RunJob runs job now, whatever its schedule, and returns its stored run.
-// A job already running is not started again: the run is stored as
-// skipped and the error is ErrJobRunning. It fails with ErrUnknownJob for
+// A job already running (in this process, or in another one holding its
+// lock, see SchedulerOptions.Locker) is not started again: the run is
+// stored as skipped and the error is ErrJobRunning. It fails with ErrUnknownJob for
 // a name not configured. Otherwise the error is the run's (ctx.Err() when
 // cancelled) and the run is stored as failed; an error storing the run is
 // joined to it.
@@ -408,6 +413,8 @@ func (s *Scheduler) scheduled(ctx context.Context, st *jobState) {
 	case err == nil, errors.Is(err, ErrJobRunning):
 	case errors.Is(context.Cause(ctx), ErrNotLeader):
 		s.log.Warn("job stopped: this process is no longer the jobs leader", "job", run.Job, "kind", run.Kind)
+	case errors.Is(err, ErrJobLockLost):
+		s.log.Warn("job stopped: its lock was lost", "job", run.Job, "kind", run.Kind)
 	case errors.Is(err, context.Canceled):
 		s.log.Info("job stopped", "job", run.Job, "kind", run.Kind)
 	default:
@@ -440,6 +447,22 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 	}
 	defer st.running.Store(false)
 	log := s.log.With("job", j.Name, "kind", j.Kind)
+	if s.opts.Locker != nil {
+		lctx, release, err := s.opts.Locker.LockJob(ctx, j.Name)
+		if errors.Is(err, ErrJobRunning) {
+			s.skip(ctx, st)
+			run.Status, run.FinishedAt, run.Err = JobSkipped, run.StartedAt, err
+			return run, err
+		}
+		if err != nil {
+			run.Status, run.FinishedAt, run.Err = JobFailed, s.opts.Now(), err
+			id, serr := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)
+			run.ID = id
+			return run, errors.Join(err, serr)
+		}
+		defer release()
+		ctx = lctx
+	}
 	log.Info("job started")
 	var err error
 	run.Counts, err = s.work(ctx, j)

@@ -87,10 +87,14 @@ func (a *app) scheduler() (*bsync.Scheduler, error) { return a.schedulerWith(nil
 // schedulerWith is scheduler with job runs exported on metrics (nil: none).
 // With governor.redis, only the holder of the jobs lease runs scheduled
 // jobs, so that several serve processes run each tick once; the lease is
-// per API key (by its KeyID) and lasts governor.job_lease.
+// per API key (by its KeyID) and lasts governor.job_lease. Every run,
+// scheduled or started by hand (`backstop run`, the dashboard's Run now),
+// also takes its job's lock in Redis, so a job never runs in two processes
+// at once.
 func (a *app) schedulerWith(metrics *jobMetrics) (*bsync.Scheduler, error) {
 	log := a.log.With("component", "jobs")
 	var elector bsync.Elector
+	var locker bsync.JobLocker
 	if a.rdb != nil && a.lease == nil {
 		lease, err := bsync.NewRedisLease(a.rdb, bsync.LeaseOptions{
 			Key:    bsync.DefaultLeaseKey + ":" + a.gov.KeyID(),
@@ -104,6 +108,15 @@ func (a *app) schedulerWith(metrics *jobMetrics) (*bsync.Scheduler, error) {
 	}
 	if a.lease != nil {
 		elector = a.lease
+		locks, err := bsync.NewRedisJobLocks(a.rdb, bsync.LeaseOptions{
+			Key:    bsync.DefaultJobLockPrefix + a.gov.KeyID() + ":",
+			TTL:    a.cfg.Governor.JobLease.Std(),
+			Logger: log,
+		})
+		if err != nil {
+			return nil, usageError{fmt.Errorf("governor.job_lease: %w", err)}
+		}
+		locker = locks
 	}
 	s, err := bsync.NewScheduler(schedulerJobs(a.cfg.Jobs), bsync.SchedulerOptions{
 		Engine:  a.engine,
@@ -111,6 +124,7 @@ func (a *app) schedulerWith(metrics *jobMetrics) (*bsync.Scheduler, error) {
 		Routes:  routesOf(a.cfg),
 		Logger:  log,
 		Elector: elector,
+		Locker:  locker,
 	})
 	if errors.Is(err, bsync.ErrInvalidJob) {
 		return nil, usageError{err}

@@ -1,0 +1,123 @@
+package sync
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// JobLocker keeps one job from running in two processes at once, whoever
+// started it: the scheduler on the leader, `backstop run` from system cron
+// on another machine, or the dashboard's Run now. The scheduler takes the
+// job's lock before every run.
+type JobLocker interface {
+	// LockJob takes job's lock. It returns ErrJobRunning (wrapped) when
+	// another process holds it. Otherwise the returned context is ctx,
+	// cancelled with cause ErrJobLockLost should the lock be lost while
+	// the run goes on, and release gives the lock up; it must be called.
+	LockJob(ctx context.Context, job string) (context.Context, func(), error)
+}
+
+// ErrJobLockLost: the job's lock expired or was taken while it ran (a
+// Redis that restarted empty, or a process stalled past the lock's TTL).
+var ErrJobLockLost = errors.New("sync: job lock lost")
+
+// DefaultJobLockPrefix starts the Redis keys of the job locks.
+const DefaultJobLockPrefix = "backstop:jobs:lock:"
+
+// RedisJobLocks is a JobLocker on Redis: a job's lock is a key holding
+// its run's token for TTL, renewed every TTL/3 while the run goes on, so
+// a process that dies frees its jobs within TTL.
+type RedisJobLocks struct {
+	rdb    redis.Scripter
+	prefix string
+	ttl    time.Duration
+	log    *slog.Logger
+}
+
+var _ JobLocker = (*RedisJobLocks)(nil)
+
+// NewRedisJobLocks returns the job locks under opts.Key (a key prefix,
+// default DefaultJobLockPrefix) in the Redis rdb talks to, lasting
+// opts.TTL without renewal. The caller owns rdb.
+func NewRedisJobLocks(rdb redis.Scripter, opts LeaseOptions) (*RedisJobLocks, error) {
+	if opts.TTL < 3*time.Millisecond {
+		return nil, fmt.Errorf("sync: redis job locks: ttl %s is too short", opts.TTL)
+	}
+	if opts.Key == "" {
+		opts.Key = DefaultJobLockPrefix
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &RedisJobLocks{rdb: rdb, prefix: opts.Key, ttl: opts.TTL, log: log}, nil
+}
+
+// LockJob implements JobLocker.
+func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Context, func(), error) {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	token, key := hex.EncodeToString(b[:]), l.prefix+job
+	n, err := acquireScript.Run(ctx, l.rdb, []string{key}, token, l.ttl.Milliseconds()).Int()
+	if err != nil {
+		return nil, nil, fmt.Errorf("sync: lock job %s: %w", job, err)
+	}
+	if n != 1 {
+		return nil, nil, fmt.Errorf("job %s: %w in another process", job, ErrJobRunning)
+	}
+	rctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.renew(rctx, cancel, key, token)
+	}()
+	release := func() {
+		cancel(context.Canceled)
+		<-done
+		uctx, stop := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer stop()
+		if err := releaseScript.Run(uctx, l.rdb, []string{key}, token).Err(); err != nil {
+			l.log.Warn("job lock: release (it expires by itself)", "job", job, "err", err)
+		}
+	}
+	return rctx, release, nil
+}
+
+// renew renews key while ctx lasts; it cancels ctx with ErrJobLockLost when
+// another token holds the key, or when TTL has passed since the start of
+// the last renewal that succeeded (the key may have expired meanwhile).
+func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFunc, key, token string) {
+	t := time.NewTicker(l.ttl / 3)
+	defer t.Stop()
+	held := time.Now() // the key lasts until held + ttl at least
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		n, err := acquireScript.Run(ctx, l.rdb, []string{key}, token, l.ttl.Milliseconds()).Int()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil && n == 1:
+			held = start
+		case err == nil:
+			l.log.Warn("job lock: taken by another process: stopping this run", "key", key)
+			cancel(ErrJobLockLost)
+			return
+		case time.Since(held) >= l.ttl:
+			l.log.Warn("job lock: not renewed within its TTL: stopping this run", "key", key, "err", err)
+			cancel(ErrJobLockLost)
+			return
+		}
+	}
+}

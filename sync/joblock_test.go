@@ -1,0 +1,117 @@
+package sync_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	bsync "github.com/backstop-sync/backstop/sync"
+)
+
+func newJobLocks(t *testing.T, rdb *redis.Client, ttl time.Duration) *bsync.RedisJobLocks {
+	t.Helper()
+	l, err := bsync.NewRedisJobLocks(rdb, bsync.LeaseOptions{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// A job's lock has one holder across processes; released, it is free at once.
+func TestRedisJobLocksOneHolder(t *testing.T) {
+	rdb := redisClient(t)
+	ctx := context.Background()
+	a, b := newJobLocks(t, rdb, 3*time.Second), newJobLocks(t, rdb, 3*time.Second)
+	_, release, err := a.LockJob(ctx, "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.LockJob(ctx, "nightly"); !errors.Is(err, bsync.ErrJobRunning) {
+		t.Fatalf("second process: %v, want ErrJobRunning", err)
+	}
+	if _, rel, err := b.LockJob(ctx, "other-job"); err != nil {
+		t.Fatalf("another job's lock: %v", err)
+	} else {
+		rel()
+	}
+	release()
+	_, release, err = b.LockJob(ctx, "nightly")
+	if err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+	release()
+}
+
+// A run whose lock is taken by another process (the key lost with a
+// restarted Redis, then taken) is cancelled with ErrJobLockLost.
+func TestRedisJobLockLost(t *testing.T) {
+	rdb := redisClient(t)
+	ctx := context.Background()
+	ttl := 300 * time.Millisecond
+	rctx, release, err := newJobLocks(t, rdb, ttl).LockJob(ctx, "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if err := rdb.Set(ctx, bsync.DefaultJobLockPrefix+"nightly", "someone-else", 10*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rctx.Done():
+		if cause := context.Cause(rctx); !errors.Is(cause, bsync.ErrJobLockLost) {
+			t.Errorf("run cancelled with %v, want ErrJobLockLost", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run went on after another process took its lock")
+	}
+}
+
+// Two schedulers (two processes) on one Redis: while one runs a job, the
+// other's RunJob of it is skipped and stored as skipped; once the first
+// ends, the second runs it.
+func TestRunJobSkipsAJobRunningInAnotherProcess(t *testing.T) {
+	rdb := redisClient(t)
+	ctx := context.Background()
+	jobs := []bsync.Job{{Name: "prune", Kind: bsync.JobMaintenance, Every: time.Hour}}
+	busy := &blockingStore{entered: make(chan struct{}, 1), cause: make(chan error, 1)}
+	first, err := bsync.NewScheduler(jobs, bsync.SchedulerOptions{Engine: &bsync.Engine{}, Store: busy,
+		Locker: newJobLocks(t, rdb, 3*time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := &countingStore{}
+	second, err := bsync.NewScheduler(jobs, bsync.SchedulerOptions{Engine: &bsync.Engine{}, Store: other,
+		Locker: newJobLocks(t, rdb, 3*time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { first.Stop(); second.Stop() })
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { _, err := first.RunJob(runCtx, "prune"); done <- err }()
+	select {
+	case <-busy.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first run did not start")
+	}
+	run, err := second.RunJob(ctx, "prune")
+	if !errors.Is(err, bsync.ErrJobRunning) || run.Status != bsync.JobSkipped {
+		t.Fatalf("second process's run: %s, %v; want skipped with ErrJobRunning", run.Status, err)
+	}
+	if n := other.runs.Load(); n != 1 {
+		t.Errorf("second process stored %d runs, want the skipped one", n)
+	}
+	stop()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first run did not end")
+	}
+	if run, err := second.RunJob(ctx, "prune"); err != nil || run.Status != bsync.JobOK {
+		t.Fatalf("second process after the first ended: %s, %v; want ok", run.Status, err)
+	}
+}
