@@ -151,12 +151,19 @@ func (d *Dashboard) identify(r *http.Request) (caller, error) {
 }
 
 // setCookie sets a dashboard cookie: Path /ui, HttpOnly, SameSite=Strict,
-// Secure over TLS. maxAge < 0 deletes it.
+// Secure over TLS, whether backstop ends it or a proxy in front does (and
+// says so with X-Forwarded-Proto: https; trusting it can only make the
+// cookie stricter). maxAge < 0 deletes it.
 func setCookie(w http.ResponseWriter, r *http.Request, name, value string, maxAge int) {
 	http.SetCookie(w, &http.Cookie{
 		Name: name, Value: value, Path: Prefix, MaxAge: maxAge,
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: overTLS(r),
 	})
+}
+
+// overTLS reports whether the browser reached r over TLS.
+func overTLS(r *http.Request) bool {
+	return r.TLS != nil || strings.EqualFold(strings.TrimSpace(r.Header.Get("X-Forwarded-Proto")), "https")
 }
 
 // loginPage shows the login form.

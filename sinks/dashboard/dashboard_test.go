@@ -558,3 +558,23 @@ func TestFailuresForgetOldAddresses(t *testing.T) {
 		t.Errorf("%d addresses tracked, want at most %d", len(f.addrs), maxTracked)
 	}
 }
+
+// Behind a proxy that ends TLS (X-Forwarded-Proto: https) the session
+// cookie is Secure; over plain HTTP it cannot be, or the browser would drop it.
+func TestSessionCookieSecureBehindATLSProxy(t *testing.T) {
+	srv, _, _ := serve(t)
+	for _, tc := range []struct {
+		proto  string
+		secure bool
+	}{{"", false}, {"https", true}, {"HTTPS", true}, {"http", false}} {
+		hdr := map[string]string{"Accept": "text/html"}
+		if tc.proto != "" {
+			hdr["X-Forwarded-Proto"] = tc.proto
+		}
+		a := do(t, client(t), "POST", srv.URL+"/ui/login", url.Values{"token": {testToken}}, hdr)
+		cookie := a.header.Get("Set-Cookie")
+		if a.status != http.StatusSeeOther || strings.Contains(cookie, "Secure") != tc.secure {
+			t.Errorf("X-Forwarded-Proto %q: %d, cookie %q; want Secure = %v", tc.proto, a.status, cookie, tc.secure)
+		}
+	}
+}
