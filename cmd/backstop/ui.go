@@ -216,6 +216,14 @@ func (b *uiBackend) ReconcileRuns(ctx context.Context, limit int) ([]dashboard.R
 	return out, nil
 }
 
+// JobsLeader reports the jobs lease of this process (governor.redis).
+func (b *uiBackend) JobsLeader() dashboard.JobsLeader {
+	if l := b.deps.a.lease; l != nil {
+		return dashboard.JobsLeader{Elected: true, Leader: l.Leader()}
+	}
+	return dashboard.JobsLeader{}
+}
+
 func (b *uiBackend) Cursors(ctx context.Context) ([]backstop.Cursor, error) {
 	return b.db().Cursors(ctx)
 }

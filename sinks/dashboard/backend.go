@@ -41,6 +41,9 @@ type Backend interface {
 	ReconcileRuns(ctx context.Context, limit int) ([]ReconcileRun, error)
 	// Cursors returns the saved cursors of every resource.
 	Cursors(ctx context.Context) ([]backstop.Cursor, error)
+	// JobsLeader says whether this process runs the scheduled jobs when
+	// several serve processes elect one (governor.redis).
+	JobsLeader() JobsLeader
 
 	// Quota returns each API key's budget now and its samples taken at
 	// or after since.
@@ -86,6 +89,13 @@ type JobRun struct {
 	Status string
 	Counts backstop.JobCounts
 	Error  string
+}
+
+// JobsLeader is where the scheduled jobs run. Without an election (Elected
+// false) this process runs them; with one, only the leader does.
+type JobsLeader struct {
+	Elected bool
+	Leader  bool
 }
 
 // ReconcileRun is one stored reconcile report (the fields of

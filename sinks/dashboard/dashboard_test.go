@@ -27,6 +27,7 @@ type fakeBackend struct {
 	rows      []delivery.Row
 	retries   int
 	RetryFunc func(seen delivery.Row) (bool, error)
+	leader    JobsLeader
 }
 
 func (f *fakeBackend) Deliveries(_ context.Context, flt DeliveryFilter) ([]delivery.Row, error) {
@@ -72,6 +73,12 @@ func (f *fakeBackend) RunJob(context.Context, string) error { return nil }
 func (f *fakeBackend) ReconcileRuns(context.Context, int) ([]ReconcileRun, error) { return nil, nil }
 
 func (f *fakeBackend) Cursors(context.Context) ([]backstop.Cursor, error) { return nil, nil }
+
+func (f *fakeBackend) JobsLeader() JobsLeader {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.leader
+}
 
 func (f *fakeBackend) Quota(context.Context, time.Time) ([]KeyQuota, error) {
 	return []KeyQuota{{KeyID: "0123456789abcdef", Live: true, Limit: 30, Remaining: 12}}, nil
@@ -575,6 +582,33 @@ func TestSessionCookieSecureBehindATLSProxy(t *testing.T) {
 		cookie := a.header.Get("Set-Cookie")
 		if a.status != http.StatusSeeOther || strings.Contains(cookie, "Secure") != tc.secure {
 			t.Errorf("X-Forwarded-Proto %q: %d, cookie %q; want Secure = %v", tc.proto, a.status, cookie, tc.secure)
+		}
+	}
+}
+
+// The Jobs page says which process runs the scheduled jobs when several
+// serve processes elect one, and says nothing without an election.
+func TestJobsPageSaysWhereJobsRun(t *testing.T) {
+	srv, fb, _ := serve(t)
+	bearer := map[string]string{"Authorization": "Bearer " + testToken, "Accept": "text/html"}
+	for _, tc := range []struct {
+		leader JobsLeader
+		want   string
+	}{
+		{JobsLeader{}, ""},
+		{JobsLeader{Elected: true, Leader: true}, "This process holds the jobs lease"},
+		{JobsLeader{Elected: true}, "Another serve process holds the jobs lease"},
+	} {
+		fb.mu.Lock()
+		fb.leader = tc.leader
+		fb.mu.Unlock()
+		a := do(t, client(t), "GET", srv.URL+"/ui/jobs", nil, bearer)
+		if a.status != http.StatusOK {
+			t.Fatalf("jobs page: %d", a.status)
+		}
+		has := strings.Contains(a.body, `id="jobs-leader"`)
+		if tc.want == "" && has || tc.want != "" && !strings.Contains(a.body, tc.want) {
+			t.Errorf("leader %+v: page does not say %q (leader line shown: %v)", tc.leader, tc.want, has)
 		}
 	}
 }

@@ -18,6 +18,7 @@ const runsShown = 10
 const reportsShown = 20
 
 type jobsData struct {
+	Leader  JobsLeader
 	Jobs    []Job
 	Reports []ReconcileRun
 	Cursors []backstop.Cursor
@@ -27,7 +28,7 @@ type jobsData struct {
 // reconcile reports and the cursors.
 func (d *Dashboard) jobsPage(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	var data jobsData
+	data := jobsData{Leader: d.opts.Backend.JobsLeader()}
 	var err error
 	if data.Jobs, err = d.opts.Backend.Jobs(ctx, runsShown); err != nil {
 		d.backendError(w, r, err)
