@@ -37,6 +37,11 @@ all in one transaction, and only then answered 2xx. Concurrent requests share
 commits (group commit). Truncated events are completed by fetching their object
 from the API.
 
+serve also delivers the outbox to the targets (one worker per target, retries,
+dead letters; see backstop deliveries), runs the jobs of schedules.yaml (with
+governor.redis, only on the process holding the jobs lease), and with
+intake.proxy_token accepts POST /outbox/{target} (webhook-proxy mode).
+
 Also served: GET /healthz, GET /readyz, GET /metrics (Prometheus) and, with
 dashboard.token set, the dashboard under /ui.
 
