@@ -622,3 +622,30 @@ func TestGovernorKeys(t *testing.T) {
 		t.Errorf("printing the configuration shows the Redis password: %s", out)
 	}
 }
+
+// The example schedules.yaml at the top of the repository, which the README
+// points new users to, parses with only the API key set, and with every
+// variable set.
+func TestExampleConfigParses(t *testing.T) {
+	data, err := os.ReadFile("../../../schedules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, env := range []map[string]string{
+		{"BOTIX_API_KEY": "k"},
+		{"BOTIX_API_KEY": "k", "BOTIX_WEBHOOK_SECRET": "s", "BACKSTOP_REDIS_URL": "redis://127.0.0.1:6379/0",
+			"BACKSTOP_DASHBOARD_TOKEN": "t", "BACKSTOP_PROXY_TOKEN": "p", "CRM_WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
+	} {
+		lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+		cfg, err := Parse("schedules.yaml", data, lookup)
+		if err != nil {
+			t.Fatalf("with %d variables set: %v", len(env), err)
+		}
+		if len(cfg.Jobs) != 3 || len(cfg.Targets) != 1 {
+			t.Errorf("example: %d jobs and %d targets, want 3 and 1", len(cfg.Jobs), len(cfg.Targets))
+		}
+		if got := cfg.Governor.Redis.Value(); got != env["BACKSTOP_REDIS_URL"] {
+			t.Errorf("governor.redis = %q, want %q", got, env["BACKSTOP_REDIS_URL"])
+		}
+	}
+}
