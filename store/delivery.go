@@ -70,6 +70,14 @@ type Outcome struct {
 	// NextAttemptAt is when a retrying delivery is due again; ignored for
 	// other statuses.
 	NextAttemptAt time.Time
+	// Lease, when not zero, is the end of the lease (ClaimDue's now+lease)
+	// under which the attempt was made. The outcome is then applied only
+	// while the delivery still holds that lease and is queued: once a later
+	// claim (the lease ran out), a retry or a release has changed it, or it
+	// is no longer pending or retrying, the attempt is logged but the
+	// delivery is left as it is, so that a late outcome never overwrites a
+	// newer one.
+	Lease time.Time
 }
 
 // DeliveryFilter selects outbox rows for Deliveries. Zero fields select
@@ -112,8 +120,11 @@ const (
 	insertAttemptSQL = `INSERT INTO delivery_attempts
 		(delivery_id, target, url, attempt, status_code, error, body, request_id, duration_ms, at, redirect)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
-	recordOutcomeSQL = `UPDATE outbox SET status = ?, attempts = ?, next_attempt_at = ?,
-		last_status = ?, last_error = ?, updated_at = ? WHERE id = ?`
+	// recordOutcomeSQL applies an outcome; with a lease (?8 not NULL) only
+	// to a delivery that still holds it (see Outcome.Lease).
+	recordOutcomeSQL = `UPDATE outbox SET status = ?1, attempts = ?2, next_attempt_at = ?3,
+		last_status = ?4, last_error = ?5, updated_at = ?6 WHERE id = ?7
+		AND (?8 IS NULL OR (next_attempt_at = ?8 AND (status = 'pending' OR status = 'retrying')))`
 	deliveryExistsSQL = `SELECT count(*) FROM outbox WHERE id = ?`
 	// targetQueueSQL reads, in one statement and so from one snapshot, a
 	// target's queued rows by status and its state (no state row: neither
@@ -294,16 +305,19 @@ func scanOutbox(rows *sql.Rows, err error) ([]outboxRow, error) {
 
 // Release makes the rows ids, claimed by ClaimDue but not attempted, due
 // again at now instead of when their lease ends (the dispatcher stopped, or
-// their target was disabled, before it sent them). Rows that are no longer
-// queued (pending or retrying) are left alone. It returns how many rows it
-// released.
-func (db *DB) Release(ctx context.Context, ids []int64, now time.Time) (int64, error) {
+// their target was disabled, before it sent them). lease is the end of the
+// lease the claim gave them (its now+lease): only rows that still hold it
+// are released, so that a row claimed again since (its lease ran out),
+// retried or attempted is left alone, as are rows no longer queued
+// (pending or retrying). It returns how many rows it released.
+func (db *DB) Release(ctx context.Context, ids []int64, lease, now time.Time) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
 	res, err := db.w.ExecContext(ctx, `UPDATE OR FAIL outbox SET next_attempt_at = ?
-		WHERE id IN (SELECT value FROM json_each(?)) AND (status = 'pending' OR status = 'retrying')`,
-		backstop.CanonicalTime(now), jsonIDs(ids))
+		WHERE id IN (SELECT value FROM json_each(?)) AND next_attempt_at = ?
+		AND (status = 'pending' OR status = 'retrying')`,
+		backstop.CanonicalTime(now), jsonIDs(ids), backstop.CanonicalTime(lease))
 	if err != nil {
 		return 0, fmt.Errorf("release %d claimed deliveries: %w", len(ids), err)
 	}
@@ -327,9 +341,10 @@ type AttemptOutcome struct {
 // otherwise), the last status code and the last error (a.Error, or the
 // first MaxAttemptBody bytes of the body when a.Error is empty), updated at
 // a.At. A redirect (a.Redirect) is logged only; out is ignored and the
-// delivery is left as it was. A zero a.At means the store's clock. It
-// returns the attempt's id, and an error wrapping backstop.ErrNotFound when
-// there is no such delivery.
+// delivery is left as it was, as it is when out.Lease is set and the
+// delivery no longer holds that lease. A zero a.At means the store's clock.
+// It returns the attempt's id, and an error wrapping backstop.ErrNotFound
+// when there is no such delivery.
 func (db *DB) RecordAttempt(ctx context.Context, a Attempt, out Outcome) (int64, error) {
 	ids, err := db.RecordAttempts(ctx, []AttemptOutcome{{Attempt: a, Outcome: out}})
 	if err != nil {
@@ -367,6 +382,7 @@ func (db *DB) RecordAttempts(ctx context.Context, items []AttemptOutcome) ([]int
 // attemptArgs are the statement arguments of one validated attempt.
 type attemptArgs struct {
 	next, at, body string
+	lease          any // the canonical Outcome.Lease, or nil (no lease to hold)
 }
 
 // checkAttempt validates one attempt and its outcome and returns its
@@ -392,7 +408,11 @@ func checkAttempt(a Attempt, out Outcome, now func() time.Time) (attemptArgs, er
 	if at.IsZero() {
 		at = now()
 	}
-	return attemptArgs{next: next, at: backstop.CanonicalTime(at), body: truncateBody(a.Body)}, nil
+	var lease any
+	if !out.Lease.IsZero() {
+		lease = backstop.CanonicalTime(out.Lease)
+	}
+	return attemptArgs{next: next, at: backstop.CanonicalTime(at), body: truncateBody(a.Body), lease: lease}, nil
 }
 
 // recordAttempts records items in one transaction. On error, failed is the
@@ -410,10 +430,11 @@ func (db *DB) recordAttempts(ctx context.Context, items []AttemptOutcome) (ids [
 	}
 	if manyAtOnce(items) {
 		ids, err := db.recordMany(ctx, st, items, args)
-		if !errors.Is(err, errUnknownDelivery) {
+		if !errors.Is(err, errNotApplied) {
 			return ids, -1, err
 		}
-		// Record them one by one to name the unknown delivery.
+		// Record them one by one to name the unknown delivery, or to log
+		// the attempts whose delivery no longer holds their lease.
 	}
 	tx, err := db.w.BeginTxx(ctx, nil)
 	if err != nil {
@@ -443,8 +464,9 @@ func (db *DB) recordAttempts(ctx context.Context, items []AttemptOutcome) (ids [
 // recordChunk is the most attempts one multi-row statement records.
 const recordChunk = 32
 
-// errUnknownDelivery is recordMany's: an item names no delivery.
-var errUnknownDelivery = errors.New("no such delivery")
+// errNotApplied is recordMany's: an item's outcome applies to no delivery
+// (there is none, or it no longer holds the item's lease).
+var errNotApplied = errors.New("an outcome applies to no delivery")
 
 // manyAtOnce reports whether items may be recorded with multi-row
 // statements: several, none a redirect (which checks its delivery exists
@@ -470,8 +492,8 @@ func manyAtOnce(items []AttemptOutcome) bool {
 // recordMany records items, which manyAtOnce accepts, as recordOne would
 // one by one, but in chunks of multi-row statements: a statement per chunk
 // applies the outcomes and one logs the attempts, with ids allotted after
-// the largest in use. It returns errUnknownDelivery, having recorded
-// nothing, when an item names no delivery.
+// the largest in use. It returns errNotApplied, having recorded nothing,
+// when an item's outcome applies to no delivery (none, or its lease lost).
 func (db *DB) recordMany(ctx context.Context, st *deliveryStmts, items []AttemptOutcome, args []attemptArgs) ([]int64, error) {
 	// The statements are prepared before the transaction: the writer has
 	// one connection, which the transaction holds.
@@ -512,7 +534,7 @@ func (db *DB) recordMany(ctx context.Context, st *deliveryStmts, items []Attempt
 			return nil, err
 		}
 		c := chunks[k]
-		outs := make([]any, 0, 7*n)
+		outs := make([]any, 0, 8*n)
 		logs := make([]any, 0, 12*n)
 		for i := start; i < start+n; i++ {
 			a, out, arg := items[i].Attempt, items[i].Outcome, args[i]
@@ -520,7 +542,7 @@ func (db *DB) recordMany(ctx context.Context, st *deliveryStmts, items []Attempt
 			if lastErr == "" {
 				lastErr = arg.body
 			}
-			outs = append(outs, a.DeliveryID, out.Status, a.Attempt, arg.next, nullInt(a.StatusCode), nullString(lastErr), arg.at)
+			outs = append(outs, a.DeliveryID, out.Status, a.Attempt, arg.next, nullInt(a.StatusCode), nullString(lastErr), arg.at, arg.lease)
 			logs = append(logs, ids[i], a.DeliveryID, a.Target, a.URL, a.Attempt, a.StatusCode, a.Error, arg.body,
 				a.RequestID, float64(a.Duration)/float64(time.Millisecond), arg.at, a.Redirect)
 		}
@@ -531,7 +553,7 @@ func (db *DB) recordMany(ctx context.Context, st *deliveryStmts, items []Attempt
 		if updated, err := res.RowsAffected(); err != nil {
 			return nil, err
 		} else if updated != int64(n) {
-			return nil, errUnknownDelivery
+			return nil, errNotApplied
 		}
 		if _, err := tx.StmtxContext(sctx, c.inserts).ExecContext(sctx, logs...); err != nil {
 			return nil, err
@@ -557,7 +579,9 @@ func (st *deliveryStmts) chunk(ctx context.Context, w *sqlx.DB, n int) (chunkStm
 	}
 	outcomes, err := w.PreparexContext(ctx, `UPDATE OR FAIL outbox SET status = v.column2, attempts = v.column3,
 		next_attempt_at = v.column4, last_status = v.column5, last_error = v.column6, updated_at = v.column7
-		FROM (VALUES `+rowsOf(n, 7)+`) AS v WHERE outbox.id = v.column1`)
+		FROM (VALUES `+rowsOf(n, 8)+`) AS v WHERE outbox.id = v.column1
+		AND (v.column8 IS NULL OR (outbox.next_attempt_at = v.column8
+			AND (outbox.status = 'pending' OR outbox.status = 'retrying')))`)
 	if err != nil {
 		return chunkStmts{}, fmt.Errorf("prepare outcomes of %d attempts: %w", n, err)
 	}
@@ -601,13 +625,22 @@ func recordOne(ctx context.Context, tx *sqlx.Tx, outcome, insert *sqlx.Stmt, it 
 			lastErr = args.body
 		}
 		res, err := outcome.ExecContext(ctx,
-			out.Status, a.Attempt, args.next, nullInt(a.StatusCode), nullString(lastErr), args.at, a.DeliveryID)
+			out.Status, a.Attempt, args.next, nullInt(a.StatusCode), nullString(lastErr), args.at, a.DeliveryID, args.lease)
 		if err != nil {
 			return 0, err
 		}
-		if n, err := res.RowsAffected(); err != nil {
+		n, err := res.RowsAffected()
+		if err != nil {
 			return 0, err
-		} else if n == 0 {
+		}
+		if n == 0 && args.lease != nil {
+			// Lease lost, or no delivery at all: the attempt is logged all
+			// the same in the first case.
+			if err := tx.GetContext(ctx, &n, deliveryExistsSQL, a.DeliveryID); err != nil {
+				return 0, err
+			}
+		}
+		if n == 0 {
 			return 0, fmt.Errorf("no such delivery: %w", backstop.ErrNotFound)
 		}
 	}

@@ -647,7 +647,7 @@ func TestRelease(t *testing.T) {
 		t.Fatalf("claim = %v", got)
 	}
 	record(t, db, Attempt{DeliveryID: a, Attempt: 1, StatusCode: 200, At: t0}, Outcome{Status: StatusDelivered})
-	n, err := db.Release(ctx, []int64{a, b, c}, t0.Add(time.Second))
+	n, err := db.Release(ctx, []int64{a, b, c}, t0.Add(time.Hour), t0.Add(time.Second))
 	if err != nil || n != 2 {
 		t.Fatalf("Release = %d, %v; want 2 (b and c)", n, err)
 	}
@@ -657,8 +657,118 @@ func TestRelease(t *testing.T) {
 	if r := mustDelivery(t, db, a); r.Status != StatusDelivered {
 		t.Errorf("released a delivered row: %+v", r)
 	}
-	if n, err := db.Release(ctx, nil, t0); err != nil || n != 0 {
+	if n, err := db.Release(ctx, nil, t0, t0); err != nil || n != 0 {
 		t.Errorf("Release(nil) = %d, %v", n, err)
+	}
+}
+
+// TestReleaseLeavesAnotherClaimsRows: a release by a claim whose lease ran
+// out does not release the rows another claim took since (they are in
+// flight there), nor rows a manual retry re-queued.
+func TestReleaseLeavesAnotherClaimsRows(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	a := enqueue(t, db, "crm", "evt_a", "payment.succeeded", t0)
+	b := enqueue(t, db, "crm", "evt_b", "payment.succeeded", t0)
+	first := t0.Add(time.Minute) // the first claim's lease end
+	if got := claimIDs(t, db, "crm", t0, 10, time.Minute); !sameIDs(got, []int64{a, b}) {
+		t.Fatalf("first claim = %v", got)
+	}
+	// The lease runs out; another process claims a; b is retried by hand.
+	if got := claimIDs(t, db, "crm", first, 1, time.Minute); !sameIDs(got, []int64{a}) {
+		t.Fatalf("second claim = %v", got)
+	}
+	if err := db.RetryDelivery(ctx, b, first.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	before := []OutboxRow{mustDelivery(t, db, a), mustDelivery(t, db, b)}
+	n, err := db.Release(ctx, []int64{a, b}, first, first.Add(2*time.Second))
+	if err != nil || n != 0 {
+		t.Fatalf("Release by the first claim = %d, %v; want 0", n, err)
+	}
+	after := []OutboxRow{mustDelivery(t, db, a), mustDelivery(t, db, b)}
+	if fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("rows changed by a stale release:\n%+v\nwas\n%+v", after, before)
+	}
+	// The second claim still releases its own.
+	if n, err := db.Release(ctx, []int64{a}, first.Add(time.Minute), first.Add(3*time.Second)); err != nil || n != 1 {
+		t.Errorf("Release by the second claim = %d, %v; want 1", n, err)
+	}
+}
+
+// TestLateOutcomeUnderALostLease: an outcome recorded under a lease the
+// delivery no longer holds (claimed again, retried by hand, released) is
+// logged but does not overwrite the delivery's newer state, alone or in a
+// multi-row batch; under the lease it still holds, it applies.
+func TestLateOutcomeUnderALostLease(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	lease := t0.Add(time.Minute)
+	var ids []int64
+	for i := range 4 {
+		ids = append(ids, enqueue(t, db, "crm", fmt.Sprintf("evt_%d", i), "payment.succeeded", t0))
+	}
+	if got := claimIDs(t, db, "crm", t0, 10, time.Minute); !sameIDs(got, ids) {
+		t.Fatalf("claim = %v", got)
+	}
+	reclaimed, retried, released, held := ids[0], ids[1], ids[2], ids[3]
+	// While the attempts are in flight: another claim of one after the
+	// lease ran out, a manual retry of one and a release of one.
+	if got := claimIDs(t, db, "crm", lease, 1, time.Minute); !sameIDs(got, []int64{reclaimed}) {
+		t.Fatalf("claim after the lease = %v, want [%d]", got, reclaimed)
+	}
+	if err := db.RetryDelivery(ctx, retried, lease.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Release(ctx, []int64{released}, lease, lease.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for _, batch := range []bool{false, true} {
+		before := map[int64]OutboxRow{}
+		var items []AttemptOutcome
+		for _, id := range []int64{retried, reclaimed, released} {
+			before[id] = mustDelivery(t, db, id)
+			items = append(items, AttemptOutcome{
+				Attempt: Attempt{DeliveryID: id, Target: "crm", URL: "https://crm.example/hook", Attempt: 1, StatusCode: 200, At: t0.Add(90 * time.Second)},
+				Outcome: Outcome{Status: StatusDelivered, Lease: lease},
+			})
+		}
+		if batch {
+			if _, err := db.RecordAttempts(ctx, items); err != nil {
+				t.Fatalf("RecordAttempts: %v", err)
+			}
+		} else {
+			for _, it := range items {
+				if _, err := db.RecordAttempt(ctx, it.Attempt, it.Outcome); err != nil {
+					t.Fatalf("RecordAttempt of %d: %v", it.Attempt.DeliveryID, err)
+				}
+			}
+		}
+		for id, was := range before {
+			if got := mustDelivery(t, db, id); fmt.Sprint(got) != fmt.Sprint(was) {
+				t.Errorf("batch %v: delivery %d changed by an outcome under a lost lease:\n%+v\nwas\n%+v", batch, id, got, was)
+			}
+		}
+	}
+	for _, id := range []int64{retried, reclaimed, released} {
+		if as, err := db.Attempts(ctx, id); err != nil || len(as) != 2 {
+			t.Errorf("delivery %d: %d attempts logged (%v), want both", id, len(as), err)
+		}
+	}
+	// The lease still held: applied, in a batch with an unknown delivery
+	// (which fails it) and then alone.
+	items := []AttemptOutcome{
+		{Attempt: Attempt{DeliveryID: held, Target: "crm", URL: "u", Attempt: 1, StatusCode: 200, At: t0}, Outcome: Outcome{Status: StatusDelivered, Lease: lease}},
+		{Attempt: Attempt{DeliveryID: 999, Target: "crm", URL: "u", Attempt: 1, StatusCode: 200, At: t0}, Outcome: Outcome{Status: StatusDelivered, Lease: lease}},
+	}
+	if _, err := db.RecordAttempts(ctx, items); !errors.Is(err, backstop.ErrNotFound) {
+		t.Errorf("RecordAttempts with an unknown delivery: %v, want ErrNotFound", err)
+	}
+	if _, err := db.RecordAttempts(ctx, items[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustDelivery(t, db, held); r.Status != StatusDelivered || r.Attempts != 1 {
+		t.Errorf("delivery under its lease = %+v, want delivered after 1 attempt", r)
 	}
 }
 

@@ -29,7 +29,7 @@ var (
 type deliveryStore interface {
 	ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]store.OutboxRow, error)
 	RecordAttempt(ctx context.Context, a store.Attempt, out store.Outcome) (int64, error)
-	Release(ctx context.Context, ids []int64, now time.Time) (int64, error)
+	Release(ctx context.Context, ids []int64, lease, now time.Time) (int64, error)
 	PauseTarget(ctx context.Context, name string, until time.Time) error
 	DisableTarget(ctx context.Context, name, reason string, now time.Time) error
 	TargetQueue(ctx context.Context, name string) (store.TargetState, error)
@@ -88,8 +88,8 @@ func (q deliveryQueue) RecordAttempt(ctx context.Context, a delivery.Attempt, o 
 	return q.db.RecordAttempt(ctx, store.Attempt(a), store.Outcome(o))
 }
 
-func (q deliveryQueue) Release(ctx context.Context, ids []int64, now time.Time) error {
-	_, err := q.db.Release(ctx, ids, now)
+func (q deliveryQueue) Release(ctx context.Context, ids []int64, lease, now time.Time) error {
+	_, err := q.db.Release(ctx, ids, lease, now)
 	return err
 }
 

@@ -60,7 +60,10 @@ type Options struct {
 	Poll time.Duration
 	// Lease is how long a claimed row is kept from other claims while its
 	// attempt is in flight and its outcome is being recorded (default, per
-	// target, 2×Timeout+ConnectTimeout).
+	// target, 2×Timeout plus the larger of ConnectTimeout and 10 s). A row
+	// is sent only while its lease has more than the target's Timeout and
+	// 10 s (to record the outcome) left, so Lease must be longer than that:
+	// New refuses a shorter one.
 	Lease time.Duration
 	// Batch is the most due rows a worker claims at a time (default
 	// DefaultBatch). A target claims fewer while its answers are so slow
@@ -115,7 +118,11 @@ type PaceTicket interface {
 // waiting for the record to commit before it sends the next row: the
 // lease keeps a row from being claimed again until its outcome is
 // committed (or, should that fail or the process die, until the lease
-// ends and the row is due again: at-least-once).
+// ends and the row is due again: at-least-once). A row is sent only while
+// its lease leaves room for the whole attempt and its record, and an
+// outcome or a release applies only to a row that still holds the lease it
+// was claimed with, so a row is never sent under a lease another claim may
+// take meanwhile, and a late outcome never overwrites a newer state.
 type Dispatcher struct {
 	pacers     map[string]Pacer
 	q          Queue
@@ -138,15 +145,18 @@ type worker struct {
 	client      *http.Client
 	url         string // t.URL as attempts log it (redacted)
 	lease       time.Duration
-	wake        chan struct{}
-	logger      *slog.Logger
-	m           targetMetrics
+	// room is how much of its lease a row must have left for its attempt
+	// to start: the target's Timeout, then recordTimeout to record it.
+	room   time.Duration
+	wake   chan struct{}
+	logger *slog.Logger
+	m      targetMetrics
 
 	// Used only by the worker's own goroutine.
 	nextDue  time.Time
 	paused   bool
 	disabled bool
-	ahead    []Row // claimed while the previous batch was sent
+	ahead    claim // claimed while the previous batch was sent
 
 	// unrecorded holds one token per attempt whose record is not
 	// committed yet, so that a slow store holds the sends back instead of
@@ -162,8 +172,17 @@ type worker struct {
 	took       time.Duration // moving average of the attempts' durations
 }
 
+// claim is a batch of rows claimed together and the end of the lease the
+// claim gave them: the token that Release and the attempts' outcomes
+// present, so that they touch only rows this claim still holds.
+type claim struct {
+	rows  []Row
+	lease time.Time
+}
+
 // New returns a dispatcher over q for targets; call Run to start it. It
-// returns an error when a target fails Validate or two share a name.
+// returns an error when a target fails Validate, two share a name, or
+// Options.Lease leaves no room for an attempt and its record.
 func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -203,9 +222,14 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 			return nil, fmt.Errorf("delivery: two targets are named %s", t.Name)
 		}
 		t = t.withDefaults()
+		room := t.Timeout + recordTimeout
 		lease := opts.Lease
 		if lease <= 0 {
-			lease = 2*t.Timeout + t.ConnectTimeout
+			lease = 2*t.Timeout + max(t.ConnectTimeout, recordTimeout)
+		}
+		if lease <= room {
+			return nil, fmt.Errorf("delivery: target %s: lease %v must be longer than the timeout %v plus %v to record an attempt",
+				t.Name, lease, t.Timeout, recordTimeout)
 		}
 		concurrency := t.Concurrency
 		if concurrency == 0 {
@@ -217,6 +241,7 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 			client:      newClient(t, concurrency),
 			url:         backstop.RedactURL(t.URL),
 			lease:       lease,
+			room:        room,
 			wake:        make(chan struct{}, 1),
 			logger:      d.logger.With("target", t.Name),
 			m:           d.metrics.target(t.Name),
@@ -241,7 +266,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		wg.Go(func() {
 			d.loop(ctx, w)
 			d.release(ctx, w, w.ahead)
-			w.ahead = nil
+			w.ahead = claim{}
 			w.records.Wait()
 		})
 	}
@@ -306,7 +331,7 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	d.setDisabled(w, st.Disabled)
 	if st.Disabled || st.PausedUntil.After(now) {
 		d.release(ctx, w, w.ahead)
-		w.ahead = nil
+		w.ahead = claim{}
 	}
 	if st.Disabled {
 		return d.poll
@@ -318,10 +343,10 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	d.setPaused(w, false)
 
 	limit := d.claimLimit(w)
-	rows := w.ahead
-	w.ahead = nil
-	if len(rows) == 0 {
-		if rows, err = d.q.ClaimDue(ctx, w.t.Name, now, limit, w.lease); err != nil {
+	c := w.ahead
+	w.ahead = claim{}
+	if len(c.rows) == 0 {
+		if c, err = d.claim(ctx, w, now, limit); err != nil {
 			if ctx.Err() == nil {
 				w.logger.Error("claim due deliveries", "err", err)
 			}
@@ -331,25 +356,24 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	// A full batch: claim the next one while this one is sent, so that
 	// the target does not wait for a claim between batches. (claimLimit
 	// keeps the two within the lease.)
-	var ahead chan []Row
-	if len(rows) >= limit {
-		ahead = make(chan []Row, 1)
+	var ahead chan claim
+	if len(c.rows) >= limit {
+		ahead = make(chan claim, 1)
 		go func() {
-			next, err := d.q.ClaimDue(ctx, w.t.Name, d.now(), limit, w.lease)
+			next, err := d.claim(ctx, w, d.now(), limit)
 			if err != nil && ctx.Err() == nil {
 				w.logger.Error("claim due deliveries", "err", err)
 			}
 			ahead <- next
 		}()
 	}
-	sent, gone := d.deliverAll(ctx, w, rows)
-	unsent := rows[sent:]
+	unsent, gone := d.deliverAll(ctx, w, c)
 	if ahead != nil {
 		w.ahead = <-ahead
 	}
 	if gone || ctx.Err() != nil {
-		unsent = append(slices.Clip(unsent), w.ahead...)
-		w.ahead = nil
+		d.release(ctx, w, w.ahead)
+		w.ahead = claim{}
 	}
 	d.release(ctx, w, unsent)
 	if ctx.Err() != nil {
@@ -359,7 +383,7 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 		d.setDisabled(w, true)
 		return d.poll
 	}
-	if len(w.ahead) > 0 {
+	if len(w.ahead.rows) > 0 {
 		return 0
 	}
 	wait := d.poll
@@ -369,8 +393,19 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	return wait
 }
 
+// claim claims up to limit of w's rows due at now.
+func (d *Dispatcher) claim(ctx context.Context, w *worker, now time.Time, limit int) (claim, error) {
+	rows, err := d.q.ClaimDue(ctx, w.t.Name, now, limit, w.lease)
+	if err != nil {
+		return claim{}, err
+	}
+	return claim{rows: rows, lease: now.Add(w.lease)}, nil
+}
+
 // claimLimit is how many rows w claims next: d.batch, or as many as its
-// target answers within half a lease at the pace its answers came so far.
+// target answers, at the pace its answers came so far, within half the
+// part of a lease in which a row may be sent (a row must keep w.room of
+// it), so that a batch and the one claimed ahead are both sent in time.
 func (d *Dispatcher) claimLimit(w *worker) int {
 	w.mu.Lock()
 	took := w.took
@@ -378,48 +413,58 @@ func (d *Dispatcher) claimLimit(w *worker) int {
 	if took <= 0 {
 		return min(d.batch, firstBatch)
 	}
-	n := time.Duration(w.concurrency) * w.lease / (2 * took)
+	n := time.Duration(w.concurrency) * (w.lease - w.room) / (2 * took)
 	return int(min(max(n, 1), time.Duration(d.batch)))
 }
 
-// release makes rows, claimed but not sent, due again now rather than
-// when their lease ends.
-func (d *Dispatcher) release(ctx context.Context, w *worker, rows []Row) {
-	if len(rows) == 0 {
+// release makes c's rows, claimed but not sent, due again now rather than
+// when their lease ends; rows c no longer holds are left alone.
+func (d *Dispatcher) release(ctx context.Context, w *worker, c claim) {
+	if len(c.rows) == 0 {
 		return
 	}
-	ids := make([]int64, len(rows))
-	for i, r := range rows {
+	ids := make([]int64, len(c.rows))
+	for i, r := range c.rows {
 		ids[i] = r.ID
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	if err := d.q.Release(rctx, ids, d.now()); err != nil {
+	if err := d.q.Release(rctx, ids, c.lease, d.now()); err != nil {
 		w.logger.Error("release claimed deliveries", "count", len(ids), "err", err)
 	}
 }
 
-// deliverAll attempts rows in the order claimed, up to w.concurrency at a
-// time, and returns once every attempt it started has its answer (their
-// records may still be committing), with the number of rows it sent
-// (rows[sent:] were not). Once an answer pauses the target (a 429), no
-// further row is sent until the pause ends; once one disables it (a 410),
-// none is sent at all and deliverAll reports gone.
-func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, rows []Row) (sent int, gone bool) {
+// deliverAll attempts c's rows in the order claimed, up to w.concurrency
+// at a time, and returns once every attempt it started has its answer
+// (their records may still be committing), with the rows it did not send.
+// Once an answer pauses the target (a 429), no further row is sent until
+// the pause ends; once one disables it (a 410), none is sent at all and
+// deliverAll reports gone. No row is sent once c's lease has less than
+// w.room left.
+func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent claim, gone bool) {
+	rows := c.rows
+	sendBy := c.lease.Add(-w.room) // the last moment a row of c may be sent
 	w.mu.Lock()
 	w.pauseUntil, w.gone, w.due = time.Time{}, false, time.Time{}
 	w.mu.Unlock()
-	next := 0 // the next row to send, guarded by w.mu
+	next := 0      // the next row to send, guarded by w.mu
+	var held []Row // taken but not sent (the lease ran short), guarded by w.mu
 	// take returns the next row to send, or false once there is none or
 	// the target must not be sent more now.
 	take := func() (Row, bool) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if next == len(rows) || w.gone || ctx.Err() != nil || w.pauseUntil.After(d.now()) {
+		now := d.now()
+		if next == len(rows) || w.gone || ctx.Err() != nil || w.pauseUntil.After(now) || now.After(sendBy) {
 			return Row{}, false
 		}
 		next++
 		return rows[next-1], true
+	}
+	unsentRows := func() claim {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return claim{rows: append(slices.Clip(held), rows[next:]...), lease: c.lease}
 	}
 	for {
 		// Senders, each sending one row after another, until the rows
@@ -428,7 +473,11 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, rows []Row) (sen
 		for range min(w.concurrency, len(rows)-next) {
 			senders.Go(func() {
 				for row, ok := take(); ok; row, ok = take() {
-					d.deliver(ctx, w, row)
+					if !d.deliver(ctx, w, row, c.lease, sendBy) {
+						w.mu.Lock()
+						held = append(held, row)
+						w.mu.Unlock()
+					}
 				}
 			})
 		}
@@ -440,8 +489,11 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, rows []Row) (sen
 			w.nextDue = w.due
 		}
 		w.mu.Unlock()
-		if gone || left == 0 || ctx.Err() != nil {
-			return next, gone
+		if gone || left == 0 || ctx.Err() != nil || d.now().After(sendBy) || until.After(sendBy) {
+			// Done, stopped, out of lease, or paused for longer than the
+			// lease lets the rest be held: it is released, and the next
+			// pass waits for the pause.
+			return unsentRows(), gone
 		}
 		// The rest of the batch is claimed: hold it until the pause ends
 		// rather than leave it to its lease.
@@ -449,7 +501,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, rows []Row) (sen
 		ok := sleep(ctx, until.Sub(d.now()))
 		d.setPaused(w, false)
 		if !ok {
-			return next, false
+			return unsentRows(), false
 		}
 		w.mu.Lock()
 		w.pauseUntil = time.Time{} // slept out (no sender runs meanwhile)
@@ -457,14 +509,23 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, rows []Row) (sen
 	}
 }
 
-// deliver makes one attempt at row, tells the worker at once what the
-// policy makes of its answer (pause, disable, retry time) and hands the
-// attempt to record. An attempt cut short by ctx is dropped: the row is
-// due again when its lease ends.
-func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row) {
-	a, retryAfter, err := d.send(ctx, w, row, w.t.URL, row.Attempts+1, false)
+// errLeaseShort is send's when the row's lease has too little left for an
+// attempt (it waited that long for its pacer): it is not sent.
+var errLeaseShort = errors.New("delivery: the lease has too little left to send")
+
+// deliver makes one attempt at row, claimed with the lease that ends at
+// lease, tells the worker at once what the policy makes of its answer
+// (pause, disable, retry time) and hands the attempt to record. It reports
+// false, sending nothing, when the row may not be sent any more (after
+// sendBy): the caller releases it. An attempt cut short by ctx is dropped:
+// the row is due again when its lease ends.
+func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sendBy time.Time) (sent bool) {
+	a, retryAfter, err := d.send(ctx, w, row, w.t.URL, row.Attempts+1, false, sendBy)
+	if errors.Is(err, errLeaseShort) {
+		return false
+	}
 	if err != nil && ctx.Err() != nil {
-		return
+		return true
 	}
 	now := d.now()
 	dec := Next(w.t.RetrySchedule, a.Attempt, a.StatusCode, retryAfter, err, now, d.rand())
@@ -500,19 +561,20 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row) {
 		}
 		w.logger.Warn("target disabled", "reason", reason)
 	}
-	d.record(ctx, w, row, a, dec, now)
+	d.record(ctx, w, row, a, dec, now, lease)
+	return true
 }
 
-// record records attempt a of row with its decision in the background,
-// then counts and logs it. It blocks while too many of w's attempts wait
-// for their records.
-func (d *Dispatcher) record(ctx context.Context, w *worker, row Row, a Attempt, dec Decision, now time.Time) {
+// record records attempt a of row, made under the lease that ends at
+// lease, with its decision in the background, then counts and logs it. It
+// blocks while too many of w's attempts wait for their records.
+func (d *Dispatcher) record(ctx context.Context, w *worker, row Row, a Attempt, dec Decision, now, lease time.Time) {
 	w.unrecorded <- struct{}{}
 	w.records.Go(func() {
 		defer func() { <-w.unrecorded }()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 		defer cancel()
-		id, err := d.q.RecordAttempt(rctx, a, Outcome{Status: dec.Status, NextAttemptAt: dec.NextAttemptAt})
+		id, err := d.q.RecordAttempt(rctx, a, Outcome{Status: dec.Status, NextAttemptAt: dec.NextAttemptAt, Lease: lease})
 		if err != nil {
 			w.logger.Error("record attempt", "delivery", row.ID, "event_id", row.EventID, "err", err)
 			return
@@ -577,7 +639,7 @@ func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Atte
 			Error: err.Error(), RequestID: d.requestIDs.next(), At: d.now(), Redirect: true}
 	} else {
 		var err error
-		a, _, err = d.send(ctx, w, row, rawURL, row.Attempts+1, true)
+		a, _, err = d.send(ctx, w, row, rawURL, row.Attempts+1, true, time.Time{})
 		if err != nil && ctx.Err() != nil {
 			return a, fmt.Errorf("delivery: redirect %d: %w", row.ID, ctx.Err())
 		}
@@ -602,8 +664,10 @@ func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Atte
 
 // send POSTs row to rawURL once with w's target settings and client. It
 // returns the attempt (not yet recorded), the answer's Retry-After header,
-// and the transport error when no answer came (also in Attempt.Error).
-func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string, attempt int, redirect bool) (Attempt, string, error) {
+// and the transport error when no answer came (also in Attempt.Error). It
+// returns errLeaseShort, sending nothing, when sendBy is set and has passed
+// once the pacer lets the request go.
+func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string, attempt int, redirect bool, sendBy time.Time) (Attempt, string, error) {
 	t, client := w.t, w.client
 	shown := w.url
 	if rawURL != t.URL {
@@ -668,6 +732,12 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		if ticket, err = p.Acquire(ctx); err != nil {
 			return fail(err)
 		}
+	}
+	if !sendBy.IsZero() && d.now().After(sendBy) {
+		if ticket != nil {
+			ticket.Abort()
+		}
+		return a, "", errLeaseShort
 	}
 	start := time.Now()
 	resp, err := client.Transport.RoundTrip(req)

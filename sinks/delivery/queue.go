@@ -27,12 +27,15 @@ type Queue interface {
 	// RecordAttempt stores a and returns its id. Unless a.Redirect, it
 	// also sets the row's status and NextAttemptAt from out, its attempt
 	// count to a.Attempt, and its last status and error from a. A
-	// redirect attempt leaves the row unchanged.
+	// redirect attempt leaves the row unchanged, as does an outcome whose
+	// Lease the row no longer holds.
 	RecordAttempt(ctx context.Context, a Attempt, out Outcome) (int64, error)
 	// Release makes the rows ids, claimed but not attempted, due again at
-	// now instead of when their lease ends. Rows no longer pending or
-	// retrying are left alone.
-	Release(ctx context.Context, ids []int64, now time.Time) error
+	// now instead of when their lease ends. lease is the end of the lease
+	// their claim gave them (its now+lease): rows that no longer hold it
+	// (claimed again, retried, attempted) are left alone, as are rows no
+	// longer pending or retrying.
+	Release(ctx context.Context, ids []int64, lease, now time.Time) error
 	// PauseTarget keeps the target's rows from being attempted before until.
 	PauseTarget(ctx context.Context, name string, until time.Time) error
 	// DisableTarget stops all deliveries to the target until it is
@@ -96,6 +99,11 @@ type Outcome struct {
 	Status string
 	// NextAttemptAt is when a retrying row is due again.
 	NextAttemptAt time.Time
+	// Lease, when not zero, is the end of the lease the attempt was made
+	// under: the outcome applies only while the row still holds it (no
+	// later claim, retry or release changed it), so that a late outcome
+	// never overwrites a newer one.
+	Lease time.Time
 }
 
 // TargetState is a target's delivery state and queue counts. Its fields

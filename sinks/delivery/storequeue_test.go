@@ -84,9 +84,9 @@ func (q *storeQueue) RecordAttempt(ctx context.Context, a Attempt, o Outcome) (i
 	return id, err
 }
 
-func (q *storeQueue) Release(ctx context.Context, ids []int64, now time.Time) error {
+func (q *storeQueue) Release(ctx context.Context, ids []int64, lease, now time.Time) error {
 	defer q.notify()
-	_, err := q.db.Release(ctx, ids, now)
+	_, err := q.db.Release(ctx, ids, lease, now)
 	return err
 }
 
