@@ -701,3 +701,109 @@ func TestStopReleasesUnsentRows(t *testing.T) {
 		t.Errorf("%d rows still leased after the stop, want 1 (the one in flight)", leased)
 	}
 }
+
+// fakeClock is a clock the test moves by hand, for Options.Now. It starts
+// at the real time, so that rows queued before it are due.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := &fakeClock{}
+	c.ns.Store(time.Now().UnixNano())
+	return c
+}
+
+func (c *fakeClock) now() time.Time           { return time.Unix(0, c.ns.Load()).UTC() }
+func (c *fakeClock) advance(by time.Duration) { c.ns.Add(int64(by)) }
+
+// TestNoRowSentAfterItsLease: a target that turns slow after a batch was
+// claimed (each answer here takes 10 s of the test's clock, against a 60 s
+// lease) does not get rows whose lease ran out, or has too little left for
+// an attempt and its record, while they wait their turn, in the batch or
+// in the one claimed ahead: such rows could be claimed again meanwhile
+// (by the claim ahead, or another process) and be sent twice. Every event
+// is sent exactly once, as attempt 1.
+func TestNoRowSentAfterItsLease(t *testing.T) {
+	t.Parallel()
+	q := newStoreQueue(t)
+	const rows = 16
+	var ids []int64
+	for i := range rows {
+		ids = append(ids, q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`))
+	}
+	clock := newFakeClock() // after the rows were queued: they are due
+	rec := newRecorder(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+		// Each answer takes 10 s of the test's clock, within the 20 s
+		// Timeout; the records of the answers before it take none (they
+		// are committed before it).
+		for deadline := time.Now().Add(10 * time.Second); q.deliveredOf("crm") < n-1; {
+			if time.Now().After(deadline) {
+				t.Errorf("request %d: the %d answers before it not recorded in 10 s", n, n-1)
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		clock.advance(10 * time.Second)
+		w.WriteHeader(http.StatusOK)
+	})
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Timeout: 20 * time.Second}},
+		Options{Now: clock.now, Lease: time.Minute, Batch: 8})
+	for _, id := range ids {
+		q.waitFor(t, 20*time.Second, "delivery", q.rowStatus(t, id, StatusDelivered))
+	}
+	sent := map[string]int{}
+	for _, h := range rec.all() {
+		sent[h.header.Get(HeaderEventID)]++
+		if got := h.header.Get(HeaderDeliveryAttempt); got != "1" {
+			t.Errorf("%s sent as attempt %s, want 1", h.header.Get(HeaderEventID), got)
+		}
+	}
+	for i := range rows {
+		if n := sent[fmt.Sprintf("evt_%d", i)]; n != 1 {
+			t.Errorf("evt_%d sent %d times, want once", i, n)
+		}
+	}
+	for _, id := range ids {
+		if r := q.row(t, id); r.Attempts != 1 {
+			t.Errorf("row %d: %d attempts, want 1", id, r.Attempts)
+		}
+		if as := q.attemptsOf(t, id); len(as) != 1 {
+			t.Errorf("row %d: %d attempts logged, want 1", id, len(as))
+		}
+	}
+}
+
+// TestRetryWhileInFlightIsNotUndone: a manual retry of a row whose attempt
+// is in flight is not undone by that attempt's outcome, committed after
+// it: the row is sent again, as the retry asked, and its state is the new
+// attempt's.
+func TestRetryWhileInFlightIsNotUndone(t *testing.T) {
+	t.Parallel()
+	arrived, proceed := make(chan struct{}), make(chan struct{})
+	rec := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			close(arrived)
+			select {
+			case <-proceed:
+			case <-r.Context().Done():
+			}
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{})
+	<-arrived
+	if err := q.db.RetryDelivery(context.Background(), id, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	close(proceed)
+	q.waitFor(t, 10*time.Second, "the retry's delivery", func() bool {
+		return len(rec.all()) == 2 && q.row(t, id).Status == StatusDelivered
+	})
+	if as := q.attemptsOf(t, id); len(as) != 2 || as[0].Attempt != 1 || as[1].Attempt != 1 {
+		t.Errorf("attempts %+v, want the one in flight and the retry's, both attempt 1", as)
+	}
+	if r := q.row(t, id); r.Attempts != 1 {
+		t.Errorf("row %+v, want 1 attempt (the retry's)", r)
+	}
+}
