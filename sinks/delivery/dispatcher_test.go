@@ -610,6 +610,7 @@ func TestRetryAfterStopsSendsWithRequestsInFlight(t *testing.T) {
 	const n = 4
 	var inFlight atomic.Int32
 	var answered atomic.Value // when the 429 was seen to be answered
+	q := newStoreQueue(t)
 	rec := newRecorder(t, func(k int, w http.ResponseWriter, r *http.Request) {
 		inFlight.Add(1)
 		defer inFlight.Add(-1)
@@ -626,11 +627,21 @@ func TestRetryAfterStopsSendsWithRequestsInFlight(t *testing.T) {
 			return
 		}
 		if k <= n {
-			time.Sleep(50 * time.Millisecond) // still in flight when the 429 lands
+			// Still in flight when the 429 lands: answer once the
+			// dispatcher has stored the pause (it stops its senders first).
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+				st, err := q.db.TargetQueue(context.Background(), "crm")
+				if err != nil || !st.PausedUntil.IsZero() {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Errorf("request %d: no pause stored in 10 s", k)
+					break
+				}
+			}
 		}
 		w.WriteHeader(http.StatusOK)
 	})
-	q := newStoreQueue(t)
 	var ids []int64
 	for i := range 8 {
 		ids = append(ids, q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`))
