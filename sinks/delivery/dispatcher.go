@@ -168,6 +168,7 @@ type worker struct {
 	mu         sync.Mutex
 	pauseUntil time.Time     // a 429 paused the target until then
 	gone       bool          // a 410 disabled the target
+	stopping   int           // 429 and 410 answers whose status is in but not yet pauseUntil or gone
 	due        time.Time     // the earliest retry of the batch's outcomes
 	took       time.Duration // moving average of the attempts' durations
 }
@@ -455,7 +456,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		now := d.now()
-		if next == len(rows) || w.gone || ctx.Err() != nil || w.pauseUntil.After(now) || now.After(sendBy) {
+		if next == len(rows) || w.gone || w.stopping > 0 || ctx.Err() != nil || w.pauseUntil.After(now) || now.After(sendBy) {
 			return Row{}, false
 		}
 		next++
@@ -530,6 +531,9 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 	now := d.now()
 	dec := Next(w.t.RetrySchedule, a.Attempt, a.StatusCode, retryAfter, err, now, d.rand())
 	w.mu.Lock()
+	if err == nil && stops(a.StatusCode) {
+		w.stopping-- // counted by send; pauseUntil or gone set below
+	}
 	if w.took == 0 {
 		w.took = a.Duration
 	} else {
@@ -749,6 +753,12 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		return fail(err)
 	}
 	defer resp.Body.Close()
+	if !redirect && stops(resp.StatusCode) {
+		// No new send once the status is in, while the body is read.
+		w.mu.Lock()
+		w.stopping++
+		w.mu.Unlock()
+	}
 	if ticket != nil {
 		ticket.Done(resp.StatusCode, resp.Header)
 	}
@@ -760,6 +770,12 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDrainedBody)
 	a.Duration = time.Since(start)
 	return a, resp.Header.Get("Retry-After"), nil
+}
+
+// stops reports whether an answer with status stops the target's sends
+// (429 pauses it, 410 disables it).
+func stops(status int) bool {
+	return status == http.StatusTooManyRequests || status == http.StatusGone
 }
 
 // The canonical forms of the headers each attempt sets.

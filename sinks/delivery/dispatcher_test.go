@@ -818,3 +818,74 @@ func TestRetryWhileInFlightIsNotUndone(t *testing.T) {
 		t.Errorf("row %+v, want 1 attempt (the retry's)", r)
 	}
 }
+
+// pacerFunc is a Pacer whose tickets tell done of every answer.
+type pacerFunc struct{ done func(status int) }
+
+func (p pacerFunc) Acquire(context.Context) (PaceTicket, error) { return p, nil }
+func (p pacerFunc) Done(status int, _ http.Header)              { p.done(status) }
+func (p pacerFunc) Abort()                                      {}
+
+// TestRetryAfterStopsSendsBeforeItsBodyIsRead: with two requests in
+// flight, a 429 stops new sends as soon as its status is in, not once its
+// body has been read: an answer to the other request that lands while the
+// 429's body is still coming does not let a new request go out within the
+// pause.
+func TestRetryAfterStopsSendsBeforeItsBodyIsRead(t *testing.T) {
+	t.Parallel()
+	seen := make(chan struct{}) // the dispatcher has the 429's status
+	var seenOnce sync.Once
+	third := make(chan struct{}) // a third request came
+	var thirdOnce sync.Once
+	var headersAt atomic.Value
+	rec := newRecorder(t, func(k int, w http.ResponseWriter, r *http.Request) {
+		switch {
+		case k == 1:
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			headersAt.Store(time.Now())
+			w.(http.Flusher).Flush()
+			// The body comes late: when a third request shows up (the
+			// failure), or after a while.
+			timer := time.NewTimer(1500 * time.Millisecond)
+			defer timer.Stop()
+			select {
+			case <-third:
+			case <-timer.C:
+			case <-r.Context().Done():
+			}
+			io.WriteString(w, "slow down")
+		case k == 2:
+			select { // answered once the 429 is seen
+			case <-seen:
+			case <-time.After(10 * time.Second):
+				t.Errorf("the 429 was not seen in 10 s")
+			}
+			w.WriteHeader(http.StatusOK)
+		default:
+			thirdOnce.Do(func() { close(third) })
+			w.WriteHeader(http.StatusOK)
+		}
+	})
+	q := newStoreQueue(t)
+	var ids []int64
+	for i := range 4 {
+		ids = append(ids, q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`))
+	}
+	pacer := pacerFunc{done: func(status int) {
+		if status == http.StatusTooManyRequests {
+			seenOnce.Do(func() { close(seen) })
+		}
+	}}
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: 2}},
+		Options{Pacers: map[string]Pacer{"crm": pacer}})
+	for _, id := range ids {
+		q.waitFor(t, 20*time.Second, "delivery", q.rowStatus(t, id, StatusDelivered))
+	}
+	at := headersAt.Load().(time.Time)
+	for i, h := range rec.all()[2:] {
+		if h.at.Before(at.Add(time.Second)) {
+			t.Errorf("request %d came %v after the 429's status, within its 1 s Retry-After", i+3, h.at.Sub(at))
+		}
+	}
+}
