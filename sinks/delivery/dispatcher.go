@@ -67,7 +67,8 @@ type Options struct {
 	Lease time.Duration
 	// Batch is the most due rows a worker claims at a time (default
 	// DefaultBatch). A target claims fewer while its answers are so slow
-	// that a whole batch could not be sent within half the lease.
+	// that a whole batch could not be sent within half the part of the
+	// lease in which a row may still be sent (see Lease).
 	Batch int
 	// Concurrency is how many requests each target may have in flight at
 	// once, unless the target sets its own (default DefaultConcurrency). 1
