@@ -73,24 +73,9 @@ func (db *DB) emit(ctx context.Context, events []backstop.Event, routes []backst
 	// The statements run without ctx's cancellation, which the driver would
 	// watch with one goroutine per statement; ctx is checked between events
 	// instead, and a cancelled ctx also fails the commit.
-	sctx := context.WithoutCancel(ctx)
-	et := &emitTx{
-		insert: tx.StmtxContext(sctx, db.insertEvent),
-		mirror: db.mirrorWriter(tx, now),
-		queue:  db.outboxQueue(tx, stamp),
-		now:    now,
-		stamp:  stamp,
-	}
-	out := make([]backstop.EmitResult, len(events))
-	for i, ev := range events {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		r, err := et.emit(sctx, ev, routes)
-		if err != nil {
-			return nil, fmt.Errorf("event %d of %d (%s): %w", i+1, len(events), ev.ID, err)
-		}
-		out[i] = r
+	out, err := db.emitInTx(ctx, context.WithoutCancel(ctx), tx, now, stamp, events, routes)
+	if err != nil {
+		return nil, err
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("commit %d events: %w", len(events), err)
