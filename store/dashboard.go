@@ -206,3 +206,35 @@ func (db *DB) RetryDeliveryAsSeen(ctx context.Context, id int64, status string, 
 	}
 	return false, nil
 }
+
+// RevokeSession records that the dashboard session id ended (signed out)
+// before it expires at expires. Revoking it again changes nothing.
+func (db *DB) RevokeSession(ctx context.Context, id string, expires time.Time) error {
+	if id == "" {
+		return errors.New("revoke session: empty id")
+	}
+	if _, err := db.w.ExecContext(ctx, `INSERT INTO revoked_sessions (id, expires_at) VALUES (?, ?)
+		ON CONFLICT (id) DO NOTHING`, id, backstop.CanonicalTime(expires)); err != nil {
+		return fmt.Errorf("revoke session: %w", err)
+	}
+	return nil
+}
+
+// SessionRevoked reports whether the dashboard session id was revoked.
+func (db *DB) SessionRevoked(ctx context.Context, id string) (bool, error) {
+	var n int
+	if err := db.r.GetContext(ctx, &n, `SELECT count(*) FROM revoked_sessions WHERE id = ?`, id); err != nil {
+		return false, fmt.Errorf("session revoked: %w", err)
+	}
+	return n > 0, nil
+}
+
+// PruneRevokedSessions forgets revoked sessions that expired before now
+// (their cookies are refused anyway) and returns how many.
+func (db *DB) PruneRevokedSessions(ctx context.Context, now time.Time) (int64, error) {
+	res, err := db.w.ExecContext(ctx, `DELETE FROM revoked_sessions WHERE expires_at < ?`, backstop.CanonicalTime(now))
+	if err != nil {
+		return 0, fmt.Errorf("prune revoked sessions: %w", err)
+	}
+	return res.RowsAffected()
+}

@@ -118,3 +118,29 @@ func TestRetryDeliveryAsSeen(t *testing.T) {
 		t.Errorf("retry of an unknown delivery: %v, want ErrNotFound", err)
 	}
 }
+
+func TestRevokedSessions(t *testing.T) {
+	db, _ := openFull(t)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	if err := db.RevokeSession(ctx, "s1", now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.RevokeSession(ctx, "s1", now.Add(time.Hour)); err != nil {
+		t.Fatalf("revoking twice: %v", err)
+	}
+	if err := db.RevokeSession(ctx, "s2", now.Add(-time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{"s1": true, "s2": true, "s3": false} {
+		if got, err := db.SessionRevoked(ctx, id); err != nil || got != want {
+			t.Errorf("SessionRevoked(%s) = %v, %v; want %v", id, got, err, want)
+		}
+	}
+	if n, err := db.PruneRevokedSessions(ctx, now); err != nil || n != 1 {
+		t.Fatalf("prune: %d, %v; want the expired one", n, err)
+	}
+	if got, _ := db.SessionRevoked(ctx, "s1"); !got {
+		t.Error("an unexpired revocation was pruned")
+	}
+}

@@ -216,6 +216,16 @@ func (b *uiBackend) ReconcileRuns(ctx context.Context, limit int) ([]dashboard.R
 	return out, nil
 }
 
+// RevokeSession remembers a signed-out dashboard session in the store.
+func (b *uiBackend) RevokeSession(ctx context.Context, id string, expires time.Time) error {
+	return b.db().RevokeSession(ctx, id, expires)
+}
+
+// SessionRevoked reports whether a dashboard session was signed out.
+func (b *uiBackend) SessionRevoked(ctx context.Context, id string) (bool, error) {
+	return b.db().SessionRevoked(ctx, id)
+}
+
 // JobsLeader reports the jobs lease of this process (governor.redis).
 func (b *uiBackend) JobsLeader() dashboard.JobsLeader {
 	if l := b.deps.a.lease; l != nil {
@@ -342,5 +352,8 @@ func (s *sampler) sample(ctx context.Context) {
 	}
 	if _, err := s.db.PruneSamples(ctx, now.Add(-sampleRetention)); err != nil {
 		s.log.Warn("prune samples", "err", err)
+	}
+	if _, err := s.db.PruneRevokedSessions(ctx, now); err != nil {
+		s.log.Warn("prune revoked sessions", "err", err)
 	}
 }

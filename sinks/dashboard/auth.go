@@ -7,7 +7,9 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -147,8 +149,18 @@ func (d *Dashboard) identify(r *http.Request) (caller, error) {
 	if err != nil {
 		return caller{}, err
 	}
+	revoked, err := d.opts.Backend.SessionRevoked(r.Context(), s.idString())
+	if err != nil {
+		return caller{}, fmt.Errorf("check session: %w", err)
+	}
+	if revoked {
+		return caller{}, errBadSession
+	}
 	return caller{session: s}, nil
 }
+
+// idString is the session's id as the revocation list keeps it.
+func (s session) idString() string { return hex.EncodeToString(s.id[:]) }
 
 // setCookie sets a dashboard cookie: Path /ui, HttpOnly, SameSite=Strict,
 // Secure over TLS, whether backstop ends it or a proxy in front does (and
@@ -203,8 +215,16 @@ func (d *Dashboard) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
-// logout ends the browser's session.
+// logout ends the browser's session, for every copy of its cookie.
 func (d *Dashboard) logout(w http.ResponseWriter, r *http.Request) {
+	// The cookie is signed, not stored: its id is remembered as ended, so
+	// that a copy of it stops working too.
+	if c, ok := r.Context().Value(callerKey{}).(caller); ok && !c.bearer {
+		if err := d.opts.Backend.RevokeSession(r.Context(), c.session.idString(), c.session.expires); err != nil {
+			d.backendError(w, r, err)
+			return
+		}
+	}
 	setCookie(w, r, SessionCookie, "", -1)
 	http.Redirect(w, r, Prefix+"/login", http.StatusSeeOther)
 }

@@ -41,6 +41,11 @@ type Backend interface {
 	ReconcileRuns(ctx context.Context, limit int) ([]ReconcileRun, error)
 	// Cursors returns the saved cursors of every resource.
 	Cursors(ctx context.Context) ([]backstop.Cursor, error)
+	// RevokeSession ends the session id (signed out) before it expires at
+	// expires; SessionRevoked reports whether id was ended so.
+	RevokeSession(ctx context.Context, id string, expires time.Time) error
+	SessionRevoked(ctx context.Context, id string) (bool, error)
+
 	// JobsLeader says whether this process runs the scheduled jobs when
 	// several serve processes elect one (governor.redis).
 	JobsLeader() JobsLeader

@@ -193,6 +193,10 @@ func (d *Dashboard) routes() http.Handler {
 func (d *Dashboard) guard(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, err := d.identify(r)
+		if err != nil && !errors.Is(err, errBadSession) && !errors.Is(err, errBadBearer) {
+			d.backendError(w, r, err) // the revocation list could not be read
+			return
+		}
 		if (err != nil || c.bearer) && d.tooManyFailures(w, r) {
 			return
 		}

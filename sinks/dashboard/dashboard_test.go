@@ -28,6 +28,7 @@ type fakeBackend struct {
 	retries   int
 	RetryFunc func(seen delivery.Row) (bool, error)
 	leader    JobsLeader
+	revoked   map[string]bool
 }
 
 func (f *fakeBackend) Deliveries(_ context.Context, flt DeliveryFilter) ([]delivery.Row, error) {
@@ -73,6 +74,22 @@ func (f *fakeBackend) RunJob(context.Context, string) error { return nil }
 func (f *fakeBackend) ReconcileRuns(context.Context, int) ([]ReconcileRun, error) { return nil, nil }
 
 func (f *fakeBackend) Cursors(context.Context) ([]backstop.Cursor, error) { return nil, nil }
+
+func (f *fakeBackend) RevokeSession(_ context.Context, id string, _ time.Time) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.revoked == nil {
+		f.revoked = map[string]bool{}
+	}
+	f.revoked[id] = true
+	return nil
+}
+
+func (f *fakeBackend) SessionRevoked(_ context.Context, id string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.revoked[id], nil
+}
 
 func (f *fakeBackend) JobsLeader() JobsLeader {
 	f.mu.Lock()
@@ -610,5 +627,33 @@ func TestJobsPageSaysWhereJobsRun(t *testing.T) {
 		if tc.want == "" && has || tc.want != "" && !strings.Contains(a.body, tc.want) {
 			t.Errorf("leader %+v: page does not say %q (leader line shown: %v)", tc.leader, tc.want, has)
 		}
+	}
+}
+
+// Signing out ends the session for every copy of its cookie, not only the
+// browser's own (the cookie is signed, not stored: its id is revoked).
+func TestSignOutRevokesCopiedCookies(t *testing.T) {
+	srv, _, _ := serve(t)
+	c := client(t)
+	csrf := signIn(t, c, srv.URL)
+	var stolen *http.Cookie
+	for _, ck := range c.Jar.Cookies(mustURL(t, srv.URL+"/ui/")) {
+		if ck.Name == SessionCookie {
+			stolen = ck
+		}
+	}
+	if stolen == nil {
+		t.Fatal("no session cookie after sign-in")
+	}
+	copied := client(t)
+	copied.Jar.SetCookies(mustURL(t, srv.URL+"/ui/"), []*http.Cookie{stolen})
+	if a := do(t, copied, "GET", srv.URL+"/ui/jobs", nil, html); a.status != http.StatusOK {
+		t.Fatalf("the copied cookie before sign-out: %d, want 200", a.status)
+	}
+	if a := do(t, c, "POST", srv.URL+"/ui/logout", url.Values{"csrf": {csrf}}, html); a.status != http.StatusSeeOther || a.header.Get("Location") != "/ui/login" {
+		t.Fatalf("sign-out: %d to %q, want 303 to the login page", a.status, a.header.Get("Location"))
+	}
+	if a := do(t, copied, "GET", srv.URL+"/ui/jobs", nil, html); a.status != http.StatusSeeOther || !strings.HasPrefix(a.header.Get("Location"), "/ui/login") {
+		t.Errorf("the copied cookie after sign-out: %d to %q, want 303 to the login page", a.status, a.header.Get("Location"))
 	}
 }
