@@ -41,44 +41,10 @@ const defaultDeliveriesLimit = 100
 var noTime = backstop.CanonicalTime(time.Time{})
 
 // Attempt is one delivery attempt as logged in delivery_attempts.
-type Attempt struct {
-	ID         int64
-	DeliveryID int64
-	Target     string
-	URL        string
-	// Attempt is the 1-based attempt number of the delivery. A redirect logs
-	// the delivery's current count + 1 but does not change the delivery.
-	Attempt int
-	// StatusCode is the HTTP status of the answer; 0 when nothing answered
-	// (timeout, connection error, refused by the SSRF guard).
-	StatusCode int
-	Error      string
-	// Body is the first MaxAttemptBody bytes of the response body; the store
-	// cuts a longer one.
-	Body      string
-	RequestID string
-	Duration  time.Duration
-	At        time.Time
-	// Redirect marks a manual redirect of the delivery to another URL.
-	Redirect bool
-}
+type Attempt = backstop.DeliveryAttempt
 
 // Outcome is what an attempt did to its delivery.
-type Outcome struct {
-	// Status is StatusDelivered, StatusRetrying or StatusDeadLetter.
-	Status string
-	// NextAttemptAt is when a retrying delivery is due again; ignored for
-	// other statuses.
-	NextAttemptAt time.Time
-	// Lease, when not zero, is the end of the lease (ClaimDue's now+lease)
-	// under which the attempt was made. The outcome is then applied only
-	// while the delivery still holds that lease and is queued: once a later
-	// claim (the lease ran out), a retry or a release has changed it, or it
-	// is no longer pending or retrying, the attempt is logged but the
-	// delivery is left as it is, so that a late outcome never overwrites a
-	// newer one.
-	Lease time.Time
-}
+type Outcome = backstop.DeliveryOutcome
 
 // DeliveryFilter selects outbox rows for Deliveries. Zero fields select
 // everything.
@@ -92,18 +58,7 @@ type DeliveryFilter struct {
 }
 
 // TargetState is a delivery target's queue and its remembered state.
-type TargetState struct {
-	Name string
-	// PausedUntil is the end of the target's latest pause (429
-	// Retry-After), zero when it was never paused or was re-enabled. It may
-	// lie in the past: the target is paused only while now is before it.
-	PausedUntil    time.Time
-	Disabled       bool
-	DisabledReason string
-	DisabledAt     time.Time
-	// Outbox rows of the target by status.
-	Pending, Retrying, Delivered, DeadLetter int
-}
+type TargetState = backstop.TargetState
 
 // Statements of the dispatcher's hot path: every claim and every attempt.
 const (

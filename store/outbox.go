@@ -5,31 +5,12 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"time"
 
 	"github.com/backstop-sync/backstop"
 )
 
 // OutboxRow is one queued delivery: one event for one target.
-type OutboxRow struct {
-	ID        int64
-	Target    string
-	EventID   string
-	EventType string
-	// Payload is the envelope to deliver:
-	// {"event_id","event","created_at","origin","data"}.
-	Payload json.RawMessage
-	// Status is "pending", "retrying", "delivered" or "dead_letter".
-	Status        string
-	Attempts      int
-	NextAttemptAt time.Time
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
-	// LastStatus is the HTTP status of the last attempt; zero when none was
-	// answered.
-	LastStatus int
-	LastError  string
-}
+type OutboxRow = backstop.Delivery
 
 // outboxRow is one row of outbox as read back.
 type outboxRow struct {

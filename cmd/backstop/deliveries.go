@@ -459,7 +459,7 @@ attempts, marked as a redirect; the delivery's own status does not change.`,
 			if err != nil {
 				return usageError{err}
 			}
-			a, err := d.Redirect(cmd.Context(), toDeliveryRow(row), args[1])
+			a, err := d.Redirect(cmd.Context(), row, args[1])
 			if err != nil {
 				return err
 			}

@@ -73,19 +73,11 @@ func (s groupCommitStore) RecordAttempt(ctx context.Context, a store.Attempt, ou
 }
 
 func (q deliveryQueue) ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]delivery.Row, error) {
-	rows, err := q.db.ClaimDue(ctx, target, now, limit, lease)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]delivery.Row, len(rows))
-	for i, r := range rows {
-		out[i] = toDeliveryRow(r)
-	}
-	return out, nil
+	return q.db.ClaimDue(ctx, target, now, limit, lease)
 }
 
 func (q deliveryQueue) RecordAttempt(ctx context.Context, a delivery.Attempt, o delivery.Outcome) (int64, error) {
-	return q.db.RecordAttempt(ctx, store.Attempt(a), store.Outcome(o))
+	return q.db.RecordAttempt(ctx, a, o)
 }
 
 func (q deliveryQueue) Release(ctx context.Context, ids []int64, lease, now time.Time) error {
@@ -102,11 +94,8 @@ func (q deliveryQueue) DisableTarget(ctx context.Context, name, reason string, n
 }
 
 func (q deliveryQueue) TargetQueue(ctx context.Context, name string) (delivery.TargetState, error) {
-	st, err := q.db.TargetQueue(ctx, name)
-	return delivery.TargetState(st), err
+	return q.db.TargetQueue(ctx, name)
 }
-
-func toDeliveryRow(r store.OutboxRow) delivery.Row { return delivery.Row(r) }
 
 // deliveryTargets converts the configured targets for the dispatcher.
 func deliveryTargets(cfg *config.Config) []delivery.Target {

@@ -99,32 +99,15 @@ var _ dashboard.Backend = (*uiBackend)(nil)
 func (b *uiBackend) db() *store.DB { return b.deps.a.db }
 
 func (b *uiBackend) Deliveries(ctx context.Context, f dashboard.DeliveryFilter) ([]delivery.Row, error) {
-	rows, err := b.db().Deliveries(ctx, store.DeliveryFilter(f))
-	if err != nil {
-		return nil, err
-	}
-	out := make([]delivery.Row, len(rows))
-	for i, r := range rows {
-		out[i] = toDeliveryRow(r)
-	}
-	return out, nil
+	return b.db().Deliveries(ctx, store.DeliveryFilter(f))
 }
 
 func (b *uiBackend) Delivery(ctx context.Context, id int64) (delivery.Row, bool, error) {
-	row, ok, err := b.db().Delivery(ctx, id)
-	return toDeliveryRow(row), ok, err
+	return b.db().Delivery(ctx, id)
 }
 
 func (b *uiBackend) Attempts(ctx context.Context, id int64) ([]delivery.Attempt, error) {
-	as, err := b.db().Attempts(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]delivery.Attempt, len(as))
-	for i, a := range as {
-		out[i] = delivery.Attempt(a)
-	}
-	return out, nil
+	return b.db().Attempts(ctx, id)
 }
 
 func (b *uiBackend) Targets(ctx context.Context) ([]dashboard.Target, error) {
@@ -139,7 +122,7 @@ func (b *uiBackend) Targets(ctx context.Context) ([]dashboard.Target, error) {
 	}
 	out := make([]dashboard.Target, len(states))
 	for i, s := range states {
-		out[i] = dashboard.Target{TargetState: delivery.TargetState(s), URL: backstop.RedactURL(cfg.Targets[i].URL)}
+		out[i] = dashboard.Target{TargetState: s, URL: backstop.RedactURL(cfg.Targets[i].URL)}
 	}
 	return out, nil
 }

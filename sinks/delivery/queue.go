@@ -2,8 +2,9 @@ package delivery
 
 import (
 	"context"
-	"encoding/json"
 	"time"
+
+	"github.com/backstop-sync/backstop"
 )
 
 // The statuses of a delivery (an outbox row).
@@ -48,71 +49,14 @@ type Queue interface {
 	TargetQueue(ctx context.Context, name string) (TargetState, error)
 }
 
-// Row is one queued delivery: one event for one target. Its fields are
-// those of store.OutboxRow.
-type Row struct {
-	ID        int64
-	Target    string
-	EventID   string
-	EventType string
-	// Payload is the envelope to deliver:
-	// {"event_id","event","created_at","origin","data"}.
-	Payload json.RawMessage
-	// Status is one of the Status constants.
-	Status string
-	// Attempts is the number of attempts made so far.
-	Attempts      int
-	NextAttemptAt time.Time
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
-	// LastStatus is the HTTP status of the last attempt; zero when none was
-	// answered.
-	LastStatus int
-	LastError  string
-}
+// Row is one queued delivery: one event for one target.
+type Row = backstop.Delivery
 
-// Attempt is one logged HTTP attempt to deliver a row. Its fields are
-// those of store.Attempt.
-type Attempt struct {
-	ID, DeliveryID int64
-	Target, URL    string
-	// Attempt is the attempt number sent in X-Delivery-Attempt (1-based).
-	Attempt int
-	// StatusCode is the HTTP status; zero when no answer came (Error says
-	// why).
-	StatusCode int
-	Error      string
-	// Body is the first 4 KiB of the response body.
-	Body      string
-	RequestID string
-	Duration  time.Duration
-	At        time.Time
-	// Redirect marks a manual send to another URL; it does not change the
-	// delivery.
-	Redirect bool
-}
+// Attempt is one logged HTTP attempt to deliver a row.
+type Attempt = backstop.DeliveryAttempt
 
-// Outcome is what an attempt does to its row. Its fields are those of
-// store.Outcome.
-type Outcome struct {
-	// Status is StatusDelivered, StatusRetrying or StatusDeadLetter.
-	Status string
-	// NextAttemptAt is when a retrying row is due again.
-	NextAttemptAt time.Time
-	// Lease, when not zero, is the end of the lease the attempt was made
-	// under: the outcome applies only while the row still holds it (no
-	// later claim, retry or release changed it), so that a late outcome
-	// never overwrites a newer one.
-	Lease time.Time
-}
+// Outcome is what an attempt does to its row.
+type Outcome = backstop.DeliveryOutcome
 
-// TargetState is a target's delivery state and queue counts. Its fields
-// are those of store.TargetState.
-type TargetState struct {
-	Name                                     string
-	PausedUntil                              time.Time
-	Disabled                                 bool
-	DisabledReason                           string
-	DisabledAt                               time.Time
-	Pending, Retrying, Delivered, DeadLetter int
-}
+// TargetState is a target's delivery state and queue counts.
+type TargetState = backstop.TargetState
