@@ -81,6 +81,9 @@ const (
 		last_status = ?4, last_error = ?5, updated_at = ?6 WHERE id = ?7
 		AND (?8 IS NULL OR (next_attempt_at = ?8 AND (status = 'pending' OR status = 'retrying')))`
 	deliveryExistsSQL = `SELECT count(*) FROM outbox WHERE id = ?`
+	// lastAttemptSQL is the largest attempt id in use, after which
+	// recordMany allots the ids of the attempts it logs.
+	lastAttemptSQL = `SELECT coalesce(max(id), 0) FROM delivery_attempts`
 	// targetQueueSQL reads, in one statement and so from one snapshot, a
 	// target's queued rows by status and its state (no state row: neither
 	// paused nor disabled).
@@ -96,8 +99,8 @@ const (
 // (in prepare) and closed with it: the writes on the writer connection,
 // targetQueue on the readers.
 type deliveryStmts struct {
-	claimSelect, claimLease, insertAttempt, recordOutcome *sqlx.Stmt
-	targetQueue                                           *sqlx.Stmt
+	claimSelect, claimLease, insertAttempt, recordOutcome, lastAttempt *sqlx.Stmt
+	targetQueue                                                        *sqlx.Stmt
 
 	// mu guards chunks: the multi-row statements of RecordAttempts by
 	// chunk size, prepared when first needed.
@@ -121,6 +124,7 @@ func (db *DB) prepareDelivery(ctx context.Context) error {
 		{&st.claimLease, claimLeaseSQL},
 		{&st.insertAttempt, insertAttemptSQL},
 		{&st.recordOutcome, recordOutcomeSQL},
+		{&st.lastAttempt, lastAttemptSQL},
 	} {
 		s, err := db.w.PreparexContext(ctx, p.sql)
 		if err != nil {
@@ -152,7 +156,7 @@ func (st *deliveryStmts) close() {
 	if st == nil {
 		return
 	}
-	for _, s := range []*sqlx.Stmt{st.claimSelect, st.claimLease, st.insertAttempt, st.recordOutcome, st.targetQueue} {
+	for _, s := range []*sqlx.Stmt{st.claimSelect, st.claimLease, st.insertAttempt, st.recordOutcome, st.lastAttempt, st.targetQueue} {
 		if s != nil {
 			s.Close()
 		}
@@ -476,7 +480,7 @@ func (db *DB) recordMany(ctx context.Context, st *deliveryStmts, items []Attempt
 	defer tx.Rollback()
 	sctx := context.WithoutCancel(ctx) // as in recordAttempts
 	var last int64
-	if err := tx.GetContext(sctx, &last, `SELECT coalesce(max(id), 0) FROM delivery_attempts`); err != nil {
+	if err := tx.StmtxContext(sctx, st.lastAttempt).QueryRowContext(sctx).Scan(&last); err != nil {
 		return nil, err
 	}
 	ids := make([]int64, len(items))
