@@ -2,21 +2,17 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/backstop-sync/backstop/cmd/backstop/config"
-	"github.com/backstop-sync/backstop/internal/groupcommit"
 	"github.com/backstop-sync/backstop/sinks/delivery"
 	"github.com/backstop-sync/backstop/store"
 )
 
 // deliveryQueue adapts store.DB to the dispatcher's Queue (the same fields
 // under the sinks package's own types: adapters do not import each other).
-// Made by newDeliveryQueue, it records the attempts of all targets' workers
-// in group commits; a bare deliveryQueue{db} records each attempt in its own
-// transaction.
+// The dispatcher gathers the attempts of all its workers into batches
+// itself, which RecordAttempts commits in one transaction each.
 type deliveryQueue struct{ db deliveryStore }
 
 var (
@@ -24,60 +20,37 @@ var (
 	_ delivery.Queue = (*deliveryQueue)(nil)
 )
 
-// deliveryStore is what deliveryQueue needs of the store: *store.DB itself,
-// or groupCommitStore.
+// deliveryStore is what deliveryQueue needs of the store: *store.DB.
 type deliveryStore interface {
 	ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]store.OutboxRow, error)
-	RecordAttempt(ctx context.Context, a store.Attempt, out store.Outcome) (int64, error)
+	RecordAttempts(ctx context.Context, items []store.AttemptOutcome) ([]int64, error)
 	Release(ctx context.Context, ids []int64, lease, now time.Time) (int64, error)
 	PauseTarget(ctx context.Context, name string, until time.Time) error
 	DisableTarget(ctx context.Context, name, reason string, now time.Time) error
 	TargetQueue(ctx context.Context, name string) (store.TargetState, error)
 }
 
-// groupCommitStore is db whose RecordAttempt goes through a group-commit
-// writer over db.RecordAttempts: the attempts recorded concurrently (one
-// per target worker) share one transaction.
-type groupCommitStore struct {
-	*store.DB
-	attempts *groupcommit.Writer[store.AttemptOutcome, int64]
-}
-
-// newDeliveryQueue returns a queue over db that group-commits attempts.
-// Close it after the dispatcher over it has stopped and before db closes.
+// newDeliveryQueue returns a queue over db for a dispatcher. Close it after
+// the dispatcher over it has stopped and before db closes.
 func newDeliveryQueue(db *store.DB) *deliveryQueue {
-	w := groupcommit.New(db.RecordAttempts, groupcommit.Options{Linger: delivery.RecordLinger})
-	// The commits run on their own context: an attempt whose answer is in
-	// is recorded even while shutting down (Close waits for it).
-	go w.Run(context.Background())
-	return &deliveryQueue{db: groupCommitStore{DB: db, attempts: w}}
+	return &deliveryQueue{db: db}
 }
 
-// Close records the attempts already submitted and stops the group-commit
-// writer; RecordAttempt fails after it. It returns ctx.Err() when ctx ends
-// first. Closing a bare deliveryQueue{db} does nothing.
-func (q *deliveryQueue) Close(ctx context.Context) error {
-	if g, ok := q.db.(groupCommitStore); ok {
-		return g.attempts.Close(ctx)
-	}
-	return nil
-}
-
-// RecordAttempt records a in the next group commit and waits for it.
-func (s groupCommitStore) RecordAttempt(ctx context.Context, a store.Attempt, out store.Outcome) (int64, error) {
-	id, err := s.attempts.Submit(ctx, store.AttemptOutcome{Attempt: a, Outcome: out})
-	if errors.Is(err, groupcommit.ErrClosed) {
-		return 0, fmt.Errorf("record attempt %d of delivery %d: %w", a.Attempt, a.DeliveryID, err)
-	}
-	return id, err
-}
+// Close releases what the queue holds: nothing, now that the dispatcher
+// batches its records itself; it returns nil. It is kept so that callers
+// need not know.
+func (q *deliveryQueue) Close(context.Context) error { return nil }
 
 func (q deliveryQueue) ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]delivery.Row, error) {
 	return q.db.ClaimDue(ctx, target, now, limit, lease)
 }
 
-func (q deliveryQueue) RecordAttempt(ctx context.Context, a delivery.Attempt, o delivery.Outcome) (int64, error) {
-	return q.db.RecordAttempt(ctx, a, o)
+func (q deliveryQueue) RecordAttempts(ctx context.Context, items []delivery.AttemptRecord) ([]int64, error) {
+	in := make([]store.AttemptOutcome, len(items))
+	for i, it := range items {
+		in[i] = store.AttemptOutcome{Attempt: it.Attempt, Outcome: it.Outcome}
+	}
+	return q.db.RecordAttempts(ctx, in)
 }
 
 func (q deliveryQueue) Release(ctx context.Context, ids []int64, lease, now time.Time) error {

@@ -87,11 +87,12 @@ const (
 	DefaultConcurrency = 1
 )
 
-// RecordLinger is how long the group commit that records the attempts
-// (see Queue.RecordAttempt) should wait for more attempts before it
-// commits: the workers do not wait for a record before they send on, so a
-// little more latency on each costs nothing, while fewer, larger commits
-// cost the store much less per attempt.
+// RecordLinger is how long the dispatcher waits, from the first attempt
+// answered since its last record, for more attempts before it records
+// them all in one Queue.RecordAttempts call: the workers do not wait for a
+// record before they send on, so a little more latency on each costs
+// nothing, while fewer, larger commits cost the store much less per
+// attempt.
 const RecordLinger = 2 * time.Millisecond
 
 // firstBatch is the most rows a worker claims before it has timed any
@@ -115,8 +116,9 @@ type PaceTicket interface {
 // slow, limited or dead target never delays another.
 //
 // A worker claims a batch of due rows (leasing them), sends them with up
-// to Concurrency requests in flight, and records each attempt without
-// waiting for the record to commit before it sends the next row: the
+// to Concurrency requests in flight, and hands each answered attempt over
+// to be recorded, with those of every other worker, in the next batch of
+// records, without waiting for that to commit before it sends on: the
 // lease keeps a row from being claimed again until its outcome is
 // committed (or, should that fail or the process die, until the lease
 // ends and the row is due again: at-least-once). A row is sent only while
@@ -136,6 +138,7 @@ type Dispatcher struct {
 	batch      int
 	metrics    *metrics
 	requestIDs *requestIDs
+	batcher    *batcher
 	running    atomic.Bool
 }
 
@@ -144,7 +147,8 @@ type worker struct {
 	t           Target
 	concurrency int // requests in flight at most
 	client      *http.Client
-	url         string // t.URL as attempts log it (redacted)
+	req         *http.Request // a POST to t.URL, parsed once, for newRequest
+	url         string        // t.URL as attempts log it (redacted)
 	lease       time.Duration
 	// room is how much of its lease a row must have left for its attempt
 	// to start: the target's Timeout, then recordTimeout to record it.
@@ -163,7 +167,6 @@ type worker struct {
 	// committed yet, so that a slow store holds the sends back instead of
 	// piling up outcomes in memory.
 	unrecorded chan struct{}
-	records    sync.WaitGroup // attempts being recorded
 
 	// mu guards what the answers of the current batch tell the worker.
 	mu         sync.Mutex
@@ -216,6 +219,7 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 		metrics:    newMetrics(opts.Registerer),
 		requestIDs: newRequestIDs(),
 	}
+	d.batcher = newBatcher(d, RecordLinger)
 	for _, t := range targets {
 		if err := t.Validate(); err != nil {
 			return nil, err
@@ -237,8 +241,12 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 		if concurrency == 0 {
 			concurrency = opts.Concurrency
 		}
+		// A URL that does not parse leaves req nil: each attempt parses
+		// it again and fails with the parser's error.
+		req, _ := http.NewRequest(http.MethodPost, t.URL, http.NoBody)
 		w := &worker{
 			t:           t,
+			req:         req,
 			concurrency: concurrency,
 			client:      newClient(t, concurrency),
 			url:         backstop.RedactURL(t.URL),
@@ -263,16 +271,18 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("delivery: Run called twice")
 	}
+	go d.batcher.run(ctx)
 	var wg sync.WaitGroup
 	for _, w := range d.workers {
 		wg.Go(func() {
 			d.loop(ctx, w)
 			d.release(ctx, w, w.ahead)
 			w.ahead = claim{}
-			w.records.Wait()
 		})
 	}
 	wg.Wait()
+	d.batcher.close()
+	<-d.batcher.stopped
 	return nil
 }
 
@@ -551,6 +561,16 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 	}
 	w.mu.Unlock()
 
+	if dec.Pause > 0 || dec.Disable {
+		d.stopTarget(ctx, w, a, dec, now)
+	}
+	d.record(w, row, a, dec, now, lease)
+	return true
+}
+
+// stopTarget stores the pause or the disabling that attempt a's decision
+// dec makes of w's target.
+func (d *Dispatcher) stopTarget(ctx context.Context, w *worker, a Attempt, dec Decision, now time.Time) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
 	if dec.Pause > 0 {
@@ -566,45 +586,16 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 		}
 		w.logger.Warn("target disabled", "reason", reason)
 	}
-	d.record(ctx, w, row, a, dec, now, lease)
-	return true
 }
 
-// record records attempt a of row, made under the lease that ends at
-// lease, with its decision in the background, then counts and logs it. It
-// blocks while too many of w's attempts wait for their records.
-func (d *Dispatcher) record(ctx context.Context, w *worker, row Row, a Attempt, dec Decision, now, lease time.Time) {
+// record hands attempt a of row, made under the lease that ends at
+// lease, with its decision over to the batcher, which records, counts and
+// logs it in the background. It blocks while too many of w's attempts wait
+// for their records.
+func (d *Dispatcher) record(w *worker, row Row, a Attempt, dec Decision, now, lease time.Time) {
 	w.unrecorded <- struct{}{}
-	w.records.Go(func() {
-		defer func() { <-w.unrecorded }()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
-		defer cancel()
-		id, err := d.q.RecordAttempt(rctx, a, Outcome{Status: dec.Status, NextAttemptAt: dec.NextAttemptAt, Lease: lease})
-		if err != nil {
-			w.logger.Error("record attempt", "delivery", row.ID, "event_id", row.EventID, "err", err)
-			return
-		}
-		a.ID = id
-		w.m.attempt(dec.Status).Inc()
-		w.m.request.Observe(a.Duration.Seconds())
-		switch dec.Status {
-		case StatusDelivered:
-			w.m.latency.Observe(now.Sub(row.CreatedAt).Seconds())
-			if w.logger.Enabled(rctx, slog.LevelDebug) {
-				attemptLog(w.logger, row, a, dec).Debug("delivered")
-			}
-		case StatusDeadLetter:
-			w.m.deadLetters.Inc()
-			attemptLog(w.logger, row, a, dec).Warn("dead-lettered", "reason", dec.Reason, "err", a.Error)
-		default:
-			attemptLog(w.logger, row, a, dec).Info("will retry", "reason", dec.Reason, "next_attempt_at", dec.NextAttemptAt, "err", a.Error)
-			if !dec.NextAttemptAt.After(d.now()) {
-				// Due already: a claim made while this record was
-				// committing passed the row over.
-				w.poke()
-			}
-		}
-	})
+	d.batcher.add(handedOver{w: w, row: row, a: a, dec: dec, now: now,
+		out: Outcome{Status: dec.Status, NextAttemptAt: dec.NextAttemptAt, Lease: lease}})
 }
 
 // attemptLog is logger with attempt a of row and its outcome.
@@ -655,11 +646,11 @@ func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Atte
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	id, err := d.q.RecordAttempt(rctx, a, Outcome{Status: row.Status, NextAttemptAt: row.NextAttemptAt})
+	ids, err := d.q.RecordAttempts(rctx, []AttemptRecord{{Attempt: a, Outcome: Outcome{Status: row.Status, NextAttemptAt: row.NextAttemptAt}}})
 	if err != nil {
 		return a, fmt.Errorf("delivery: redirect %d: record attempt: %w", row.ID, err)
 	}
-	a.ID = id
+	a.ID = ids[0]
 	w.m.attempt("redirect").Inc()
 	if refused != nil {
 		return a, fmt.Errorf("delivery: redirect %d: %w", row.ID, refused)
@@ -698,7 +689,7 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	// the target's timeout bounds the whole exchange as it would there.
 	rctx, cancel := context.WithTimeout(ctx, t.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, rawURL, bytes.NewReader(body))
+	req, err := w.newRequest(rctx, rawURL, body)
 	if err != nil {
 		return fail(err)
 	}
@@ -771,6 +762,25 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDrainedBody)
 	a.Duration = time.Since(start)
 	return a, resp.Header.Get("Retry-After"), nil
+}
+
+// newRequest returns a POST of body to rawURL, without headers. To the
+// target's own URL it is a copy of w's parsed request, which spares
+// parsing the URL again on every attempt.
+func (w *worker) newRequest(ctx context.Context, rawURL string, body []byte) (*http.Request, error) {
+	if w.req == nil || rawURL != w.t.URL {
+		return http.NewRequestWithContext(ctx, http.MethodPost, rawURL, bytes.NewReader(body))
+	}
+	req := w.req.WithContext(ctx)
+	req.ContentLength = int64(len(body))
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.GetBody = func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(body)), nil
+	}
+	if len(body) == 0 {
+		req.Body, req.GetBody = http.NoBody, nil
+	}
+	return req, nil
 }
 
 // stops reports whether an answer with status stops the target's sends

@@ -25,12 +25,13 @@ type Queue interface {
 	// whose attempt is never recorded (the process died) is due again
 	// after the lease.
 	ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]Row, error)
-	// RecordAttempt stores a and returns its id. Unless a.Redirect, it
-	// also sets the row's status and NextAttemptAt from out, its attempt
-	// count to a.Attempt, and its last status and error from a. A
-	// redirect attempt leaves the row unchanged, as does an outcome whose
-	// Lease the row no longer holds.
-	RecordAttempt(ctx context.Context, a Attempt, out Outcome) (int64, error)
+	// RecordAttempts stores each item's attempt, in order and all or
+	// none, and returns their ids in the same order. Unless an attempt is
+	// a Redirect, it also sets its row's status and NextAttemptAt from the
+	// item's Outcome, its attempt count to Attempt.Attempt, and its last
+	// status and error from the attempt. A redirect attempt leaves the row
+	// unchanged, as does an outcome whose Lease the row no longer holds.
+	RecordAttempts(ctx context.Context, items []AttemptRecord) ([]int64, error)
 	// Release makes the rows ids, claimed but not attempted, due again at
 	// now instead of when their lease ends. lease is the end of the lease
 	// their claim gave them (its now+lease): rows that no longer hold it
@@ -57,6 +58,13 @@ type Attempt = backstop.DeliveryAttempt
 
 // Outcome is what an attempt does to its row.
 type Outcome = backstop.DeliveryOutcome
+
+// AttemptRecord is one attempt to record and what it does to its row, for
+// Queue.RecordAttempts.
+type AttemptRecord struct {
+	Attempt Attempt
+	Outcome Outcome
+}
 
 // TargetState is a target's delivery state and queue counts.
 type TargetState = backstop.TargetState

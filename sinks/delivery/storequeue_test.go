@@ -9,19 +9,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/backstop-sync/backstop/internal/groupcommit"
 	"github.com/backstop-sync/backstop/store"
 )
 
 // storeQueue is the dispatcher tests' Queue: the real store in a
 // t.TempDir(), through the same few lines as cmd/backstop's deliveryQueue
-// adapter (made by newDeliveryQueue): attempts are recorded in group
-// commits over store.RecordAttempts. It adds what the tests wait on: a count of worker passes per
-// target (one TargetQueue call each), a count of the deliveries committed
-// as delivered per target, and a signal on every change made through it.
+// adapter (made by newDeliveryQueue). It adds what the tests wait on: a
+// count of worker passes per target (one TargetQueue call each), a count
+// of the deliveries committed as delivered per target, and a signal on
+// every change made through it.
 type storeQueue struct {
-	db       *store.DB
-	attempts *groupcommit.Writer[store.AttemptOutcome, int64]
+	db *store.DB
 
 	mu        sync.Mutex
 	passes    map[string]int
@@ -44,14 +42,7 @@ func newStoreQueue(t testing.TB) *storeQueue {
 			t.Errorf("close store: %v", err)
 		}
 	})
-	w := groupcommit.New(db.RecordAttempts, groupcommit.Options{Linger: RecordLinger})
-	go w.Run(context.Background())
-	t.Cleanup(func() { // before the store closes, after the dispatcher stops
-		if err := w.Close(context.Background()); err != nil {
-			t.Errorf("close attempt writer: %v", err)
-		}
-	})
-	return &storeQueue{db: db, attempts: w, passes: map[string]int{}, delivered: map[string]int{}, changed: make(chan struct{})}
+	return &storeQueue{db: db, passes: map[string]int{}, delivered: map[string]int{}, changed: make(chan struct{})}
 }
 
 func (q *storeQueue) notify() {
@@ -73,15 +64,32 @@ func (q *storeQueue) ClaimDue(ctx context.Context, target string, now time.Time,
 	return out, nil
 }
 
-func (q *storeQueue) RecordAttempt(ctx context.Context, a Attempt, o Outcome) (int64, error) {
+func (q *storeQueue) RecordAttempts(ctx context.Context, items []AttemptRecord) ([]int64, error) {
 	defer q.notify()
-	id, err := q.attempts.Submit(ctx, store.AttemptOutcome{Attempt: store.Attempt(a), Outcome: store.Outcome(o)})
-	if err == nil && !a.Redirect && o.Status == StatusDelivered {
-		q.mu.Lock()
-		q.delivered[a.Target]++
-		q.mu.Unlock()
+	in := make([]store.AttemptOutcome, len(items))
+	for i, it := range items {
+		in[i] = store.AttemptOutcome{Attempt: it.Attempt, Outcome: it.Outcome}
 	}
-	return id, err
+	ids, err := q.db.RecordAttempts(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	q.mu.Lock()
+	for _, it := range items {
+		if !it.Attempt.Redirect && it.Outcome.Status == StatusDelivered {
+			q.delivered[it.Attempt.Target]++
+		}
+	}
+	q.mu.Unlock()
+	return ids, nil
+}
+
+// recordAttempt records one attempt, as the dispatcher would.
+func (q *storeQueue) recordAttempt(t testing.TB, a Attempt, o Outcome) {
+	t.Helper()
+	if _, err := q.RecordAttempts(context.Background(), []AttemptRecord{{Attempt: a, Outcome: o}}); err != nil {
+		t.Fatalf("record attempt: %v", err)
+	}
 }
 
 func (q *storeQueue) Release(ctx context.Context, ids []int64, lease, now time.Time) error {

@@ -1,0 +1,188 @@
+package delivery
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// maxRecordBatch is the most attempts one Queue.RecordAttempts call
+// records.
+const maxRecordBatch = 512
+
+// batcher records the attempts of all of a dispatcher's workers in
+// batches: a worker hands each answered attempt over and sends on, and one
+// goroutine commits what was handed over in one RecordAttempts call, then
+// counts, logs and acknowledges each attempt. A batch is committed
+// RecordLinger after its first attempt came, or at once while closing.
+// The attempts handed over while a batch commits make up the next one.
+//
+// Handing over costs a worker one append under a lock: no goroutine, no
+// channel and no context per attempt, and the one goroutine wakes once per
+// batch, not once per attempt.
+type batcher struct {
+	d      *Dispatcher
+	ctx    context.Context // the dispatcher's, without its cancellation
+	linger time.Duration
+
+	mu      sync.Mutex
+	queued  []handedOver
+	closing bool
+
+	wake    chan struct{} // a token when the first attempt of a batch comes
+	stop    chan struct{} // closed by close
+	stopped chan struct{} // closed once every attempt handed over is done
+}
+
+// handedOver is one answered attempt waiting for its record.
+type handedOver struct {
+	w   *worker
+	row Row
+	a   Attempt
+	dec Decision
+	now time.Time // when the answer was decided on
+	out Outcome
+}
+
+// newBatcher returns a batcher for d; start it with run.
+func newBatcher(d *Dispatcher, linger time.Duration) *batcher {
+	return &batcher{
+		d:       d,
+		linger:  linger,
+		wake:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+}
+
+// add hands h over for recording.
+func (r *batcher) add(h handedOver) {
+	r.mu.Lock()
+	r.queued = append(r.queued, h)
+	first := len(r.queued) == 1
+	r.mu.Unlock()
+	if first {
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// close makes run commit what is handed over at once and return once
+// nothing is left; nothing may be added after it.
+func (r *batcher) close() {
+	r.mu.Lock()
+	r.closing = true
+	r.mu.Unlock()
+	close(r.stop)
+}
+
+// run commits the batches until close, then what is left, and returns.
+func (r *batcher) run(ctx context.Context) {
+	defer close(r.stopped)
+	r.ctx = context.WithoutCancel(ctx)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var batch []handedOver
+	for {
+		r.mu.Lock()
+		n, closing := len(r.queued), r.closing
+		r.mu.Unlock()
+		if n == 0 {
+			if closing {
+				return
+			}
+			select {
+			case <-r.wake:
+			case <-r.stop:
+			}
+			continue
+		}
+		if !closing && r.linger > 0 {
+			timer.Reset(r.linger)
+			select {
+			case <-timer.C:
+			case <-r.stop:
+				timer.Stop()
+			}
+		}
+		r.mu.Lock()
+		take := min(len(r.queued), maxRecordBatch)
+		batch = append(batch[:0], r.queued[:take]...)
+		rest := copy(r.queued, r.queued[take:])
+		clear(r.queued[rest:])
+		r.queued = r.queued[:rest]
+		r.mu.Unlock()
+		r.commit(batch)
+		clear(batch) // let the recorded attempts go
+	}
+}
+
+// commit records batch in one call, or each attempt on its own when the
+// call fails, so that one attempt that cannot be recorded (its delivery
+// was purged meanwhile, say) does not keep the others from their records.
+func (r *batcher) commit(batch []handedOver) {
+	items := make([]AttemptRecord, len(batch))
+	for i, h := range batch {
+		items[i] = AttemptRecord{Attempt: h.a, Outcome: h.out}
+	}
+	ids, err := r.record(items)
+	if err == nil {
+		for i, h := range batch {
+			r.done(h, ids[i], nil)
+		}
+		return
+	}
+	if len(batch) == 1 {
+		r.done(batch[0], 0, err)
+		return
+	}
+	for i, h := range batch {
+		ids, err := r.record(items[i : i+1])
+		var id int64
+		if err == nil {
+			id = ids[0]
+		}
+		r.done(h, id, err)
+	}
+}
+
+// record records items within recordTimeout.
+func (r *batcher) record(items []AttemptRecord) ([]int64, error) {
+	ctx, cancel := context.WithTimeout(r.ctx, recordTimeout)
+	defer cancel()
+	return r.d.q.RecordAttempts(ctx, items)
+}
+
+// done counts and logs h once its record committed as id, or failed with
+// err, and lets its worker hand over another attempt.
+func (r *batcher) done(h handedOver, id int64, err error) {
+	w, row, a, dec := h.w, h.row, h.a, h.dec
+	defer func() { <-w.unrecorded }()
+	if err != nil {
+		w.logger.Error("record attempt", "delivery", row.ID, "event_id", row.EventID, "err", err)
+		return
+	}
+	a.ID = id
+	w.m.attempt(dec.Status).Inc()
+	w.m.request.Observe(a.Duration.Seconds())
+	switch dec.Status {
+	case StatusDelivered:
+		w.m.latency.Observe(h.now.Sub(row.CreatedAt).Seconds())
+		if w.logger.Enabled(r.ctx, slog.LevelDebug) {
+			attemptLog(w.logger, row, a, dec).Debug("delivered")
+		}
+	case StatusDeadLetter:
+		w.m.deadLetters.Inc()
+		attemptLog(w.logger, row, a, dec).Warn("dead-lettered", "reason", dec.Reason, "err", a.Error)
+	default:
+		attemptLog(w.logger, row, a, dec).Info("will retry", "reason", dec.Reason, "next_attempt_at", dec.NextAttemptAt, "err", a.Error)
+		if !dec.NextAttemptAt.After(r.d.now()) {
+			// Due already: a claim made while this record was
+			// committing passed the row over.
+			w.poke()
+		}
+	}
+}
