@@ -72,27 +72,45 @@ func TestGathersWhileCommitting(t *testing.T) {
 }
 
 func TestMaxBatch(t *testing.T) {
+	const n = 13 // 12 queue up: the queue holds 4 × MaxBatch
+	release := make(chan struct{})
+	entered := make(chan struct{}, n)
 	var mu sync.Mutex
-	largest := 0
+	var sizes []int
 	w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
 		mu.Lock()
-		largest = max(largest, len(items))
+		sizes = append(sizes, len(items))
 		mu.Unlock()
-		time.Sleep(time.Millisecond) // let submissions pile up
+		entered <- struct{}{}
+		<-release
 		return items, nil
 	}, groupcommit.Options{MaxBatch: 3})
 	start(t, w)
 	var wg sync.WaitGroup
-	for i := range 30 {
+	submit := func(i int) {
 		wg.Go(func() {
 			if got, err := w.Submit(context.Background(), i); err != nil || got != i {
 				t.Errorf("Submit(%d) = %d, %v", i, got, err)
 			}
 		})
 	}
+	// The first commit holds while the other items queue up behind it.
+	submit(0)
+	<-entered
+	for i := 1; i < n; i++ {
+		submit(i)
+	}
+	waitQueued(t, w, n-1)
+	close(release)
 	wg.Wait()
-	if largest > 3 {
-		t.Errorf("largest commit = %d items, want at most 3", largest)
+	mu.Lock()
+	defer mu.Unlock()
+	want := []int{1}
+	for range (n - 1) / 3 {
+		want = append(want, 3)
+	}
+	if fmt.Sprint(sizes) != fmt.Sprint(want) {
+		t.Errorf("commit sizes = %v, want %v", sizes, want)
 	}
 }
 
