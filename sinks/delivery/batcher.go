@@ -7,15 +7,28 @@ import (
 	"time"
 )
 
-// maxRecordBatch is the most attempts one Queue.RecordAttempts call
-// records.
-const maxRecordBatch = 512
+const (
+	// maxRecordBatch is the most attempts one Queue.RecordAttempts call
+	// records.
+	maxRecordBatch = 512
+	// fullRecordBatch is how many attempts make a batch worth committing
+	// without waiting for more: the cost of a commit per attempt falls
+	// steeply up to about that many, then little.
+	fullRecordBatch = 128
+	// recordQuiet is how long the batcher waits for the next attempt
+	// before it commits what it has: while the workers send, attempts
+	// come much more often than that; once they stop, the batch need not
+	// wait for the whole linger.
+	recordQuiet = time.Millisecond
+)
 
 // batcher records the attempts of all of a dispatcher's workers in
 // batches: a worker hands each answered attempt over and sends on, and one
 // goroutine commits what was handed over in one RecordAttempts call, then
-// counts, logs and acknowledges each attempt. A batch is committed
-// RecordLinger after its first attempt came, or at once while closing.
+// counts, logs and acknowledges each attempt. A batch is committed once
+// attempts stop coming (none for recordQuiet), once it is large
+// (fullRecordBatch), RecordLinger after its first attempt came at the
+// latest, and at once while closing.
 // The attempts handed over while a batch commits make up the next one.
 //
 // Handing over costs a worker one append under a lock: no goroutine, no
@@ -100,13 +113,8 @@ func (r *batcher) run(ctx context.Context) {
 			}
 			continue
 		}
-		if !closing && r.linger > 0 {
-			timer.Reset(r.linger)
-			select {
-			case <-timer.C:
-			case <-r.stop:
-				timer.Stop()
-			}
+		if !closing {
+			r.gather(timer, n)
 		}
 		r.mu.Lock()
 		take := min(len(r.queued), maxRecordBatch)
@@ -117,6 +125,34 @@ func (r *batcher) run(ctx context.Context) {
 		r.mu.Unlock()
 		r.commit(batch)
 		clear(batch) // let the recorded attempts go
+	}
+}
+
+// gather waits while more attempts come, n of them being handed over
+// already: it returns once a look every recordQuiet finds none came since
+// the previous one, once fullRecordBatch are handed over, once the linger
+// has passed since the first came, or once the batcher closes.
+func (r *batcher) gather(timer *time.Timer, n int) {
+	deadline := time.Now().Add(r.linger)
+	for n < fullRecordBatch {
+		wait := min(recordQuiet, time.Until(deadline))
+		if wait <= 0 {
+			return
+		}
+		timer.Reset(wait)
+		select {
+		case <-timer.C:
+		case <-r.stop:
+			timer.Stop()
+			return
+		}
+		r.mu.Lock()
+		more := len(r.queued)
+		r.mu.Unlock()
+		if more == n {
+			return
+		}
+		n = more
 	}
 }
 
