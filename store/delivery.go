@@ -85,11 +85,12 @@ const (
 	// recordMany allots the ids of the attempts it logs.
 	lastAttemptSQL = `SELECT coalesce(max(id), 0) FROM delivery_attempts`
 	// targetQueueSQL reads, in one statement and so from one snapshot, a
-	// target's queued rows by status and its state (no state row: neither
-	// paused nor disabled).
+	// target's state (no state row: neither paused nor disabled) and,
+	// when ?2 is true, its queued rows by status (a CASE branch not taken
+	// runs no subquery).
 	targetQueueSQL = `SELECT
-		(SELECT count(*) FROM outbox WHERE target = ?1 AND status = 'pending') AS pending,
-		(SELECT count(*) FROM outbox WHERE target = ?1 AND status = 'retrying') AS retrying,
+		CASE WHEN ?2 THEN (SELECT count(*) FROM outbox WHERE target = ?1 AND status = 'pending') ELSE 0 END AS pending,
+		CASE WHEN ?2 THEN (SELECT count(*) FROM outbox WHERE target = ?1 AND status = 'retrying') ELSE 0 END AS retrying,
 		s.paused_until, coalesce(s.disabled, 0) AS disabled, coalesce(s.disabled_reason, '') AS disabled_reason,
 		s.disabled_at
 		FROM (SELECT 1) LEFT JOIN target_state AS s ON s.name = ?1`
@@ -911,11 +912,12 @@ func (db *DB) TargetStates(ctx context.Context, names []string) ([]TargetState, 
 }
 
 // TargetQueue returns what a delivery worker looks at before each claim:
-// target name's pause and whether it is disabled, as TargetStates does, and
-// its queued rows (Pending and Retrying). Delivered and DeadLetter are left
-// zero: unlike TargetStates it reads only the queued rows, so its cost does
-// not grow with the delivered history.
-func (db *DB) TargetQueue(ctx context.Context, name string) (TargetState, error) {
+// target name's pause and whether it is disabled, as TargetStates does,
+// and, when counts is true, its queued rows (Pending and Retrying; zero
+// otherwise, which spares counting them). Delivered and DeadLetter are
+// left zero: unlike TargetStates it reads only the queued rows, so its cost
+// does not grow with the delivered history.
+func (db *DB) TargetQueue(ctx context.Context, name string, counts bool) (TargetState, error) {
 	st, err := db.deliveryStmts(ctx)
 	if err != nil {
 		return TargetState{}, fmt.Errorf("read queue of %s: %w", name, err)
@@ -924,7 +926,7 @@ func (db *DB) TargetQueue(ctx context.Context, name string) (TargetState, error)
 		ts                 = TargetState{Name: name}
 		paused, disabledAt sql.NullString
 	)
-	if err := st.targetQueue.QueryRowContext(ctx, name).Scan(&ts.Pending, &ts.Retrying,
+	if err := st.targetQueue.QueryRowContext(ctx, name, counts).Scan(&ts.Pending, &ts.Retrying,
 		&paused, &ts.Disabled, &ts.DisabledReason, &disabledAt); err != nil {
 		return TargetState{}, fmt.Errorf("read queue of %s: %w", name, err)
 	}

@@ -588,7 +588,8 @@ func TestRecordAttempts(t *testing.T) {
 }
 
 // TestTargetQueue: the worker's view of a target is TargetStates' without
-// the delivered and dead-letter counts, from one statement.
+// the delivered and dead-letter counts, from one statement, and without
+// the queued counts either when it does not ask for them.
 func TestTargetQueue(t *testing.T) {
 	ctx := context.Background()
 	db, _ := openTest(t)
@@ -603,9 +604,18 @@ func TestTargetQueue(t *testing.T) {
 
 	queue := func(name string) TargetState {
 		t.Helper()
-		st, err := db.TargetQueue(ctx, name)
+		st, err := db.TargetQueue(ctx, name, true)
 		if err != nil {
 			t.Fatal(err)
+		}
+		stateOnly, err := db.TargetQueue(ctx, name, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := st
+		want.Pending, want.Retrying = 0, 0
+		if stateOnly != want {
+			t.Errorf("TargetQueue(%s) without counts = %+v, want %+v", name, stateOnly, want)
 		}
 		return st
 	}

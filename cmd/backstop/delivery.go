@@ -27,7 +27,7 @@ type deliveryStore interface {
 	Release(ctx context.Context, ids []int64, lease, now time.Time) (int64, error)
 	PauseTarget(ctx context.Context, name string, until time.Time) error
 	DisableTarget(ctx context.Context, name, reason string, now time.Time) error
-	TargetQueue(ctx context.Context, name string) (store.TargetState, error)
+	TargetQueue(ctx context.Context, name string, counts bool) (store.TargetState, error)
 }
 
 // newDeliveryQueue returns a queue over db for a dispatcher. Close it after
@@ -66,8 +66,8 @@ func (q deliveryQueue) DisableTarget(ctx context.Context, name, reason string, n
 	return q.db.DisableTarget(ctx, name, reason, now)
 }
 
-func (q deliveryQueue) TargetQueue(ctx context.Context, name string) (delivery.TargetState, error) {
-	return q.db.TargetQueue(ctx, name)
+func (q deliveryQueue) TargetQueue(ctx context.Context, name string, counts bool) (delivery.TargetState, error) {
+	return q.db.TargetQueue(ctx, name, counts)
 }
 
 // deliveryTargets converts the configured targets for the dispatcher.

@@ -100,6 +100,11 @@ const RecordLinger = 10 * time.Millisecond
 // answer of its target.
 const firstBatch = 16
 
+// depthEvery is how often a worker counts its target's queued rows for the
+// queue depth gauge. Its state (pause, disabled) is read on every pass;
+// counting the rows too would cost each pass more than the rest of it.
+const depthEvery = time.Second
+
 // Pacer paces one target's requests (the rate-limit governor serves).
 type Pacer interface {
 	// Acquire blocks until a request may be sent, or ctx ends.
@@ -163,6 +168,8 @@ type worker struct {
 	paused   bool
 	disabled bool
 	ahead    claim // claimed while the previous batch was sent
+	// countedAt is when the queue depth was last counted (see depthEvery).
+	countedAt time.Time
 
 	// unrecorded holds one token per attempt whose record is not
 	// committed yet, so that a slow store holds the sends back instead of
@@ -333,14 +340,18 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	if !w.nextDue.After(now) {
 		w.nextDue = time.Time{}
 	}
-	st, err := d.q.TargetQueue(ctx, w.t.Name)
+	counts := w.countedAt.IsZero() || now.Sub(w.countedAt) >= depthEvery || now.Before(w.countedAt)
+	st, err := d.q.TargetQueue(ctx, w.t.Name, counts)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.logger.Error("read target state", "err", err)
 		}
 		return d.poll
 	}
-	w.m.depth.Set(float64(st.Pending + st.Retrying))
+	if counts {
+		w.countedAt = now
+		w.m.depth.Set(float64(st.Pending + st.Retrying))
+	}
 	d.setDisabled(w, st.Disabled)
 	if st.Disabled || st.PausedUntil.After(now) {
 		d.release(ctx, w, w.ahead)

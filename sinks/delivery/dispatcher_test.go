@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/backstop-sync/backstop/sinks/intake"
 )
@@ -628,7 +629,7 @@ func TestRetryAfterStopsSendsWithRequestsInFlight(t *testing.T) {
 			// Still in flight when the 429 lands: answer once the
 			// dispatcher has stored the pause (it stops its senders first).
 			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-				st, err := q.db.TargetQueue(context.Background(), "crm")
+				st, err := q.db.TargetQueue(context.Background(), "crm", false)
 				if err != nil || !st.PausedUntil.IsZero() {
 					break
 				}
@@ -886,4 +887,39 @@ func TestRetryAfterStopsSendsBeforeItsBodyIsRead(t *testing.T) {
 			t.Errorf("request %d came %v after the 429's status, within its 1 s Retry-After", i+3, h.at.Sub(at))
 		}
 	}
+}
+
+// TestQueueDepthCountedNowAndThen: the queue depth gauge counts the
+// target's queued rows on the first pass, then at most every depthEvery,
+// while every pass reads the target's state.
+func TestQueueDepthCountedNowAndThen(t *testing.T) {
+	t.Parallel()
+	q := newStoreQueue(t)
+	for i := range 3 {
+		q.add(t, "crm", fmt.Sprint("evt_", i), "contact.created", `{"id":"ct_1"}`)
+	}
+	// Disabled: its rows stay queued, and each pass only reads the state.
+	if err := q.db.DisableTarget(context.Background(), "crm", "410 Gone", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	clock := newFakeClock()
+	d := start(t, q, []Target{{Name: "crm", URL: "https://crm.example.com/hook"}}, Options{Now: clock.now, Poll: time.Hour})
+	depth := func() float64 { return testutil.ToFloat64(d.byName["crm"].m.depth) }
+	q.waitFor(t, 10*time.Second, "a depth of 3 from the first pass", func() bool { return depth() == 3 })
+	for i := 3; i < 5; i++ {
+		q.add(t, "crm", fmt.Sprint("evt_", i), "contact.created", `{"id":"ct_1"}`)
+	}
+	// Two more passes: the worker sets the gauge of one before it starts
+	// the next.
+	for range 2 {
+		passes := q.passesOf("crm")
+		d.Wake("crm")
+		q.waitFor(t, 10*time.Second, "a pass within depthEvery", func() bool { return q.passesOf("crm") > passes })
+	}
+	if got := depth(); got != 3 {
+		t.Errorf("depth counted again within depthEvery = %v, want 3 still", got)
+	}
+	clock.advance(depthEvery)
+	d.Wake("crm")
+	q.waitFor(t, 10*time.Second, "a depth of 5 after depthEvery", func() bool { return depth() == 5 })
 }

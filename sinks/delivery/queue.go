@@ -43,11 +43,13 @@ type Queue interface {
 	// DisableTarget stops all deliveries to the target until it is
 	// re-enabled, with a reason a person reads.
 	DisableTarget(ctx context.Context, name, reason string, now time.Time) error
-	// TargetQueue returns the target's pause and disabled state and its
-	// queued rows (Pending and Retrying; the other counts may be left
-	// zero). The worker reads it before every claim, so it must not cost
-	// more as the delivered history grows.
-	TargetQueue(ctx context.Context, name string) (TargetState, error)
+	// TargetQueue returns the target's pause and disabled state and, when
+	// counts is true, its queued rows (Pending and Retrying; the other
+	// counts may be left zero, and all of them when counts is false). The
+	// worker reads it before every claim, with counts now and then (see
+	// depthEvery), so it must not cost more as the delivered history
+	// grows.
+	TargetQueue(ctx context.Context, name string, counts bool) (TargetState, error)
 }
 
 // Row is one queued delivery: one event for one target.

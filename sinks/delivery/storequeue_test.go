@@ -108,8 +108,8 @@ func (q *storeQueue) DisableTarget(ctx context.Context, name, reason string, now
 	return q.db.DisableTarget(ctx, name, reason, now)
 }
 
-func (q *storeQueue) TargetQueue(ctx context.Context, name string) (TargetState, error) {
-	st, err := q.db.TargetQueue(ctx, name)
+func (q *storeQueue) TargetQueue(ctx context.Context, name string, counts bool) (TargetState, error) {
+	st, err := q.db.TargetQueue(ctx, name, counts)
 	if err != nil {
 		return TargetState{}, err
 	}
