@@ -53,15 +53,7 @@ func (q *storeQueue) notify() {
 }
 
 func (q *storeQueue) ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]Row, error) {
-	rows, err := q.db.ClaimDue(ctx, target, now, limit, lease)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Row, len(rows))
-	for i, r := range rows {
-		out[i] = Row(r)
-	}
-	return out, nil
+	return q.db.ClaimDue(ctx, target, now, limit, lease)
 }
 
 func (q *storeQueue) RecordAttempts(ctx context.Context, items []AttemptRecord) ([]int64, error) {
