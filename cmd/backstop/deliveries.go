@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -452,9 +451,6 @@ attempts, marked as a redirect; the delivery's own status does not change.`,
 				return fmt.Errorf("delivery %d: %w", id, backstop.ErrNotFound)
 			}
 			queue := newDeliveryQueue(db)
-			// Close fails only when its ctx ends; this one does not. It runs
-			// before db.Close, deferred earlier.
-			defer queue.Close(context.WithoutCancel(cmd.Context()))
 			d, err := delivery.New(queue, deliveryTargets(cfg), delivery.Options{})
 			if err != nil {
 				return usageError{err}

@@ -15,10 +15,7 @@ import (
 // itself, which RecordAttempts commits in one transaction each.
 type deliveryQueue struct{ db deliveryStore }
 
-var (
-	_ delivery.Queue = deliveryQueue{}
-	_ delivery.Queue = (*deliveryQueue)(nil)
-)
+var _ delivery.Queue = deliveryQueue{}
 
 // deliveryStore is what deliveryQueue needs of the store: *store.DB.
 type deliveryStore interface {
@@ -30,16 +27,10 @@ type deliveryStore interface {
 	TargetQueue(ctx context.Context, name string, counts bool) (store.TargetState, error)
 }
 
-// newDeliveryQueue returns a queue over db for a dispatcher. Close it after
-// the dispatcher over it has stopped and before db closes.
-func newDeliveryQueue(db *store.DB) *deliveryQueue {
-	return &deliveryQueue{db: db}
+// newDeliveryQueue returns a queue over db for a dispatcher.
+func newDeliveryQueue(db *store.DB) deliveryQueue {
+	return deliveryQueue{db: db}
 }
-
-// Close releases what the queue holds: nothing, now that the dispatcher
-// batches its records itself; it returns nil. It is kept so that callers
-// need not know.
-func (q *deliveryQueue) Close(context.Context) error { return nil }
 
 func (q deliveryQueue) ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]delivery.Row, error) {
 	return q.db.ClaimDue(ctx, target, now, limit, lease)

@@ -149,9 +149,6 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 	go recorderSrv.Serve(recorderLn)
 	defer recorderSrv.Close()
 	queue := newDeliveryQueue(db)
-	// Close runs after the dispatcher stops (deferred below) and fails only
-	// when its ctx ends, which this one does not.
-	defer queue.Close(context.WithoutCancel(ctx))
 	dispatcher, err := delivery.New(queue, []delivery.Target{{
 		Name: "recorder", URL: "http://" + recorderLn.Addr().String() + "/hooks", Secret: "whsec_" + base64.StdEncoding.EncodeToString(secretBytes),
 		AllowPrivate: true, RetrySchedule: []time.Duration{100 * time.Millisecond, 500 * time.Millisecond},

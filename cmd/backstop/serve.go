@@ -109,14 +109,12 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	if err != nil {
 		ln.Close()
 		stack.stop(ctx)
-		queue.Close(ctx)
 		return usagef("targets: %v", err)
 	}
 	dash, err := startUI(ctx, uiDeps{a: a, sched: sched, dispatcher: dispatcher, intake: stack.metrics, meter: meter})
 	if err != nil {
 		ln.Close()
 		stack.stop(ctx)
-		queue.Close(ctx)
 		return err
 	}
 	dispatchCtx, stopDispatch := context.WithCancel(context.WithoutCancel(ctx))
@@ -199,12 +197,10 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		runErr = errors.Join(runErr, err)
 	}
 	// Attempts in flight are abandoned: their rows stay leased and are sent
-	// again after a restart (at-least-once, same event id).
+	// again after a restart (at-least-once, same event id). The dispatcher
+	// returns once every attempt already answered is recorded.
 	stopDispatch()
 	<-dispatchDone
-	if err := queue.Close(sctx); err != nil {
-		runErr = errors.Join(runErr, fmt.Errorf("save delivery attempts: %w", err))
-	}
 	if runErr == nil {
 		log.Info("stopped cleanly")
 	}

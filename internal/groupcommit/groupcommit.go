@@ -31,13 +31,6 @@ type Options struct {
 	// commit, including those of a failed batch's items retried one by
 	// one. It is called from Run's goroutine.
 	Observe func(size int, took time.Duration, err error)
-	// Linger is how long a batch waits, from its first item, for more
-	// items before it is committed (default 0: it is committed as soon as
-	// the previous commit ends, with whatever has queued meanwhile). A
-	// batch that reaches MaxBatch is committed at once. Lingering trades
-	// each caller's wait for fewer, larger commits, which suits callers
-	// that do not wait on Submit before going on.
-	Linger time.Duration
 }
 
 // Writer is a group-commit writer: concurrent Submit calls are gathered
@@ -50,7 +43,6 @@ type Writer[T, R any] struct {
 	commit   CommitFunc[T, R]
 	maxBatch int
 	observe  func(size int, took time.Duration, err error)
-	linger   time.Duration
 
 	in        chan *request[T, R]
 	mu        sync.RWMutex // guards closed against sends on a closed channel
@@ -80,7 +72,6 @@ func New[T, R any](commit CommitFunc[T, R], opts Options) *Writer[T, R] {
 		commit:   commit,
 		maxBatch: opts.MaxBatch,
 		observe:  opts.Observe,
-		linger:   max(opts.Linger, 0),
 		in:       make(chan *request[T, R], 4*opts.MaxBatch),
 		stopped:  make(chan struct{}),
 	}
@@ -121,32 +112,16 @@ func (w *Writer[T, R]) Run(ctx context.Context) {
 	w.runOnce.Do(func() {
 		defer close(w.stopped)
 		batch := make([]*request[T, R], 0, w.maxBatch)
-		var timer *time.Timer
 		for first := range w.in {
-			batch = append(batch[:0], first)
-			var deadline <-chan time.Time
-			if w.linger > 0 {
-				if timer == nil {
-					timer = time.NewTimer(w.linger)
-				} else {
-					timer.Reset(w.linger)
-				}
-				deadline = timer.C
-			}
-			batch = w.gather(batch, deadline)
-			if timer != nil {
-				timer.Stop()
-			}
+			batch = w.gather(append(batch[:0], first))
 			w.write(ctx, batch)
 			clear(batch) // let the answered requests go
 		}
 	})
 }
 
-// gather adds the queued items to batch, up to MaxBatch. With a deadline
-// it also waits for more until the deadline passes or the writer is
-// closed; without one it takes only those already queued.
-func (w *Writer[T, R]) gather(batch []*request[T, R], deadline <-chan time.Time) []*request[T, R] {
+// gather adds the items queued meanwhile to batch, up to MaxBatch.
+func (w *Writer[T, R]) gather(batch []*request[T, R]) []*request[T, R] {
 	for len(batch) < w.maxBatch {
 		select {
 		case req, ok := <-w.in:
@@ -154,19 +129,7 @@ func (w *Writer[T, R]) gather(batch []*request[T, R], deadline <-chan time.Time)
 				return batch
 			}
 			batch = append(batch, req)
-			continue
 		default:
-		}
-		if deadline == nil {
-			return batch
-		}
-		select {
-		case req, ok := <-w.in:
-			if !ok {
-				return batch
-			}
-			batch = append(batch, req)
-		case <-deadline:
 			return batch
 		}
 	}
