@@ -2,6 +2,7 @@ package delivery
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -31,6 +32,13 @@ const (
 // latest, and at once while closing.
 // The attempts handed over while a batch commits make up the next one.
 //
+// Each attempt's record must commit by its by, recordTimeout after its
+// answer: the room its lease keeps for it (see Options.Lease), however
+// long it waited behind other batches. A batch's commit is bounded by the
+// earliest by in it, the same attempts retried one by one each by its own,
+// and an attempt whose by has passed is given up (logged) without a try:
+// its row stays leased and is due again when its lease ends.
+//
 // Handing over costs a worker one append under a lock: no goroutine, no
 // channel and no context per attempt, and the one goroutine wakes once per
 // batch, not once per attempt.
@@ -56,7 +64,11 @@ type handedOver struct {
 	dec Decision
 	now time.Time // when the answer was decided on
 	out Outcome
+	by  time.Time // when its record is given up (the real clock)
 }
+
+// errNoRoom is an attempt's record error once its by has passed.
+var errNoRoom = errors.New("delivery: not recorded within the lease's room for it: its row is due again when its lease ends")
 
 // newBatcher returns a batcher for d; start it with run.
 func newBatcher(d *Dispatcher, linger time.Duration) *batcher {
@@ -160,11 +172,28 @@ func (r *batcher) gather(timer *time.Timer, n int) {
 // call fails, so that one attempt that cannot be recorded (its delivery
 // was purged meanwhile, say) does not keep the others from their records.
 func (r *batcher) commit(batch []handedOver) {
+	now := time.Now()
+	live := batch[:0]
+	for _, h := range batch {
+		if !now.Before(h.by) {
+			r.done(h, 0, errNoRoom)
+			continue
+		}
+		live = append(live, h)
+	}
+	batch = live
+	if len(batch) == 0 {
+		return
+	}
 	items := make([]AttemptRecord, len(batch))
+	by := batch[0].by
 	for i, h := range batch {
 		items[i] = AttemptRecord{Attempt: h.a, Outcome: h.out}
+		if h.by.Before(by) {
+			by = h.by
+		}
 	}
-	ids, err := r.record(items)
+	ids, err := r.record(items, by)
 	if err == nil {
 		for i, h := range batch {
 			r.done(h, ids[i], nil)
@@ -176,7 +205,7 @@ func (r *batcher) commit(batch []handedOver) {
 		return
 	}
 	for i, h := range batch {
-		ids, err := r.record(items[i : i+1])
+		ids, err := r.record(items[i:i+1], h.by)
 		var id int64
 		if err == nil {
 			id = ids[0]
@@ -185,9 +214,13 @@ func (r *batcher) commit(batch []handedOver) {
 	}
 }
 
-// record records items within recordTimeout.
-func (r *batcher) record(items []AttemptRecord) ([]int64, error) {
-	ctx, cancel := context.WithTimeout(r.ctx, recordTimeout)
+// record records items by by at the latest; it fails with errNoRoom once
+// by has passed.
+func (r *batcher) record(items []AttemptRecord, by time.Time) ([]int64, error) {
+	if !time.Now().Before(by) {
+		return nil, errNoRoom
+	}
+	ctx, cancel := context.WithDeadline(r.ctx, by)
 	defer cancel()
 	return r.d.q.RecordAttempts(ctx, items)
 }

@@ -1,7 +1,14 @@
 package delivery
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -26,7 +33,7 @@ func TestBatcherRecordsTheOthersWhenOneFails(t *testing.T) {
 	for _, id := range []int64{ids[0], 999, ids[1]} {
 		row := Row{ID: id, Target: "crm", EventID: "evt", CreatedAt: now}
 		a := Attempt{DeliveryID: id, Target: "crm", URL: w.url, Attempt: 1, StatusCode: 200, RequestID: "req", At: now}
-		d.record(w, row, a, Decision{Status: StatusDelivered}, now, time.Time{})
+		d.record(w, row, a, Decision{Status: StatusDelivered}, now, time.Time{}, now.Add(recordTimeout))
 	}
 	if n := len(w.unrecorded); n != 3 {
 		t.Fatalf("%d attempts wait for their records, want 3", n)
@@ -73,6 +80,106 @@ func TestBatcherCommitsOnceAttemptsStop(t *testing.T) {
 	now := time.Now()
 	d.record(w, Row{ID: id, Target: "crm", CreatedAt: now},
 		Attempt{DeliveryID: id, Target: "crm", URL: w.url, Attempt: 1, StatusCode: 200, RequestID: "req", At: now},
-		Decision{Status: StatusDelivered}, now, time.Time{})
+		Decision{Status: StatusDelivered}, now, time.Time{}, now.Add(recordTimeout))
 	q.waitFor(t, 10*time.Second, "the attempt recorded", func() bool { return q.deliveredOf("crm") == 1 })
+}
+
+// stuckQueue is a storeQueue whose store cannot commit an attempt (another
+// process holds its write lock, say): each RecordAttempts call waits until
+// its ctx ends, then fails.
+type stuckQueue struct {
+	*storeQueue
+	entered chan struct{} // closed by the first RecordAttempts call
+	once    sync.Once
+}
+
+func (q *stuckQueue) RecordAttempts(ctx context.Context, _ []AttemptRecord) ([]int64, error) {
+	q.once.Do(func() { close(q.entered) })
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(time.Minute): // a ctx without a deadline: give up
+		return nil, errors.New("stuck store: no deadline")
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestStuckStoreGivesRecordsUpWithinTheirRoom: while the store cannot
+// commit, the record of each answered attempt is given up recordTimeout
+// after its answer, the room its lease keeps for it (a row is sent only
+// while its lease has its Timeout and recordTimeout left), however many
+// attempts wait together: a batch that fails is not retried attempt by
+// attempt with a fresh recordTimeout each, which would hold every worker
+// (tokens) and Run (shutdown) for that many times recordTimeout, and
+// commit outcomes long after their leases ended, when the rows may have
+// been claimed and sent again. Each failure is logged, and the rows stay
+// leased, due again when their lease ends.
+func TestStuckStoreGivesRecordsUpWithinTheirRoom(t *testing.T) {
+	t.Parallel()
+	sq := newStoreQueue(t)
+	q := &stuckQueue{storeQueue: sq, entered: make(chan struct{})}
+	const rows = 3
+	var ids []int64
+	for i := range rows {
+		ids = append(ids, sq.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`))
+	}
+	rec := newRecorder(t, status(http.StatusOK))
+	var logs lockedBuffer
+	d, err := New(q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: rows}},
+		Options{Poll: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	returned := false
+	t.Cleanup(func() {
+		cancel()
+		if !returned {
+			<-done // before the store closes
+		}
+	})
+	<-q.entered
+	sq.waitFor(t, 10*time.Second, "every row answered", func() bool { return len(rec.all()) == rows })
+	answered := time.Now() // the last answer came before
+	cancel()
+	limit := recordTimeout + 3*time.Second
+	select {
+	case err := <-done:
+		returned = true
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(time.Until(answered.Add(limit))):
+		t.Fatalf("Run did not return within %v of the last answer: the records outlived their room", limit)
+	}
+	for _, id := range ids {
+		if r := sq.row(t, id); r.Status != StatusPending || r.Attempts != 0 || !r.NextAttemptAt.After(time.Now()) {
+			t.Errorf("row %d = %s, %d attempts, next at %v: want pending, unattempted and leased", id, r.Status, r.Attempts, r.NextAttemptAt)
+		}
+	}
+	if n := strings.Count(logs.String(), `msg="record attempt"`); n != rows {
+		t.Errorf("%d record failures logged, want %d:\n%s", n, rows, logs.String())
+	}
+	if n := len(d.byName["crm"].unrecorded); n != 0 {
+		t.Errorf("%d tokens not given back, want 0", n)
+	}
 }

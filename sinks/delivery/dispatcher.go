@@ -548,6 +548,8 @@ var errLeaseShort = errors.New("delivery: the lease has too little left to send"
 // the row is due again when its lease ends.
 func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sendBy time.Time) (sent bool) {
 	a, retryAfter, err := d.send(ctx, w, row, w.t.URL, row.Attempts+1, false, sendBy)
+	// The room the lease keeps for the record starts with the answer.
+	recordBy := time.Now().Add(recordTimeout)
 	if errors.Is(err, errLeaseShort) {
 		return false
 	}
@@ -579,7 +581,7 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 	if dec.Pause > 0 || dec.Disable {
 		d.stopTarget(ctx, w, a, dec, now)
 	}
-	d.record(w, row, a, dec, now, lease)
+	d.record(w, row, a, dec, now, lease, recordBy)
 	return true
 }
 
@@ -605,11 +607,11 @@ func (d *Dispatcher) stopTarget(ctx context.Context, w *worker, a Attempt, dec D
 
 // record hands attempt a of row, made under the lease that ends at
 // lease, with its decision over to the batcher, which records, counts and
-// logs it in the background. It blocks while too many of w's attempts wait
-// for their records.
-func (d *Dispatcher) record(w *worker, row Row, a Attempt, dec Decision, now, lease time.Time) {
+// logs it in the background, or gives its record up at by (the real
+// clock). It blocks while too many of w's attempts wait for their records.
+func (d *Dispatcher) record(w *worker, row Row, a Attempt, dec Decision, now, lease, by time.Time) {
 	w.unrecorded <- struct{}{}
-	d.batcher.add(handedOver{w: w, row: row, a: a, dec: dec, now: now,
+	d.batcher.add(handedOver{w: w, row: row, a: a, dec: dec, now: now, by: by,
 		out: Outcome{Status: dec.Status, NextAttemptAt: dec.NextAttemptAt, Lease: lease}})
 }
 
