@@ -3,6 +3,7 @@ package delivery
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -222,7 +223,11 @@ func (r *batcher) record(items []AttemptRecord, by time.Time) ([]int64, error) {
 	}
 	ctx, cancel := context.WithDeadline(r.ctx, by)
 	defer cancel()
-	return r.d.q.RecordAttempts(ctx, items)
+	ids, err := r.d.q.RecordAttempts(ctx, items)
+	if err == nil && len(ids) != len(items) {
+		err = fmt.Errorf("delivery: the queue recorded %d attempts but returned %d ids", len(items), len(ids))
+	}
+	return ids, err
 }
 
 // done counts and logs h once its record committed as id, or failed with

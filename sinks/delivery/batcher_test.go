@@ -183,3 +183,41 @@ func TestStuckStoreGivesRecordsUpWithinTheirRoom(t *testing.T) {
 		t.Errorf("%d tokens not given back, want 0", n)
 	}
 }
+
+// shortQueue is a storeQueue whose RecordAttempts returns one id fewer
+// than the attempts it was given, as a faulty Queue might.
+type shortQueue struct{ *storeQueue }
+
+func (q shortQueue) RecordAttempts(ctx context.Context, items []AttemptRecord) ([]int64, error) {
+	ids, err := q.storeQueue.RecordAttempts(ctx, items)
+	if len(ids) > 0 {
+		ids = ids[:len(ids)-1]
+	}
+	return ids, err
+}
+
+// TestShortRecordResultIsAnError: a Queue that returns fewer ids than
+// attempts makes the record fail, logged, instead of panicking the
+// batcher's goroutine.
+func TestShortRecordResultIsAnError(t *testing.T) {
+	t.Parallel()
+	sq := newStoreQueue(t)
+	sq.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	rec := newRecorder(t, status(http.StatusOK))
+	var logs lockedBuffer
+	d, err := New(shortQueue{sq}, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}},
+		Options{Poll: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	sq.waitFor(t, 10*time.Second, "the failure logged", func() bool {
+		return strings.Contains(logs.String(), "returned 0 ids")
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
