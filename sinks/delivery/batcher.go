@@ -236,6 +236,7 @@ func (r *batcher) done(h handedOver, id int64, err error) {
 	w, row, a, dec := h.w, h.row, h.a, h.dec
 	defer func() { <-w.unrecorded }()
 	if err != nil {
+		w.m.unrecorded.Inc()
 		w.logger.Error("record attempt", "delivery", row.ID, "event_id", row.EventID, "err", err)
 		return
 	}

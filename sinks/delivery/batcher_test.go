@@ -11,6 +11,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestBatcherRecordsTheOthersWhenOneFails: attempts handed over together
@@ -205,8 +208,9 @@ func TestShortRecordResultIsAnError(t *testing.T) {
 	sq.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
 	rec := newRecorder(t, status(http.StatusOK))
 	var logs lockedBuffer
+	reg := prometheus.NewRegistry()
 	d, err := New(shortQueue{sq}, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}},
-		Options{Poll: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		Options{Poll: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,5 +223,8 @@ func TestShortRecordResultIsAnError(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
+	}
+	if got := testutil.ToFloat64(d.metrics.unrecorded.WithLabelValues("crm")); got != 1 {
+		t.Errorf("backstop_delivery_record_failures_total{target=crm} = %v, want 1", got)
 	}
 }

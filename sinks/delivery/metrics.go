@@ -7,6 +7,7 @@ type metrics struct {
 	depth       *prometheus.GaugeVec
 	attempts    *prometheus.CounterVec
 	deadLetters *prometheus.CounterVec
+	unrecorded  *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	request     *prometheus.HistogramVec
 	paused      prometheus.Gauge
@@ -19,7 +20,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "backstop_delivery_queue_depth",
-			Help: "Deliveries waiting (pending or retrying) per target, refreshed on every poll.",
+			Help: "Deliveries waiting (pending or retrying) per target, counted at most once a second.",
 		}, []string{"target"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "backstop_delivery_attempts_total",
@@ -28,6 +29,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "backstop_delivery_dead_letters_total",
 			Help: "Deliveries dead-lettered, by target.",
+		}, []string{"target"}),
+		unrecorded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "backstop_delivery_record_failures_total",
+			Help: "Answered attempts whose outcome could not be recorded, by target: the row stays leased and is sent again once its lease ends.",
 		}, []string{"target"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "backstop_delivery_latency_seconds",
@@ -49,7 +54,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.depth, m.attempts, m.deadLetters, m.latency, m.request, m.paused, m.disabled)
+		reg.MustRegister(m.depth, m.attempts, m.deadLetters, m.unrecorded, m.latency, m.request, m.paused, m.disabled)
 	}
 	return m
 }
@@ -59,6 +64,7 @@ type targetMetrics struct {
 	depth            prometheus.Gauge
 	attempts         map[string]prometheus.Counter // by outcome
 	deadLetters      prometheus.Counter
+	unrecorded       prometheus.Counter
 	latency, request prometheus.Observer
 }
 
@@ -68,6 +74,7 @@ func (m *metrics) target(name string) targetMetrics {
 		depth:       m.depth.WithLabelValues(name),
 		attempts:    map[string]prometheus.Counter{},
 		deadLetters: m.deadLetters.WithLabelValues(name),
+		unrecorded:  m.unrecorded.WithLabelValues(name),
 		latency:     m.latency.WithLabelValues(name),
 		request:     m.request.WithLabelValues(name),
 	}
