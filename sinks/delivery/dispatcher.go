@@ -687,19 +687,39 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		shown = backstop.RedactURL(rawURL)
 	}
 	body := cutPayload(row.Payload, t.MaxPayload)
-	at := d.now()
 	a := Attempt{
 		DeliveryID: row.ID,
 		Target:     row.Target,
 		URL:        shown,
 		Attempt:    attempt,
 		RequestID:  d.requestIDs.next(),
-		At:         at,
+		At:         d.now(),
 		Redirect:   redirect,
 	}
 	fail := func(err error) (Attempt, string, error) {
 		a.Error = describe(err)
 		return a, "", err
+	}
+	// The pacer's wait comes first: it is neither taken from the request's
+	// Timeout nor part of the age of its signature's timestamp.
+	var ticket PaceTicket
+	if p := d.pacers[t.Name]; p != nil && !redirect {
+		// The target's own X-RateLimit-* answers pace its queue, so it
+		// never has to answer 429.
+		var err error
+		if ticket, err = p.Acquire(ctx); err != nil {
+			return fail(err)
+		}
+		a.At = d.now()
+	}
+	answered := false
+	defer func() {
+		if ticket != nil && !answered {
+			ticket.Abort()
+		}
+	}()
+	if !sendBy.IsZero() && d.now().After(sendBy) {
+		return a, "", errLeaseShort
 	}
 	// The client's transport alone: redirects are not followed, so the
 	// client's redirect machinery (a copy of every header) is not needed;
@@ -724,9 +744,9 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	set(hContentType, "application/json")
 	set(hUserAgent, "backstop")
 	set(hWebhookID, row.EventID)
-	set(hWebhookTimestamp, strconv.FormatInt(at.Unix(), 10))
+	set(hWebhookTimestamp, strconv.FormatInt(a.At.Unix(), 10))
 	if t.Secret != "" {
-		sig, err := intake.SignStandardWebhooks(t.Secret, row.EventID, at, body)
+		sig, err := intake.SignStandardWebhooks(t.Secret, row.EventID, a.At, body)
 		if err != nil {
 			return fail(err)
 		}
@@ -738,27 +758,10 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	set(hRequestID, a.RequestID)
 	req.Header = h
 
-	var ticket PaceTicket
-	if p := d.pacers[t.Name]; p != nil && !redirect {
-		// The target's own X-RateLimit-* answers pace its queue, so it
-		// never has to answer 429.
-		if ticket, err = p.Acquire(ctx); err != nil {
-			return fail(err)
-		}
-	}
-	if !sendBy.IsZero() && d.now().After(sendBy) {
-		if ticket != nil {
-			ticket.Abort()
-		}
-		return a, "", errLeaseShort
-	}
 	start := time.Now()
 	resp, err := client.Transport.RoundTrip(req)
 	if err != nil {
 		a.Duration = time.Since(start)
-		if ticket != nil {
-			ticket.Abort()
-		}
 		return fail(err)
 	}
 	defer resp.Body.Close()
@@ -769,6 +772,7 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		w.mu.Unlock()
 	}
 	if ticket != nil {
+		answered = true
 		ticket.Done(resp.StatusCode, resp.Header)
 	}
 	a.StatusCode = resp.StatusCode

@@ -923,3 +923,43 @@ func TestQueueDepthCountedNowAndThen(t *testing.T) {
 	d.Wake("crm")
 	q.waitFor(t, 10*time.Second, "a depth of 5 after depthEvery", func() bool { return depth() == 5 })
 }
+
+// slowPacer makes every request wait wait for its turn, as a target's
+// rate-limit window would.
+type slowPacer struct{ wait time.Duration }
+
+func (p slowPacer) Acquire(ctx context.Context) (PaceTicket, error) {
+	timer := time.NewTimer(p.wait)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return pacerFunc{done: func(int) {}}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestPacerWaitIsNotPartOfTheTimeout: the wait for a target's pacer is not
+// taken from the request's Timeout (a wait longer than the Timeout used to
+// fail the attempt before it was sent), and the attempt is stamped and
+// signed when it is sent, not before the wait.
+func TestPacerWaitIsNotPartOfTheTimeout(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, status(http.StatusOK))
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	const wait = 1500 * time.Millisecond
+	queued := time.Now()
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Timeout: 500 * time.Millisecond}},
+		// A lease with room for the wait: the row may be sent for 4.5 s
+		// after its claim (Lease less Timeout and recordTimeout).
+		Options{Pacers: map[string]Pacer{"crm": slowPacer{wait: wait}}, Lease: 15 * time.Second})
+	q.waitFor(t, 20*time.Second, "delivery", q.rowStatus(t, id, StatusDelivered))
+	atts := q.attemptsOf(t, id)
+	if len(atts) != 1 || atts[0].StatusCode != http.StatusOK {
+		t.Fatalf("attempts = %+v, want one answered 200", atts)
+	}
+	if !atts[0].At.After(queued.Add(wait - 100*time.Millisecond)) {
+		t.Errorf("attempt stamped %v after queueing, before the pacer's %v wait ended", atts[0].At.Sub(queued), wait)
+	}
+}
