@@ -540,17 +540,22 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 // attempt (it waited that long for its pacer): it is not sent.
 var errLeaseShort = errors.New("delivery: the lease has too little left to send")
 
+// errNotSent is send's when ctx ended while the attempt waited for its
+// target's pacer, before anything was sent: the caller releases the row.
+var errNotSent = errors.New("delivery: stopped before the attempt was sent")
+
 // deliver makes one attempt at row, claimed with the lease that ends at
 // lease, tells the worker at once what the policy makes of its answer
 // (pause, disable, retry time) and hands the attempt to record. It reports
 // false, sending nothing, when the row may not be sent any more (after
-// sendBy): the caller releases it. An attempt cut short by ctx is dropped:
-// the row is due again when its lease ends.
+// sendBy) or ctx ended while it waited for the target's pacer: the caller
+// releases it. An attempt cut short by ctx once sent is dropped: the row
+// is due again when its lease ends.
 func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sendBy time.Time) (sent bool) {
 	a, retryAfter, err := d.send(ctx, w, row, w.t.URL, row.Attempts+1, false, sendBy)
 	// The room the lease keeps for the record starts with the answer.
 	recordBy := time.Now().Add(recordTimeout)
-	if errors.Is(err, errLeaseShort) {
+	if errors.Is(err, errLeaseShort) || errors.Is(err, errNotSent) {
 		return false
 	}
 	if err != nil && ctx.Err() != nil {
@@ -708,6 +713,9 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		// never has to answer 429.
 		var err error
 		if ticket, err = p.Acquire(ctx); err != nil {
+			if ctx.Err() != nil {
+				return a, "", errNotSent
+			}
 			return fail(err)
 		}
 		a.At = d.now()

@@ -963,3 +963,50 @@ func TestPacerWaitIsNotPartOfTheTimeout(t *testing.T) {
 		t.Errorf("attempt stamped %v after queueing, before the pacer's %v wait ended", atts[0].At.Sub(queued), wait)
 	}
 }
+
+// blockedPacer never lets a request go: Acquire waits until ctx ends.
+type blockedPacer struct{ entered chan struct{} }
+
+func (p blockedPacer) Acquire(ctx context.Context) (PaceTicket, error) {
+	select {
+	case p.entered <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestStopWhileWaitingForThePacerReleasesTheRow: a row whose attempt was
+// waiting for its target's pacer when the dispatcher stopped was never
+// sent, so it is released (due at once after a restart), not left to its
+// lease, and nothing is recorded for it.
+func TestStopWhileWaitingForThePacerReleasesTheRow(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, status(http.StatusOK))
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	pacer := blockedPacer{entered: make(chan struct{}, 1)}
+	d, err := New(q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}},
+		Options{Pacers: map[string]Pacer{"crm": pacer}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	<-pacer.entered
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	r := q.row(t, id)
+	if r.Status != StatusPending || r.Attempts != 0 || r.NextAttemptAt.After(time.Now()) {
+		t.Errorf("row = %s, %d attempts, next at %v: want pending, unattempted and due now", r.Status, r.Attempts, r.NextAttemptAt)
+	}
+	if atts := q.attemptsOf(t, id); len(atts) != 0 {
+		t.Errorf("attempts recorded: %+v, want none", atts)
+	}
+	if n := len(rec.all()); n != 0 {
+		t.Errorf("%d requests reached the target, want 0", n)
+	}
+}
