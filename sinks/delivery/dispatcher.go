@@ -108,6 +108,12 @@ const firstBatch = 16
 // counting the rows too would cost each pass more than the rest of it.
 const depthEvery = time.Second
 
+// stateEvery is how often a worker sending a batch reads its target's pause
+// and disabled state again, so that a 429 or a 410 that another process
+// sharing the store got (and stored) stops this batch too, not only the
+// next one.
+const stateEvery = 200 * time.Millisecond
+
 // Pacer paces one target's requests (the rate-limit governor serves).
 type Pacer interface {
 	// Acquire blocks until a request may be sent, or ctx ends.
@@ -186,6 +192,8 @@ type worker struct {
 	stopping   int           // 429 and 410 answers whose status is in but not yet pauseUntil or gone
 	due        time.Time     // the earliest retry of the batch's outcomes
 	took       time.Duration // moving average of the attempts' durations
+	stateAt    time.Time     // when the target's stored state was last read
+	reading    bool          // a sender is reading it now
 }
 
 // claim is a batch of rows claimed together and the end of the lease the
@@ -473,6 +481,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 	sendBy := c.lease.Add(-w.room) // the last moment a row of c may be sent
 	w.mu.Lock()
 	w.pauseUntil, w.gone, w.due = time.Time{}, false, time.Time{}
+	w.stateAt = d.now() // pass has just read it
 	w.mu.Unlock()
 	next := 0      // the next row to send, guarded by w.mu
 	var held []Row // taken but not sent (the lease ran short), guarded by w.mu
@@ -499,7 +508,12 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		var senders sync.WaitGroup
 		for range min(w.concurrency, len(rows)-next) {
 			senders.Go(func() {
-				for row, ok := take(); ok; row, ok = take() {
+				for {
+					d.readState(ctx, w)
+					row, ok := take()
+					if !ok {
+						break
+					}
 					if !d.deliver(ctx, w, row, c.lease, sendBy) {
 						w.mu.Lock()
 						held = append(held, row)
@@ -534,6 +548,36 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		w.pauseUntil = time.Time{} // slept out (no sender runs meanwhile)
 		w.mu.Unlock()
 	}
+}
+
+// readState reads the target's stored pause and disabled state once
+// stateEvery has passed since the last read (and no other sender of w is
+// reading it), and applies them to the batch being sent: a pause or a 410
+// that another process sharing the store got stops this batch as if its
+// own answer had said so.
+func (d *Dispatcher) readState(ctx context.Context, w *worker) {
+	w.mu.Lock()
+	if w.reading || d.now().Sub(w.stateAt) < stateEvery {
+		w.mu.Unlock()
+		return
+	}
+	w.reading = true
+	w.mu.Unlock()
+	st, err := d.q.TargetQueue(ctx, w.t.Name, false)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.reading = false
+	w.stateAt = d.now()
+	if err != nil {
+		if ctx.Err() == nil {
+			w.logger.Error("read target state", "err", err)
+		}
+		return
+	}
+	if st.Disabled {
+		w.gone = true
+	}
+	w.pauseUntil = later(w.pauseUntil, st.PausedUntil)
 }
 
 // errLeaseShort is send's when the row's lease has too little left for an

@@ -1010,3 +1010,85 @@ func TestStopWhileWaitingForThePacerReleasesTheRow(t *testing.T) {
 		t.Errorf("%d requests reached the target, want 0", n)
 	}
 }
+
+// TestPauseStoredByAnotherProcessStopsTheBatch: two dispatchers share one
+// store (as two processes sharing the database would), each sending a
+// batch of the same target's rows. When one of them gets a 429, the other
+// stops sending within stateEvery and an answer, not only at its next
+// claim: no request reaches the target from 700 ms after the 429 until its
+// Retry-After (3 s) ends.
+func TestPauseStoredByAnotherProcessStopsTheBatch(t *testing.T) {
+	t.Parallel()
+	var limitedAt atomic.Value
+	rec := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 6 { // both dispatchers are inside their batches by now
+			w.Header().Set("Retry-After", "3")
+			w.WriteHeader(http.StatusTooManyRequests)
+			limitedAt.Store(time.Now())
+			return
+		}
+		time.Sleep(150 * time.Millisecond) // a slow target
+		w.WriteHeader(http.StatusOK)
+	})
+	q := newStoreQueue(t)
+	for i := range 40 {
+		q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
+	}
+	targets := []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}
+	start(t, q, targets, Options{Batch: 12})
+	start(t, q, targets, Options{Batch: 12})
+	q.waitFor(t, 20*time.Second, "a request after the pause", func() bool {
+		at, ok := limitedAt.Load().(time.Time)
+		if !ok {
+			return false
+		}
+		for _, h := range rec.all() {
+			if h.at.After(at.Add(2900 * time.Millisecond)) {
+				return true
+			}
+		}
+		return false
+	})
+	at := limitedAt.Load().(time.Time)
+	for _, h := range rec.all() {
+		if d := h.at.Sub(at); d > 700*time.Millisecond && d < 2900*time.Millisecond {
+			t.Errorf("a request came %v after the 429, within its 3 s Retry-After", d)
+		}
+	}
+}
+
+// TestGoneStoredByAnotherProcessStopsTheBatch: as above for a 410: once
+// one dispatcher has disabled the target, the other stops sending its
+// batch within stateEvery and an answer.
+func TestGoneStoredByAnotherProcessStopsTheBatch(t *testing.T) {
+	t.Parallel()
+	var goneAt atomic.Value
+	rec := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 6 {
+			w.WriteHeader(http.StatusGone)
+			goneAt.Store(time.Now())
+			return
+		}
+		time.Sleep(150 * time.Millisecond) // a slow target
+		w.WriteHeader(http.StatusOK)
+	})
+	q := newStoreQueue(t)
+	for i := range 40 {
+		q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
+	}
+	targets := []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}
+	start(t, q, targets, Options{Batch: 12})
+	start(t, q, targets, Options{Batch: 12})
+	// Watch the target for 2 s after the 410 (the unfixed dispatcher sent
+	// the rest of its batch, about 1.4 s of it).
+	q.waitFor(t, 20*time.Second, "2 s after the 410", func() bool {
+		at, ok := goneAt.Load().(time.Time)
+		return ok && time.Since(at) > 2*time.Second
+	})
+	at := goneAt.Load().(time.Time)
+	for _, h := range rec.all() {
+		if d := h.at.Sub(at); d > 700*time.Millisecond {
+			t.Errorf("a request came %v after the 410", d)
+		}
+	}
+}
