@@ -1011,34 +1011,49 @@ func TestStopWhileWaitingForThePacerReleasesTheRow(t *testing.T) {
 	}
 }
 
-// TestPauseStoredByAnotherProcessStopsTheBatch: two dispatchers share one
-// store (as two processes sharing the database would), each sending a
-// batch of the same target's rows. When one of them gets a 429, the other
-// stops sending within stateEvery and an answer, not only at its next
-// claim: no request reaches the target from 700 ms after the 429 until its
-// Retry-After (3 s) ends.
-func TestPauseStoredByAnotherProcessStopsTheBatch(t *testing.T) {
-	t.Parallel()
-	var limitedAt atomic.Value
-	rec := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		if n == 6 { // both dispatchers are inside their batches by now
-			w.Header().Set("Retry-After", "3")
-			w.WriteHeader(http.StatusTooManyRequests)
-			limitedAt.Store(time.Now())
+// twoDispatchersOnASlowTarget starts two dispatchers over one store (as
+// two processes sharing the database would), each claiming batches of 12
+// of a slow target's 40 rows (150 ms an answer). The target answers its
+// 6th request, when both are inside their batches, with stop, and
+// stoppedAt returns when it did (false before).
+func twoDispatchersOnASlowTarget(t *testing.T, stop func(w http.ResponseWriter)) (rec *recorder, q *storeQueue, stoppedAt func() (time.Time, bool)) {
+	t.Helper()
+	var at atomic.Value
+	rec = newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 6 {
+			stop(w)
+			at.Store(time.Now())
 			return
 		}
 		time.Sleep(150 * time.Millisecond) // a slow target
 		w.WriteHeader(http.StatusOK)
 	})
-	q := newStoreQueue(t)
+	q = newStoreQueue(t)
 	for i := range 40 {
 		q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
 	}
 	targets := []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}
 	start(t, q, targets, Options{Batch: 12})
 	start(t, q, targets, Options{Batch: 12})
+	return rec, q, func() (time.Time, bool) {
+		t, ok := at.Load().(time.Time)
+		return t, ok
+	}
+}
+
+// TestPauseStoredByAnotherProcessStopsTheBatch: when one of two
+// dispatchers sharing a store gets a 429, the other stops sending its
+// batch within stateEvery and an answer, not only at its next claim: no
+// request reaches the target from 700 ms after the 429 until its
+// Retry-After (3 s) ends.
+func TestPauseStoredByAnotherProcessStopsTheBatch(t *testing.T) {
+	t.Parallel()
+	rec, q, limitedAt := twoDispatchersOnASlowTarget(t, func(w http.ResponseWriter) {
+		w.Header().Set("Retry-After", "3")
+		w.WriteHeader(http.StatusTooManyRequests)
+	})
 	q.waitFor(t, 20*time.Second, "a request after the pause", func() bool {
-		at, ok := limitedAt.Load().(time.Time)
+		at, ok := limitedAt()
 		if !ok {
 			return false
 		}
@@ -1049,7 +1064,7 @@ func TestPauseStoredByAnotherProcessStopsTheBatch(t *testing.T) {
 		}
 		return false
 	})
-	at := limitedAt.Load().(time.Time)
+	at, _ := limitedAt()
 	for _, h := range rec.all() {
 		if d := h.at.Sub(at); d > 700*time.Millisecond && d < 2900*time.Millisecond {
 			t.Errorf("a request came %v after the 429, within its 3 s Retry-After", d)
@@ -1062,30 +1077,16 @@ func TestPauseStoredByAnotherProcessStopsTheBatch(t *testing.T) {
 // batch within stateEvery and an answer.
 func TestGoneStoredByAnotherProcessStopsTheBatch(t *testing.T) {
 	t.Parallel()
-	var goneAt atomic.Value
-	rec := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		if n == 6 {
-			w.WriteHeader(http.StatusGone)
-			goneAt.Store(time.Now())
-			return
-		}
-		time.Sleep(150 * time.Millisecond) // a slow target
-		w.WriteHeader(http.StatusOK)
+	rec, q, goneAt := twoDispatchersOnASlowTarget(t, func(w http.ResponseWriter) {
+		w.WriteHeader(http.StatusGone)
 	})
-	q := newStoreQueue(t)
-	for i := range 40 {
-		q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
-	}
-	targets := []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}
-	start(t, q, targets, Options{Batch: 12})
-	start(t, q, targets, Options{Batch: 12})
 	// Watch the target for 2 s after the 410 (the unfixed dispatcher sent
 	// the rest of its batch, about 1.4 s of it).
 	q.waitFor(t, 20*time.Second, "2 s after the 410", func() bool {
-		at, ok := goneAt.Load().(time.Time)
+		at, ok := goneAt()
 		return ok && time.Since(at) > 2*time.Second
 	})
-	at := goneAt.Load().(time.Time)
+	at, _ := goneAt()
 	for _, h := range rec.all() {
 		if d := h.at.Sub(at); d > 700*time.Millisecond {
 			t.Errorf("a request came %v after the 410", d)
