@@ -196,9 +196,10 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	if err := stack.stop(sctx); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
-	// Attempts in flight are abandoned: their rows stay leased and are sent
-	// again after a restart (at-least-once, same event id). The dispatcher
-	// returns once every attempt already answered is recorded.
+	// No new attempt starts; those in flight get delivery.DefaultStopGrace
+	// to be answered, and the dispatcher returns once every answered one
+	// is recorded. One cut short after the grace keeps its lease and is
+	// sent again after a restart (at least once, same event id).
 	stopDispatch()
 	<-dispatchDone
 	if runErr == nil {

@@ -79,12 +79,19 @@ type Options struct {
 	// X-RateLimit-Reset or Discord's X-RateLimit-Reset-After), and from its
 	// configured rate_limit before the first answer.
 	Pacers map[string]Pacer
+	// StopGrace is how long the attempts in flight when Run's ctx ends may
+	// still take to be answered (default DefaultStopGrace): no new attempt
+	// starts, and those answered in time are recorded, so that a restart
+	// does not send them again. Attempts still waiting after it are cut
+	// short; their rows are sent again once their lease ends.
+	StopGrace time.Duration
 }
 
 // Defaults for Options' zero fields.
 const (
 	DefaultBatch       = 128
 	DefaultConcurrency = 1
+	DefaultStopGrace   = 5 * time.Second
 )
 
 // RecordLinger is the longest the dispatcher waits, from the first attempt
@@ -155,6 +162,11 @@ type Dispatcher struct {
 	requestIDs *requestIDs
 	batcher    *batcher
 	running    atomic.Bool
+	grace      time.Duration
+	// inflight is the context of the requests Run's workers send: it ends
+	// grace after Run's ctx (see Options.StopGrace). Set by Run before the
+	// workers start.
+	inflight context.Context
 }
 
 // worker is one target's queue.
@@ -226,7 +238,11 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = DefaultConcurrency
 	}
+	if opts.StopGrace <= 0 {
+		opts.StopGrace = DefaultStopGrace
+	}
 	d := &Dispatcher{
+		grace:      opts.StopGrace,
 		pacers:     opts.Pacers,
 		q:          q,
 		byName:     make(map[string]*worker, len(targets)),
@@ -282,14 +298,35 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 	return d, nil
 }
 
-// Run delivers until ctx is done, then waits for the attempts in flight
-// to end and for the records of those answered to commit, and returns nil.
-// Attempts cut short by ctx are not recorded: their rows are due again
-// when their lease ends. Run may be called once.
+// Run delivers until ctx is done, then starts no new attempt, waits for
+// the attempts in flight to be answered (for Options.StopGrace at most)
+// and for the records of those answered to commit, and returns nil.
+// Attempts cut short after the grace are not recorded: their rows are due
+// again when their lease ends. Rows claimed but not sent are released.
+// Run may be called once.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return errors.New("delivery: Run called twice")
 	}
+	inflight, cut := context.WithCancel(context.WithoutCancel(ctx))
+	defer cut()
+	d.inflight = inflight
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-finished:
+			return
+		}
+		grace := time.NewTimer(d.grace)
+		defer grace.Stop()
+		select {
+		case <-grace.C:
+			cut()
+		case <-finished:
+		}
+	}()
 	go d.batcher.run(ctx)
 	var wg sync.WaitGroup
 	for _, w := range d.workers {
@@ -550,6 +587,16 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 	}
 }
 
+// requestContext is the context of an attempt's request: for Run's own
+// attempts the one that outlives Run's ctx by the stop grace, for a
+// redirect (or outside Run) ctx.
+func (d *Dispatcher) requestContext(ctx context.Context, redirect bool) context.Context {
+	if redirect || d.inflight == nil {
+		return ctx
+	}
+	return d.inflight
+}
+
 // readState reads the target's stored pause and disabled state once
 // stateEvery has passed since the last read (and no other sender of w is
 // reading it), and applies them to the batch being sent: a pause or a 410
@@ -593,8 +640,9 @@ var errNotSent = errors.New("delivery: stopped before the attempt was sent")
 // (pause, disable, retry time) and hands the attempt to record. It reports
 // false, sending nothing, when the row may not be sent any more (after
 // sendBy) or ctx ended while it waited for the target's pacer: the caller
-// releases it. An attempt cut short by ctx once sent is dropped: the row
-// is due again when its lease ends.
+// releases it. An attempt in flight when ctx ends goes on for the stop
+// grace; one cut short after it is dropped: the row is due again when its
+// lease ends.
 func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sendBy time.Time) (sent bool) {
 	a, retryAfter, err := d.send(ctx, w, row, w.t.URL, row.Attempts+1, false, sendBy)
 	// The room the lease keeps for the record starts with the answer.
@@ -602,8 +650,8 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 	if errors.Is(err, errLeaseShort) || errors.Is(err, errNotSent) {
 		return false
 	}
-	if err != nil && ctx.Err() != nil {
-		return true
+	if err != nil && d.requestContext(ctx, false).Err() != nil {
+		return true // cut short by the end of the stop grace
 	}
 	now := d.now()
 	dec := Next(w.t.RetrySchedule, a.Attempt, a.StatusCode, retryAfter, err, now, d.rand())
@@ -776,7 +824,7 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	// The client's transport alone: redirects are not followed, so the
 	// client's redirect machinery (a copy of every header) is not needed;
 	// the target's timeout bounds the whole exchange as it would there.
-	rctx, cancel := context.WithTimeout(ctx, t.Timeout)
+	rctx, cancel := context.WithTimeout(d.requestContext(ctx, redirect), t.Timeout)
 	defer cancel()
 	req, err := w.newRequest(rctx, rawURL, body)
 	if err != nil {

@@ -75,6 +75,9 @@ func start(t *testing.T, q Queue, targets []Target, opts Options) *Dispatcher {
 	if opts.Rand == nil {
 		opts.Rand = func() float64 { return 0.5 } // no jitter
 	}
+	if opts.StopGrace == 0 {
+		opts.StopGrace = time.Second // tests' slow targets need not be waited for
+	}
 	d, err := New(q, targets, opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -680,7 +683,7 @@ func TestStopReleasesUnsentRows(t *testing.T) {
 	for i := range 5 {
 		ids = append(ids, q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`))
 	}
-	d, err := New(q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Poll: time.Hour, Lease: time.Hour, Batch: 2})
+	d, err := New(q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Poll: time.Hour, Lease: time.Hour, Batch: 2, StopGrace: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1091,5 +1094,72 @@ func TestGoneStoredByAnotherProcessStopsTheBatch(t *testing.T) {
 		if d := h.at.Sub(at); d > 700*time.Millisecond {
 			t.Errorf("a request came %v after the 410", d)
 		}
+	}
+}
+
+// TestStopLetsAttemptsInFlightFinish: when Run's ctx ends while a request
+// is in flight, the request is answered and recorded within the stop
+// grace (so a restart does not send it again), no new attempt starts, and
+// the rows not sent are released; past the grace the request is cut short
+// and its row left to its lease.
+func TestStopLetsAttemptsInFlightFinish(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		grace     time.Duration
+		delivered bool
+	}{
+		{"within the grace", 5 * time.Second, true},
+		{"past the grace", 100 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			arrived := make(chan struct{}, 1)
+			release := make(chan struct{})
+			rec := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				arrived <- struct{}{}
+				select { // answered once the dispatcher is told to stop
+				case <-release:
+				case <-r.Context().Done():
+					return
+				}
+				w.WriteHeader(http.StatusOK)
+			})
+			q := newStoreQueue(t)
+			first := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+			second := q.add(t, "crm", "evt_2", "contact.created", `{"id":"ct_2"}`)
+			d, err := New(q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}},
+				Options{Poll: time.Hour, StopGrace: tc.grace})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- d.Run(ctx) }()
+			<-arrived
+			cancel()
+			if tc.delivered {
+				close(release)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if !tc.delivered {
+				close(release)
+			}
+			r := q.row(t, first)
+			switch {
+			case tc.delivered && (r.Status != StatusDelivered || len(q.attemptsOf(t, first)) != 1):
+				t.Errorf("row in flight = %s with %d attempts, want delivered with 1", r.Status, len(q.attemptsOf(t, first)))
+			case !tc.delivered && (r.Status != StatusPending || len(q.attemptsOf(t, first)) != 0 || !r.NextAttemptAt.After(time.Now())):
+				t.Errorf("row cut short = %s with %d attempts, next at %v: want pending, unrecorded and leased", r.Status, len(q.attemptsOf(t, first)), r.NextAttemptAt)
+			}
+			if r := q.row(t, second); r.Status != StatusPending || r.Attempts != 0 || r.NextAttemptAt.After(time.Now()) {
+				t.Errorf("row not sent = %s, %d attempts, next at %v: want pending and released", r.Status, r.Attempts, r.NextAttemptAt)
+			}
+			if n := len(rec.all()); n != 1 {
+				t.Errorf("%d requests reached the target, want 1", n)
+			}
+		})
 	}
 }

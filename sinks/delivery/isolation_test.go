@@ -96,7 +96,7 @@ func fanoutRun(t *testing.T, rows int, withSlow bool) time.Duration {
 		}
 		targets = append(targets, Target{Name: "slow", URL: slow.srv.URL, AllowPrivate: true})
 	}
-	d, err := New(q, targets, Options{Poll: 20 * time.Millisecond, Rand: func() float64 { return 0.5 }})
+	d, err := New(q, targets, Options{Poll: 20 * time.Millisecond, Rand: func() float64 { return 0.5 }, StopGrace: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
