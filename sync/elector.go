@@ -40,6 +40,21 @@ type LeaseOptions struct {
 	Logger *slog.Logger
 }
 
+// withDefaults checks opts for what (named in the error) and fills in
+// defaultKey and a logger that discards.
+func (opts LeaseOptions) withDefaults(what, defaultKey string) (LeaseOptions, error) {
+	if opts.TTL < 3*time.Millisecond {
+		return opts, fmt.Errorf("sync: %s: ttl %s is too short", what, opts.TTL)
+	}
+	if opts.Key == "" {
+		opts.Key = defaultKey
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return opts, nil
+}
+
 // RedisLease is an Elector holding a lease in Redis: the process whose id
 // the key holds is the leader until the key expires. Every process
 // campaigns (Campaign) every TTL/3: the leader renews its lease, the
@@ -90,19 +105,13 @@ var _ Elector = (*RedisLease)(nil)
 // NewRedisLease returns the lease of key in the Redis rdb talks to. The
 // caller owns rdb.
 func NewRedisLease(rdb redis.Scripter, opts LeaseOptions) (*RedisLease, error) {
-	if opts.TTL < 3*time.Millisecond {
-		return nil, fmt.Errorf("sync: redis lease: ttl %s is too short", opts.TTL)
-	}
-	if opts.Key == "" {
-		opts.Key = DefaultLeaseKey
-	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	opts, err := opts.withDefaults("redis lease", DefaultLeaseKey)
+	if err != nil {
+		return nil, err
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &RedisLease{rdb: rdb, key: opts.Key, id: hex.EncodeToString(id[:]), ttl: opts.TTL, log: log}, nil
+	return &RedisLease{rdb: rdb, key: opts.Key, id: hex.EncodeToString(id[:]), ttl: opts.TTL, log: opts.Logger}, nil
 }
 
 // ID returns this process's id in the lease.

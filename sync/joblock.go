@@ -47,17 +47,11 @@ var _ JobLocker = (*RedisJobLocks)(nil)
 // default DefaultJobLockPrefix) in the Redis rdb talks to, lasting
 // opts.TTL without renewal. The caller owns rdb.
 func NewRedisJobLocks(rdb redis.Scripter, opts LeaseOptions) (*RedisJobLocks, error) {
-	if opts.TTL < 3*time.Millisecond {
-		return nil, fmt.Errorf("sync: redis job locks: ttl %s is too short", opts.TTL)
+	opts, err := opts.withDefaults("redis job locks", DefaultJobLockPrefix)
+	if err != nil {
+		return nil, err
 	}
-	if opts.Key == "" {
-		opts.Key = DefaultJobLockPrefix
-	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return &RedisJobLocks{rdb: rdb, prefix: opts.Key, ttl: opts.TTL, log: log}, nil
+	return &RedisJobLocks{rdb: rdb, prefix: opts.Key, ttl: opts.TTL, log: opts.Logger}, nil
 }
 
 // LockJob implements JobLocker.
