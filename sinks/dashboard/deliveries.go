@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -229,11 +230,7 @@ func (d *Dashboard) retryDead(w http.ResponseWriter, r *http.Request) {
 		d.backendError(w, r, err)
 		return
 	}
-	known := false
-	for _, t := range targets {
-		known = known || t.Name == name
-	}
-	if !known {
+	if !slices.ContainsFunc(targets, func(t Target) bool { return t.Name == name }) {
 		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("There is no target %q in the configuration.", name))
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/backstop-sync/backstop"
@@ -60,11 +61,7 @@ func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 		d.backendError(w, r, err)
 		return
 	}
-	known := false
-	for _, j := range jobs {
-		known = known || j.Name == name
-	}
-	if !known {
+	if !slices.ContainsFunc(jobs, func(j Job) bool { return j.Name == name }) {
 		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("There is no job %q in the configuration.", name))
 		return
 	}
