@@ -133,7 +133,7 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 		return err
 	}
 	routes := []backstop.Route{{Target: "recorder", Events: []string{"*"}}}
-	stack := startIntake(ctx, db, client, verifier, routes, log, prometheus.NewRegistry())
+	stack := startIntake(ctx, db, client, verifier, routes, 0, log, prometheus.NewRegistry())
 
 	// The local recording target, fed by the real dispatcher.
 	var recorded atomic.Int64

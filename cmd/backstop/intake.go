@@ -26,10 +26,10 @@ type intakeStack struct {
 // startIntake starts the writer and the fetcher over db; src fetches the
 // objects of truncated events. Stop it with stop.
 func startIntake(ctx context.Context, db *store.DB, src backstop.Source, v intake.Verifier, routes []backstop.Route,
-	log *slog.Logger, reg prometheus.Registerer) *intakeStack {
+	maxBatch int, log *slog.Logger, reg prometheus.Registerer) *intakeStack {
 	metrics := intake.NewMetrics(reg)
 	writer := intake.NewBatcher(db, intake.BatcherOptions{
-		Routes: routes, Logger: log.With("component", "emit"), Observe: metrics.ObserveCommit,
+		MaxBatch: maxBatch, Routes: routes, Logger: log.With("component", "emit"), Observe: metrics.ObserveCommit,
 	})
 	fetcher := intake.NewFetcher(db, src, intake.FetcherOptions{
 		Routes: routes, Metrics: metrics, Logger: log.With("component", "truncated"),

@@ -99,7 +99,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	if err != nil {
 		return usagef("intake.listen %s: %v", cfg.Intake.Listen, err)
 	}
-	stack := startIntake(ctx, a.db, meter, verifier, routes, log, reg)
+	stack := startIntake(ctx, a.db, meter, verifier, routes, cfg.Intake.MaxBatch, log, reg)
 	handler := stack.handler
 	queue := newDeliveryQueue(a.db)
 	dispatcher, err := delivery.New(queue, deliveryTargets(cfg), delivery.Options{

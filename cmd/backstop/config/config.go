@@ -94,7 +94,10 @@ type Intake struct {
 	Secrets     []Secret `yaml:"secrets"`     // more secrets, accepted during rotation
 	Tolerance   Duration `yaml:"tolerance"`   // timestamp tolerance, default 5m
 	Synchronous string   `yaml:"synchronous"` // NORMAL or FULL for intake commits, default FULL
-	ProxyToken  Secret   `yaml:"proxy_token"` // bearer token for POST /outbox/{target} (webhook-proxy mode); empty = off
+	// MaxBatch caps the webhooks one commit holds (group commit), default
+	// 512; 1 commits every request on its own.
+	MaxBatch   int    `yaml:"max_batch"`
+	ProxyToken Secret `yaml:"proxy_token"` // bearer token for POST /outbox/{target} (webhook-proxy mode); empty = off
 }
 
 // AllSecrets returns Secret followed by Secrets, leaving out empty ones.
@@ -187,6 +190,7 @@ func Default() *Config {
 			Scheme:      "botix",
 			Tolerance:   Duration(5 * time.Minute),
 			Synchronous: "FULL",
+			MaxBatch:    512,
 		},
 	}
 }

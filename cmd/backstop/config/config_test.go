@@ -125,6 +125,8 @@ func TestParseErrors(t *testing.T) {
 			nil, `schedules.yaml:5: governor.job_lease: want at least 1s, got 500ms`, 5, "governor.job_lease"},
 		{"listen", base + "intake:\n  listen: 8080\n",
 			nil, `schedules.yaml:5: intake.listen: want host:port, got "8080"`, 5, "intake.listen"},
+		{"max batch", base + "intake:\n  max_batch: 0\n",
+			nil, `schedules.yaml:5: intake.max_batch: want 1..10000 webhooks per commit, got 0`, 5, "intake.max_batch"},
 		{"scheme", base + "intake:\n  scheme: svix\n",
 			nil, `schedules.yaml:5: intake.scheme: want one of botix, standard-webhooks, github, stripe, got "svix"`, 5, "intake.scheme"},
 		{"target name missing", base + "targets:\n  - url: https://a.example.com\n",

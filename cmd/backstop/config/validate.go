@@ -92,6 +92,9 @@ func (c *Config) validate() *Error {
 	if e := c.oneOf("intake.synchronous", &in.Synchronous, true, "NORMAL", "FULL"); e != nil {
 		return e
 	}
+	if in.MaxBatch < 1 || in.MaxBatch > 10000 {
+		return c.errorf("intake.max_batch", "want 1..10000 webhooks per commit, got %d", in.MaxBatch)
+	}
 
 	names := map[string]string{}
 	for i := range c.Targets {
