@@ -56,7 +56,8 @@ type Options struct {
 	// math/rand/v2's Float64).
 	Rand func() float64
 	// Poll is how often each target's queue is looked at when idle
-	// (default 1s). Wake looks at once.
+	// (default 1s). Wake looks at once, and a worker also looks when a
+	// retry of one of its own attempts comes due (within Poll/16).
 	Poll time.Duration
 	// Lease is how long a claimed row is kept from other claims while its
 	// attempt is in flight and its outcome is being recorded (default, per
@@ -105,6 +106,11 @@ const (
 // commits, each holding a CPU longer, and on 2 cores the requests that
 // wait behind one raise the fast targets' p99 more than the commits save.
 const RecordLinger = 2 * time.Millisecond
+
+// dueSlackPerPoll sets how late (Poll/dueSlackPerPoll at most) a worker
+// may wake up for a retry of its own that comes due, so that retries
+// spread over time do not wake it up once each (see dues).
+const dueSlackPerPoll = 16
 
 // firstBatch is the most rows a worker claims before it has timed any
 // answer of its target.
@@ -185,7 +191,6 @@ type worker struct {
 	m      targetMetrics
 
 	// Used only by the worker's own goroutine.
-	nextDue  time.Time
 	paused   bool
 	disabled bool
 	ahead    claim // claimed while the previous batch was sent
@@ -202,7 +207,7 @@ type worker struct {
 	pauseUntil time.Time     // a 429 paused the target until then
 	gone       bool          // a 410 disabled the target
 	stopping   int           // 429 and 410 answers whose status is in but not yet pauseUntil or gone
-	due        time.Time     // the earliest retry of the batch's outcomes
+	dues       dues          // when the retries of its outcomes come due
 	took       time.Duration // moving average of the attempts' durations
 	stateAt    time.Time     // when the target's stored state was last read
 	reading    bool          // a sender is reading it now
@@ -288,6 +293,7 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 			lease:       lease,
 			room:        room,
 			wake:        make(chan struct{}, 1),
+			dues:        dues{slack: opts.Poll / dueSlackPerPoll},
 			logger:      d.logger.With("target", t.Name),
 			m:           d.metrics.target(t.Name),
 			unrecorded:  make(chan struct{}, 2*opts.Batch),
@@ -385,9 +391,9 @@ func (d *Dispatcher) loop(ctx context.Context, w *worker) {
 // It returns how long to wait before the next pass.
 func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	now := d.now()
-	if !w.nextDue.After(now) {
-		w.nextDue = time.Time{}
-	}
+	w.mu.Lock()
+	w.dues.drop(now) // this pass claims their rows
+	w.mu.Unlock()
 	counts := w.countedAt.IsZero() || now.Sub(w.countedAt) >= depthEvery || now.Before(w.countedAt)
 	st, err := d.q.TargetQueue(ctx, w.t.Name, counts)
 	if err != nil {
@@ -459,8 +465,11 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 		return 0
 	}
 	wait := d.poll
-	if !w.nextDue.IsZero() {
-		wait = min(wait, max(w.nextDue.Sub(d.now()), 0))
+	w.mu.Lock()
+	next, ok := w.dues.next()
+	w.mu.Unlock()
+	if ok {
+		wait = min(wait, max(next.Sub(d.now()), 0))
 	}
 	return wait
 }
@@ -517,7 +526,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 	rows := c.rows
 	sendBy := c.lease.Add(-w.room) // the last moment a row of c may be sent
 	w.mu.Lock()
-	w.pauseUntil, w.gone, w.due = time.Time{}, false, time.Time{}
+	w.pauseUntil, w.gone = time.Time{}, false
 	w.stateAt = d.now() // pass has just read it
 	w.mu.Unlock()
 	next := 0      // the next row to send, guarded by w.mu
@@ -563,9 +572,6 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		w.mu.Lock()
 		until, left := w.pauseUntil, len(rows)-next
 		gone = w.gone
-		if !w.due.IsZero() && (w.nextDue.IsZero() || w.due.Before(w.nextDue)) {
-			w.nextDue = w.due
-		}
 		w.mu.Unlock()
 		if gone || left == 0 || ctx.Err() != nil || d.now().After(sendBy) || until.After(sendBy) {
 			// Done, stopped, out of lease, or paused for longer than the
@@ -670,8 +676,8 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 	if dec.Disable {
 		w.gone = true
 	}
-	if dec.Status == StatusRetrying && (w.due.IsZero() || dec.NextAttemptAt.Before(w.due)) {
-		w.due = dec.NextAttemptAt
+	if dec.Status == StatusRetrying {
+		w.dues.add(dec.NextAttemptAt)
 	}
 	w.mu.Unlock()
 
