@@ -512,6 +512,42 @@ func TestWakeDeliversWithoutWaitingForThePoll(t *testing.T) {
 	q.waitFor(t, 10*time.Second, "delivery after Wake", q.rowStatus(t, id, StatusDelivered))
 }
 
+func TestEachRetryIsSentWhenDueNotAtThePoll(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+		if n <= 2 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	q := newStoreQueue(t)
+	first := q.add(t, "crm", "evt_1", "payment.succeeded", `{"id":"pay_1"}`)
+	second := q.add(t, "crm", "evt_2", "payment.succeeded", `{"id":"pay_2"}`)
+	// The first failure's retry comes due at -10% of the step, the
+	// second's at +10%: a claim when the first is due does not take the
+	// second, which must not wait for the poll.
+	var draws atomic.Int64
+	rnd := func() float64 {
+		switch draws.Add(1) {
+		case 1:
+			return 0
+		case 2:
+			return 1
+		}
+		return 0.5
+	}
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, RetrySchedule: ms(200)}},
+		Options{Poll: time.Hour, Rand: rnd})
+
+	q.waitFor(t, 10*time.Second, "both retried and delivered", func() bool {
+		return q.row(t, first).Status == StatusDelivered && q.row(t, second).Status == StatusDelivered
+	})
+	if got := len(rec.all()); got != 4 {
+		t.Errorf("target saw %d requests, want 4", got)
+	}
+}
+
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	rec := newRecorder(t, status(http.StatusNotFound))
