@@ -64,7 +64,7 @@ func TestLostWebhooksAreFoundByReconcileExactlyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stack := startIntake(ctx, db, client, verifier, routes, 0, log, prometheus.NewRegistry())
+	stack := startIntake(ctx, db, client, verifier, intakeOptions{routes: routes}, log, prometheus.NewRegistry())
 	defer stack.stop(context.Background())
 	handler = stack.handler
 	engine := &bsync.Engine{Source: client, Mirror: db, PageSize: 100}

@@ -133,8 +133,6 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 		return err
 	}
 	routes := []backstop.Route{{Target: "recorder", Events: []string{"*"}}}
-	stack := startIntake(ctx, db, client, verifier, routes, 0, log, prometheus.NewRegistry())
-
 	// The local recording target, fed by the real dispatcher.
 	var recorded atomic.Int64
 	recorderSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -160,6 +158,7 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 	dispatchDone := make(chan struct{})
 	go func() { defer close(dispatchDone); dispatcher.Run(dispatchCtx) }()
 	defer func() { stopDispatch(); <-dispatchDone }()
+	stack := startIntake(ctx, db, client, verifier, intakeOptions{routes: routes, onQueued: dispatcher.Wake}, log, prometheus.NewRegistry())
 	intakeSrv := &http.Server{Handler: stack.handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second}
 	go intakeSrv.Serve(intakeLn)
 	defer func() {

@@ -23,16 +23,27 @@ type intakeStack struct {
 	stopFetch  context.CancelFunc
 }
 
+// intakeOptions are what startIntake's writer is told besides the store.
+type intakeOptions struct {
+	routes   []backstop.Route
+	maxBatch int // intake.max_batch; 0 means the writer's default
+	// onQueued, when set, is told the targets each commit queued rows for
+	// (the dispatcher's Wake).
+	onQueued func(target string)
+}
+
 // startIntake starts the writer and the fetcher over db; src fetches the
 // objects of truncated events. Stop it with stop.
-func startIntake(ctx context.Context, db *store.DB, src backstop.Source, v intake.Verifier, routes []backstop.Route,
-	maxBatch int, log *slog.Logger, reg prometheus.Registerer) *intakeStack {
+func startIntake(ctx context.Context, db *store.DB, src backstop.Source, v intake.Verifier, opts intakeOptions,
+	log *slog.Logger, reg prometheus.Registerer) *intakeStack {
+	routes := opts.routes
 	metrics := intake.NewMetrics(reg)
 	writer := intake.NewBatcher(db, intake.BatcherOptions{
-		MaxBatch: maxBatch, Routes: routes, Logger: log.With("component", "emit"), Observe: metrics.ObserveCommit,
+		MaxBatch: opts.maxBatch, Routes: routes, Logger: log.With("component", "emit"), Observe: metrics.ObserveCommit,
+		OnQueued: opts.onQueued,
 	})
 	fetcher := intake.NewFetcher(db, src, intake.FetcherOptions{
-		Routes: routes, Metrics: metrics, Logger: log.With("component", "truncated"),
+		Routes: routes, Metrics: metrics, Logger: log.With("component", "truncated"), OnQueued: opts.onQueued,
 	})
 	s := &intakeStack{
 		writer:     writer,

@@ -99,8 +99,6 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	if err != nil {
 		return usagef("intake.listen %s: %v", cfg.Intake.Listen, err)
 	}
-	stack := startIntake(ctx, a.db, meter, verifier, routes, cfg.Intake.MaxBatch, log, reg)
-	handler := stack.handler
 	queue := newDeliveryQueue(a.db)
 	dispatcher, err := delivery.New(queue, deliveryTargets(cfg), delivery.Options{
 		Logger: log.With("component", "delivery"), Registerer: reg,
@@ -108,9 +106,13 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	})
 	if err != nil {
 		ln.Close()
-		stack.stop(ctx)
 		return usagef("targets: %v", err)
 	}
+	// Each commit that queues rows wakes their targets' workers, so a
+	// webhook is delivered on at once, not at the dispatcher's next poll.
+	stack := startIntake(ctx, a.db, meter, verifier,
+		intakeOptions{routes: routes, maxBatch: cfg.Intake.MaxBatch, onQueued: dispatcher.Wake}, log, reg)
+	handler := stack.handler
 	dash, err := startUI(ctx, uiDeps{a: a, sched: sched, dispatcher: dispatcher, intake: stack.metrics, meter: meter})
 	if err != nil {
 		ln.Close()

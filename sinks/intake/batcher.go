@@ -32,6 +32,10 @@ type BatcherOptions struct {
 	Logger *slog.Logger
 	// Observe, when set, is told the size, duration and error of every commit.
 	Observe func(size int, took time.Duration, err error)
+	// OnQueued, when set, is told after each commit the name of every
+	// target that commit queued an outbox row for (once per commit), so
+	// that delivery starts at once rather than at its next poll.
+	OnQueued func(target string)
 }
 
 // NewBatcher returns a writer over log. Call Run to start it.
@@ -45,6 +49,9 @@ func NewBatcher(log backstop.EventLog, opts BatcherOptions) *Batcher {
 		results, err := log.Emit(ctx, events, routes)
 		switch {
 		case err == nil:
+			if opts.OnQueued != nil && len(results) == len(events) {
+				wakeTargets(events, results, routes, opts.OnQueued)
+			}
 		case len(events) == 1:
 			logger.Error("commit failed", "event_id", events[0].ID, "error", err)
 		default:
@@ -53,6 +60,26 @@ func NewBatcher(log backstop.EventLog, opts BatcherOptions) *Batcher {
 		return results, err
 	}
 	return &Batcher{w: groupcommit.New(emit, groupcommit.Options{MaxBatch: opts.MaxBatch, Observe: opts.Observe})}
+}
+
+// wakeTargets calls wake once for each route whose globs match an event
+// of a commit that queued outbox rows.
+func wakeTargets(events []backstop.Event, results []backstop.EmitResult, routes []backstop.Route, wake func(string)) {
+	var woken []bool // by route, made on the first event that queued rows
+	for i, r := range results {
+		if r.Outbox == 0 {
+			continue
+		}
+		if woken == nil {
+			woken = make([]bool, len(routes))
+		}
+		for j, rt := range routes {
+			if !woken[j] && backstop.MatchEvents(rt.Events, events[i].Type) {
+				woken[j] = true
+				wake(rt.Target)
+			}
+		}
+	}
 }
 
 // Submit queues ev and waits for the commit that holds it. A nil error means

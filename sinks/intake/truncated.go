@@ -32,6 +32,7 @@ type Fetcher struct {
 	maxRetry time.Duration
 	wake     chan struct{}
 	attempts map[string]int
+	onQueued func(target string)
 }
 
 // FetcherOptions configure a Fetcher.
@@ -44,6 +45,9 @@ type FetcherOptions struct {
 	Interval time.Duration
 	// MinRetry and MaxRetry bound the retry backoff (default 1s and 5m).
 	MinRetry, MaxRetry time.Duration
+	// OnQueued, when set, is told the targets a completed event was
+	// queued for (see BatcherOptions.OnQueued).
+	OnQueued func(target string)
 }
 
 // NewFetcher returns a fetcher; call Run to start it.
@@ -64,7 +68,7 @@ func NewFetcher(st TruncatedStore, src backstop.Source, opts FetcherOptions) *Fe
 		opts.MaxRetry = 5 * time.Minute
 	}
 	return &Fetcher{
-		store: st, source: src, routes: opts.Routes, metrics: opts.Metrics, logger: opts.Logger,
+		store: st, source: src, routes: opts.Routes, metrics: opts.Metrics, logger: opts.Logger, onQueued: opts.OnQueued,
 		now: opts.Now, interval: opts.Interval, minRetry: opts.MinRetry, maxRetry: opts.MaxRetry,
 		wake: make(chan struct{}, 1), attempts: map[string]int{},
 	}
@@ -124,6 +128,9 @@ func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event) {
 		var res backstop.EmitResult
 		res, err = f.store.CompleteTruncated(ctx, ev.ID, obj, f.routes)
 		if err == nil {
+			if f.onQueued != nil {
+				wakeTargets([]backstop.Event{ev}, []backstop.EmitResult{res}, f.routes, f.onQueued)
+			}
 			delete(f.attempts, ev.ID)
 			f.result("ok")
 			f.logger.Info("truncated event completed", "event_id", ev.ID, "resource", ev.Resource,

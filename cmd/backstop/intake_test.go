@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sinks/delivery"
+	"github.com/backstop-sync/backstop/sinks/intake"
+	"github.com/backstop-sync/backstop/store"
+)
+
+// An accepted webhook is sent on to its target at once: serve's intake
+// wakes the target's worker after the commit that queued the row. The
+// dispatcher here polls once an hour, so only that wake can deliver it
+// within the test's deadline.
+func TestAcceptedWebhookIsDeliveredWithoutWaitingForThePoll(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	db, err := store.Open(ctx, filepath.Join(t.TempDir(), "w.db"), store.Options{Synchronous: "FULL"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	got := make(chan string, 10)
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("X-Event-Id")
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer target.Close()
+	log := slog.New(slog.DiscardHandler)
+	dispatcher, err := delivery.New(newDeliveryQueue(db), []delivery.Target{{
+		Name: "billing", URL: target.URL, Secret: "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", AllowPrivate: true,
+	}}, delivery.Options{Logger: log, Poll: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dispatchDone := make(chan struct{})
+	go func() { defer close(dispatchDone); dispatcher.Run(ctx) }()
+	defer func() { cancel(); <-dispatchDone }()
+
+	const secret = "wake-secret"
+	verifier, err := intake.NewVerifier(intake.SchemeBotix, intake.SchemeOptions{Secrets: []string{secret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	stack := startIntake(ctx, db, nil, verifier, intakeOptions{routes: routes, onQueued: dispatcher.Wake}, log, prometheus.NewRegistry())
+	defer stack.stop(context.Background())
+	srv := httptest.NewServer(stack.handler)
+	defer srv.Close()
+
+	for i := range 3 {
+		id := fmt.Sprintf("evt_wake_%d", i)
+		at := time.Now().UTC().Format(time.RFC3339Nano)
+		body := fmt.Appendf(nil, `{"event_id":%q,"event":"payment.succeeded","created_at":%q,"data":{"id":"pay_%d","updated_at":%q}}`, id, at, i, at)
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Botix-Signature", intake.SignBotix(secret, body))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("webhook %s: status %d", id, res.StatusCode)
+		}
+		select {
+		case seen := <-got:
+			if seen != id {
+				t.Fatalf("target got %s, want %s", seen, id)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("webhook %s accepted but not delivered after 30 s (the dispatcher polls hourly)", id)
+		}
+	}
+}
