@@ -34,8 +34,8 @@ POST {intake.path}. Each request's signature is verified over the raw body
 accepted during a rotation), its event is de-duplicated on processed_events,
 applied to the mirror when newer and queued for every target whose events match,
 all in one transaction, and only then answered 2xx. Concurrent requests share
-commits (group commit, at most intake.max_batch per commit). Truncated events are completed by fetching their object
-from the API.
+commits (group commit, at most intake.max_batch per commit). Truncated events
+are completed by fetching their object from the API.
 
 serve also delivers the outbox to the targets (one worker per target, retries,
 dead letters; see backstop deliveries), runs the jobs of schedules.yaml (with
