@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -154,17 +153,9 @@ func TestLostWebhooksAreFoundByReconcileExactlyOnce(t *testing.T) {
 	}
 	body := []byte(fmt.Sprintf(`{"event_id":"evt_late_%d","event":"payment.updated","created_at":%q,"data":%s}`,
 		time.Now().UnixNano(), time.Now().UTC().Format(time.RFC3339), reemitted.Data))
-	req, _ := http.NewRequest(http.MethodPost, intakeSrv.URL, bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Botix-Signature", intake.SignBotix(secret, body))
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != 200 || !bytes.Contains(answer, []byte(`"duplicate"`)) {
-		t.Errorf("late webhook for %s: %d %s, want 200 duplicate", reemitted.ID, res.StatusCode, answer)
+	code, answer := postSigned(t, intakeSrv.URL, secret, body)
+	if code != 200 || !bytes.Contains(answer, []byte(`"duplicate"`)) {
+		t.Errorf("late webhook for %s: %d %s, want 200 duplicate", reemitted.ID, code, answer)
 	}
 	t.Logf("payment webhooks lost %d; reconcile found %d missing, %d behind, re-emitted %d; outbox %d rows",
 		lost, rep.Missing, rep.Behind, rep.Reemitted, len(rows))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -63,16 +64,8 @@ func TestAcceptedWebhookIsDeliveredWithoutWaitingForThePoll(t *testing.T) {
 		id := fmt.Sprintf("evt_wake_%d", i)
 		at := time.Now().UTC().Format(time.RFC3339Nano)
 		body := fmt.Appendf(nil, `{"event_id":%q,"event":"payment.succeeded","created_at":%q,"data":{"id":"pay_%d","updated_at":%q}}`, id, at, i, at)
-		req, _ := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Botix-Signature", intake.SignBotix(secret, body))
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
-		if res.StatusCode != http.StatusOK {
-			t.Fatalf("webhook %s: status %d", id, res.StatusCode)
+		if code, answer := postSigned(t, srv.URL, secret, body); code != http.StatusOK {
+			t.Fatalf("webhook %s: %d %s", id, code, answer)
 		}
 		select {
 		case seen := <-got:
@@ -83,4 +76,26 @@ func TestAcceptedWebhookIsDeliveredWithoutWaitingForThePoll(t *testing.T) {
 			t.Fatalf("webhook %s accepted but not delivered after 30 s (the dispatcher polls hourly)", id)
 		}
 	}
+}
+
+// postSigned POSTs body to url signed with the botix scheme and returns the
+// status code and the answer's body.
+func postSigned(t *testing.T, url, secret string, body []byte) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Botix-Signature", intake.SignBotix(secret, body))
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	answer, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, answer
 }
