@@ -33,6 +33,33 @@ func TestConfigErrorsNameFileLineAndKey(t *testing.T) {
 	}
 }
 
+// TestConfigWithSeveralMistakesNamesThemAll: one run reports every
+// problem of the file, one "backstop:" line each with its line and key,
+// and exits 2 without touching the store.
+func TestConfigWithSeveralMistakesNamesThemAll(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
+	e.writeConfig("source:\n  base_url: http://x\n  api_key: k\n  page_size: 0\nintake:\n  max_batch: 0\n" +
+		"targets:\n  - {name: crm, url: \"ftp://crm.example.com\"}\n")
+	code, _, stderr := e.run(context.Background(), "serve")
+	if code != 2 {
+		t.Fatalf("exit %d, want 2\n%s", code, stderr)
+	}
+	want := []string{
+		"backstop: " + e.dir + "/schedules.yaml:4: source.page_size:",
+		"backstop: " + e.dir + "/schedules.yaml:6: intake.max_batch:",
+		"backstop: " + e.dir + "/schedules.yaml:8: targets[0].url:",
+	}
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), stderr)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d: %q, want it to start %q", i+1, lines[i], w)
+		}
+	}
+}
+
 func TestMissingConfigIsAUsageError(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
 	code, _, stderr := e.run(context.Background(), "--config", e.dir+"/nope.yaml", "sync")

@@ -73,7 +73,11 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	if code == exitInterrupted {
 		fmt.Fprintln(m.Stderr, "backstop: interrupted; progress up to the last committed page is saved")
 	} else {
-		fmt.Fprintf(m.Stderr, "backstop: %v\n", err)
+		// One line per problem: a configuration with several has them
+		// all in one error.
+		for line := range strings.SplitSeq(err.Error(), "\n") {
+			fmt.Fprintf(m.Stderr, "backstop: %s\n", line)
+		}
 	}
 	return code
 }

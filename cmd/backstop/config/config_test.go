@@ -94,7 +94,7 @@ func TestParseErrors(t *testing.T) {
 
 		// Validate.
 		{"empty file", "",
-			nil, `schedules.yaml: source.base_url is required`, 0, "source.base_url"},
+			nil, "schedules.yaml: source.base_url is required\nschedules.yaml: source.api_key is required", 0, "source.base_url"},
 		{"api key from unset variable", "source:\n  base_url: https://api.example.com\n  api_key: ${BOTIX_API_KEY}\n",
 			nil, `schedules.yaml:3: source.api_key is empty: set BOTIX_API_KEY`, 3, "source.api_key"},
 		{"api key missing", "source:\n  base_url: https://api.example.com\n",
@@ -187,6 +187,62 @@ func TestParseErrors(t *testing.T) {
 				t.Errorf("Error{File: %q, Line: %d, Key: %q}, want {schedules.yaml, %d, %q}", e.File, e.Line, e.Key, tt.line, tt.key)
 			}
 		})
+	}
+}
+
+// TestParseReportsEveryProblem: a file with several mistakes gets them all
+// in one error, one per line in the file's order, each with its line and
+// key, and a mistake in one key does not hide the others (nor is a missing
+// value also reported as malformed).
+func TestParseReportsEveryProblem(t *testing.T) {
+	yaml := `jobs:
+  - {name: nightly, kind: sync, cron: "61 * * * *"}
+  - {name: nightly, kind: mirror, every: 1h}
+source:
+  base_url: https://api.example.com
+  api_key: k
+  page_size: 500
+intake:
+  max_batch: 0
+targets:
+  - name: crm
+    url: ""
+    concurrency: 100
+`
+	_, err := Parse("schedules.yaml", []byte(yaml), env(nil))
+	var es Errors
+	if !errors.As(err, &es) {
+		t.Fatalf("Parse error %v (%T), want Errors", err, err)
+	}
+	want := []struct {
+		line int
+		key  string
+	}{
+		{2, "jobs[0].cron"},
+		{3, "jobs[1].name"},
+		{3, "jobs[1].kind"},
+		{7, "source.page_size"},
+		{9, "intake.max_batch"},
+		{12, "targets[0].url"},
+		{13, "targets[0].concurrency"},
+	}
+	if len(es) != len(want) {
+		t.Fatalf("%d problems, want %d:\n%v", len(es), len(want), err)
+	}
+	for i, w := range want {
+		if es[i].File != "schedules.yaml" || es[i].Line != w.line || es[i].Key != w.key {
+			t.Errorf("problem %d: %q, want line %d key %s", i+1, es[i], w.line, w.key)
+		}
+	}
+	if got := es[5].Error(); got != "schedules.yaml:12: targets[0].url is required" {
+		t.Errorf("empty url reported as %q, want only that it is required", got)
+	}
+	if lines := strings.Split(err.Error(), "\n"); len(lines) != len(want) {
+		t.Errorf("error has %d lines, want one per problem:\n%v", len(lines), err)
+	}
+	var first *Error
+	if !errors.As(err, &first) || first.Key != "jobs[0].cron" {
+		t.Errorf("errors.As(*Error) = %v, want the first problem", first)
 	}
 }
 

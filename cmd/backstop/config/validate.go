@@ -1,217 +1,230 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
+	"math"
 	"net"
 	"net/url"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
 // Validate checks what decoding cannot: required values, ranges, enums,
-// unique names, cron expressions and job schedules. It returns the first
-// problem as an *Error naming the key and, for a parsed file, the line.
-// Secret values never appear in its errors. It normalizes the case of
-// store.synchronous and intake.synchronous ("full" becomes "FULL").
+// unique names, cron expressions and job schedules. It reports every
+// problem it finds, not only the first, so that one run shows all there is
+// to fix: a single problem is an *Error naming the key and, for a parsed
+// file, the line; several are Errors, in the file's order. Secret values
+// never appear in its errors. It normalizes the case of store.synchronous
+// and intake.synchronous ("full" becomes "FULL").
 func (c *Config) Validate() error {
-	if err := c.validate(); err != nil {
-		return err
-	}
-	return nil
+	var p problems
+	c.validate(&p)
+	return p.err()
 }
 
-// validate is Validate with a typed result.
-func (c *Config) validate() *Error {
+// Errors are the problems Validate found in one configuration, each an
+// *Error; errors.As finds the first.
+type Errors []*Error
+
+// Error renders one problem per line.
+func (es Errors) Error() string {
+	lines := make([]string, len(es))
+	for i, e := range es {
+		lines[i] = e.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Unwrap returns the problems, for errors.As and errors.Is.
+func (es Errors) Unwrap() []error {
+	out := make([]error, len(es))
+	for i, e := range es {
+		out[i] = e
+	}
+	return out
+}
+
+// problems collects what validate finds.
+type problems struct{ list []*Error }
+
+// add records the first problem of es (one key's checks, in order: a value
+// that is missing is not also reported as malformed); nils are skipped.
+func (p *problems) add(es ...*Error) {
+	for _, e := range es {
+		if e != nil {
+			p.list = append(p.list, e)
+			return
+		}
+	}
+}
+
+// err returns nil, the one problem, or all of them in line order (problems
+// without a line keep their place after those with one).
+func (p *problems) err() error {
+	switch len(p.list) {
+	case 0:
+		return nil
+	case 1:
+		return p.list[0]
+	}
+	es := Errors(slices.Clone(p.list))
+	slices.SortStableFunc(es, func(a, b *Error) int { return cmp.Compare(lineOrder(a), lineOrder(b)) })
+	return es
+}
+
+// lineOrder sorts problems by line, those without one last.
+func lineOrder(e *Error) int {
+	if e.Line > 0 {
+		return e.Line
+	}
+	return math.MaxInt
+}
+
+// validate adds every problem of c to p.
+func (c *Config) validate(p *problems) {
 	s := c.Source
-	if e := c.required("source.base_url", s.BaseURL); e != nil {
-		return e
-	}
-	if e := c.url("source.base_url", s.BaseURL, "http", "https"); e != nil {
-		return e
-	}
-	if e := c.required("source.api_key", string(s.APIKey)); e != nil {
-		return e
-	}
+	p.add(c.required("source.base_url", s.BaseURL), c.url("source.base_url", s.BaseURL, "http", "https"))
+	p.add(c.required("source.api_key", string(s.APIKey)))
 	if s.PageSize < 1 || s.PageSize > 200 {
-		return c.errorf("source.page_size", "want 1..200, got %d", s.PageSize)
+		p.add(c.errorf("source.page_size", "want 1..200, got %d", s.PageSize))
 	}
 	if s.RateLimit.PerMinute < 1 {
-		return c.errorf("source.rate_limit.per_minute", "want more than 0, got %d", s.RateLimit.PerMinute)
+		p.add(c.errorf("source.rate_limit.per_minute", "want more than 0, got %d", s.RateLimit.PerMinute))
+	} else if s.RateLimit.Reserve < 0 || s.RateLimit.Reserve >= s.RateLimit.PerMinute {
+		p.add(c.errorf("source.rate_limit.reserve", "want 0..%d (less than per_minute), got %d", s.RateLimit.PerMinute-1, s.RateLimit.Reserve))
 	}
-	if s.RateLimit.Reserve < 0 || s.RateLimit.Reserve >= s.RateLimit.PerMinute {
-		return c.errorf("source.rate_limit.reserve", "want 0..%d (less than per_minute), got %d", s.RateLimit.PerMinute-1, s.RateLimit.Reserve)
-	}
-	if e := c.positive("source.rate_limit.window", s.RateLimit.Window); e != nil {
-		return e
-	}
+	p.add(c.positive("source.rate_limit.window", s.RateLimit.Window))
 	if s.RetryMax < 0 {
-		return c.errorf("source.retry_max", "want 0 or more, got %d", s.RetryMax)
+		p.add(c.errorf("source.retry_max", "want 0 or more, got %d", s.RetryMax))
 	}
-	if e := c.positive("source.timeout", s.Timeout); e != nil {
-		return e
-	}
+	p.add(c.positive("source.timeout", s.Timeout))
 
 	if e := c.required("store.path", c.Store.Path); e != nil {
-		return e
+		p.add(e)
+	} else if path := c.Store.Path; path == ":memory:" || strings.HasPrefix(path, "file:") {
+		p.add(c.errorf("store.path", "%q is not supported: give a file path (the mirror and its cursors must outlive the process)", path))
 	}
-	if p := c.Store.Path; p == ":memory:" || strings.HasPrefix(p, "file:") {
-		return c.errorf("store.path", "%q is not supported: give a file path (the mirror and its cursors must outlive the process)", p)
-	}
-	if e := c.oneOf("store.synchronous", &c.Store.Synchronous, true, "NORMAL", "FULL"); e != nil {
-		return e
-	}
+	p.add(c.oneOf("store.synchronous", &c.Store.Synchronous, true, "NORMAL", "FULL"))
 
 	gv := c.Governor
 	if gv.Redis != "" {
-		if e := c.url("governor.redis", gv.Redis.Value(), "redis", "rediss"); e != nil {
-			return e
-		}
+		p.add(c.url("governor.redis", gv.Redis.Value(), "redis", "rediss"))
 	}
 	if !(gv.FallbackShare > 0 && gv.FallbackShare <= 1) {
-		return c.errorf("governor.fallback_share", "want a share above 0 and at most 1, got %g", gv.FallbackShare)
+		p.add(c.errorf("governor.fallback_share", "want a share above 0 and at most 1, got %g", gv.FallbackShare))
 	}
 	if gv.JobLease < Duration(time.Second) {
-		return c.errorf("governor.job_lease", "want at least 1s, got %s", gv.JobLease)
+		p.add(c.errorf("governor.job_lease", "want at least 1s, got %s", gv.JobLease))
 	}
 
 	in := &c.Intake
 	if _, port, err := net.SplitHostPort(in.Listen); err != nil || !isPort(port) {
-		return c.errorf("intake.listen", "want host:port, got %q", in.Listen)
+		p.add(c.errorf("intake.listen", "want host:port, got %q", in.Listen))
 	}
 	if !strings.HasPrefix(in.Path, "/") {
-		return c.errorf("intake.path", "want a path starting with /, got %q", in.Path)
+		p.add(c.errorf("intake.path", "want a path starting with /, got %q", in.Path))
 	}
-	if e := c.oneOf("intake.scheme", &in.Scheme, false, "botix", "standard-webhooks", "github", "stripe"); e != nil {
-		return e
-	}
-	if e := c.positive("intake.tolerance", in.Tolerance); e != nil {
-		return e
-	}
-	if e := c.oneOf("intake.synchronous", &in.Synchronous, true, "NORMAL", "FULL"); e != nil {
-		return e
-	}
+	p.add(c.oneOf("intake.scheme", &in.Scheme, false, "botix", "standard-webhooks", "github", "stripe"))
+	p.add(c.positive("intake.tolerance", in.Tolerance))
+	p.add(c.oneOf("intake.synchronous", &in.Synchronous, true, "NORMAL", "FULL"))
 	if in.MaxBatch < 1 || in.MaxBatch > 10000 {
-		return c.errorf("intake.max_batch", "want 1..10000 webhooks per commit, got %d", in.MaxBatch)
+		p.add(c.errorf("intake.max_batch", "want 1..10000 webhooks per commit, got %d", in.MaxBatch))
 	}
 
 	names := map[string]string{}
 	for i := range c.Targets {
-		if e := c.target(i, names); e != nil {
-			return e
-		}
+		c.target(p, i, names)
 	}
 	names = map[string]string{}
 	for i := range c.Jobs {
-		if e := c.job(i, names); e != nil {
-			return e
-		}
+		c.job(p, i, names)
 	}
-	return nil
 }
 
-// target validates c.Targets[i]; names maps names seen so far to their keys.
-func (c *Config) target(i int, names map[string]string) *Error {
+// target adds the problems of c.Targets[i] to p; names maps names seen so
+// far to their keys.
+func (c *Config) target(p *problems, i int, names map[string]string) {
 	t := &c.Targets[i]
 	k := fmt.Sprintf("targets[%d]", i)
-	if e := c.name(k, t.Name, names); e != nil {
-		return e
-	}
-	if e := c.required(k+".url", t.URL); e != nil {
-		return e
-	}
-	if e := c.url(k+".url", t.URL, "http", "https"); e != nil {
-		return e
-	}
+	p.add(c.name(k, t.Name, names))
+	p.add(c.required(k+".url", t.URL), c.url(k+".url", t.URL, "http", "https"))
 	if len(t.Events) == 0 {
-		return c.errorf(k+".events", `is empty: leave it out for all events ("*")`)
+		p.add(c.errorf(k+".events", `is empty: leave it out for all events ("*")`))
 	}
 	for j, ev := range t.Events {
 		if _, err := path.Match(ev, ""); err != nil || ev == "" {
-			return c.errorf(fmt.Sprintf("%s.events[%d]", k, j), "want an event type or glob like payment.*, got %q", ev)
+			p.add(c.errorf(fmt.Sprintf("%s.events[%d]", k, j), "want an event type or glob like payment.*, got %q", ev))
 		}
 	}
-	for h := range t.Headers {
+	for _, h := range slices.Sorted(maps.Keys(t.Headers)) {
 		if !isToken(h) {
-			return c.errorf(k+".headers."+h, "want an HTTP header name, got %q", h)
+			p.add(c.errorf(k+".headers."+h, "want an HTTP header name, got %q", h))
 		}
 	}
-	if e := c.positive(k+".connect_timeout", t.ConnectTimeout); e != nil {
-		return e
-	}
-	if e := c.positive(k+".timeout", t.Timeout); e != nil {
-		return e
-	}
+	p.add(c.positive(k+".connect_timeout", t.ConnectTimeout))
+	p.add(c.positive(k+".timeout", t.Timeout))
 	for j, d := range t.RetrySchedule {
-		if e := c.positive(fmt.Sprintf("%s.retry_schedule[%d]", k, j), d); e != nil {
-			return e
-		}
+		p.add(c.positive(fmt.Sprintf("%s.retry_schedule[%d]", k, j), d))
 	}
 	if t.MaxPayload < 1 {
-		return c.errorf(k+".max_payload", "want more than 0 bytes, got %d", t.MaxPayload)
+		p.add(c.errorf(k+".max_payload", "want more than 0 bytes, got %d", t.MaxPayload))
 	}
 	if t.Concurrency < 1 || t.Concurrency > maxTargetConcurrency {
-		return c.errorf(k+".concurrency", "want 1..%d requests in flight, got %d", maxTargetConcurrency, t.Concurrency)
+		p.add(c.errorf(k+".concurrency", "want 1..%d requests in flight, got %d", maxTargetConcurrency, t.Concurrency))
 	}
 	if t.RateLimit.PerSecond < 0 {
-		return c.errorf(k+".rate_limit.per_second", "want 0 (no limit) or more, got %d", t.RateLimit.PerSecond)
+		p.add(c.errorf(k+".rate_limit.per_second", "want 0 (no limit) or more, got %d", t.RateLimit.PerSecond))
 	}
 	if t.RateLimit.PerMinute < 0 {
-		return c.errorf(k+".rate_limit.per_minute", "want 0 (no limit) or more, got %d", t.RateLimit.PerMinute)
+		p.add(c.errorf(k+".rate_limit.per_minute", "want 0 (no limit) or more, got %d", t.RateLimit.PerMinute))
 	}
-	return nil
 }
 
 // maxTargetConcurrency bounds targets[].concurrency: more requests in flight
 // to one target than this only queue in its server.
 const maxTargetConcurrency = 64
 
-// job validates c.Jobs[i]; names maps names seen so far to their keys.
-func (c *Config) job(i int, names map[string]string) *Error {
+// job adds the problems of c.Jobs[i] to p; names maps names seen so far to
+// their keys.
+func (c *Config) job(p *problems, i int, names map[string]string) {
 	j := &c.Jobs[i]
 	k := fmt.Sprintf("jobs[%d]", i)
-	if e := c.name(k, j.Name, names); e != nil {
-		return e
-	}
-	if e := c.required(k+".kind", j.Kind); e != nil {
-		return e
-	}
-	if e := c.oneOf(k+".kind", &j.Kind, false, KindSync, KindReconcile, KindBackfill, KindMaintenance); e != nil {
-		return e
-	}
+	p.add(c.name(k, j.Name, names))
+	p.add(c.required(k+".kind", j.Kind), c.oneOf(k+".kind", &j.Kind, false, KindSync, KindReconcile, KindBackfill, KindMaintenance))
 	if j.Kind == KindMaintenance && len(j.Resources) > 0 {
-		return c.errorf(k+".resources", "maintenance jobs take no resources")
+		p.add(c.errorf(k+".resources", "maintenance jobs take no resources"))
 	}
 	seen := map[string]bool{}
 	for n, r := range j.Resources {
 		rk := fmt.Sprintf("%s.resources[%d]", k, n)
-		if !r.Valid() {
-			return c.errorf(rk, "want contacts, chats, messages or payments, got %q", string(r))
-		}
-		if seen[string(r)] {
-			return c.errorf(rk, "%s is listed twice", r)
+		switch {
+		case !r.Valid():
+			p.add(c.errorf(rk, "want contacts, chats, messages or payments, got %q", string(r)))
+		case seen[string(r)]:
+			p.add(c.errorf(rk, "%s is listed twice", r))
 		}
 		seen[string(r)] = true
 	}
 	switch {
 	case j.Cron != "" && j.Every != 0:
-		return c.errorf(k+".every", "set either cron or every, not both")
+		p.add(c.errorf(k+".every", "set either cron or every, not both"))
 	case j.Cron == "" && j.Every == 0:
-		return c.errorf(k, "needs a schedule: set cron or every")
+		p.add(c.errorf(k, "needs a schedule: set cron or every"))
 	case j.Cron != "":
 		if err := checkCron(j.Cron); err != nil {
-			return c.errorf(k+".cron", "%v", err)
+			p.add(c.errorf(k+".cron", "%v", err))
 		}
 	default:
-		if e := c.positive(k+".every", j.Every); e != nil {
-			return e
-		}
+		p.add(c.positive(k+".every", j.Every))
 	}
 	if j.Lookback < 0 {
-		return c.errorf(k+".lookback", "want 0 or more, got %s", j.Lookback)
+		p.add(c.errorf(k+".lookback", "want 0 or more, got %s", j.Lookback))
 	}
-	return nil
 }
 
 // errorf returns an *Error for key, with its line when known.
