@@ -187,11 +187,14 @@ func TestDeliveriesRetryAndRedirect(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	var serveLog string
 	go func() {
 		defer close(done)
-		if code, _, stderr := e.run(ctx, "serve"); code != 0 {
+		code, _, stderr := e.run(ctx, "serve")
+		if code != 0 {
 			t.Errorf("serve exit %d\n%s", code, stderr)
 		}
+		serveLog = stderr
 	}()
 	waitFor(t, 30*time.Second, func() bool {
 		res, err := http.Get("http://" + addr + "/healthz")
@@ -239,6 +242,16 @@ func TestDeliveriesRetryAndRedirect(t *testing.T) {
 	}
 	cancel()
 	<-done
+	// Each log line names its component once (the dispatcher logged the
+	// 404 and the delivery).
+	if !strings.Contains(serveLog, "component=delivery") {
+		t.Errorf("serve logged nothing of delivery:\n%s", serveLog)
+	}
+	for line := range strings.SplitSeq(serveLog, "\n") {
+		if strings.Count(line, "component=") > 1 {
+			t.Errorf("log line names its component twice: %s", line)
+		}
+	}
 }
 
 // waitFor polls cond with a deadline.

@@ -150,7 +150,7 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 	dispatcher, err := delivery.New(queue, []delivery.Target{{
 		Name: "recorder", URL: "http://" + recorderLn.Addr().String() + "/hooks", Secret: "whsec_" + base64.StdEncoding.EncodeToString(secretBytes),
 		AllowPrivate: true, RetrySchedule: []time.Duration{100 * time.Millisecond, 500 * time.Millisecond},
-	}}, delivery.Options{Logger: log.With("component", "delivery"), Poll: 100 * time.Millisecond})
+	}}, delivery.Options{Logger: log, Poll: 100 * time.Millisecond})
 	if err != nil {
 		return err
 	}

@@ -101,7 +101,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	}
 	queue := newDeliveryQueue(a.db)
 	dispatcher, err := delivery.New(queue, deliveryTargets(cfg), delivery.Options{
-		Logger: log.With("component", "delivery"), Registerer: reg,
+		Logger: log, Registerer: reg, // the dispatcher names its component itself
 		Pacers: targetPacers(cfg.Targets, log.With("component", "target-governor")),
 	})
 	if err != nil {

@@ -59,7 +59,7 @@ func startUI(ctx context.Context, deps uiDeps) (*ui, error) {
 	d, err := dashboard.New(dashboard.Options{
 		Token:   token,
 		Backend: &uiBackend{deps: deps, now: time.Now},
-		Logger:  log,
+		Logger:  deps.a.log, // the dashboard names its component itself
 	})
 	if err != nil {
 		return nil, err
