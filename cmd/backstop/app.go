@@ -42,16 +42,18 @@ type app struct {
 }
 
 // loadConfig reads and validates the configuration; its errors exit 2.
-func (m *Main) loadConfig(g *globals) (*config.Config, error) {
+// local is for commands that only use the store (config.ParseLocal).
+func (m *Main) loadConfig(g *globals, local bool) (*config.Config, error) {
 	data, err := os.ReadFile(g.configPath)
 	if err != nil {
 		return nil, usagef("read configuration: %v (set --config or BACKSTOP_CONFIG)", err)
 	}
-	cfg, err := config.Parse(g.configPath, data, m.LookupEnv)
-	if err != nil {
-		return nil, usageError{err}
+	parse := config.Parse
+	if local {
+		parse = config.ParseLocal
 	}
-	if err := cfg.Validate(); err != nil {
+	cfg, err := parse(g.configPath, data, m.LookupEnv)
+	if err != nil {
 		return nil, usageError{err}
 	}
 	return cfg, nil
@@ -82,7 +84,7 @@ func (m *Main) openAppOpts(ctx context.Context, g *globals, logw io.Writer, sync
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := m.loadConfig(g)
+	cfg, err := m.loadConfig(g, false)
 	if err != nil {
 		return nil, err
 	}
@@ -252,9 +254,10 @@ func bool01(b bool) float64 {
 	return 0
 }
 
-// openStore opens only the store, for commands that do not call the platform.
+// openStore opens only the store, for commands that do not call the
+// platform: the configuration need not name the platform's address or key.
 func (m *Main) openStore(ctx context.Context, g *globals) (*store.DB, *config.Config, error) {
-	cfg, err := m.loadConfig(g)
+	cfg, err := m.loadConfig(g, true)
 	if err != nil {
 		return nil, nil, err
 	}

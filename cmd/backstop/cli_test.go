@@ -60,6 +60,24 @@ func TestConfigWithSeveralMistakesNamesThemAll(t *testing.T) {
 	}
 }
 
+// TestStoreCommandsNeedNoPlatformKey: reading the delivery log and the
+// cursors works with the platform's API key unset; a command that calls
+// the platform still refuses, naming the variable to set.
+func TestStoreCommandsNeedNoPlatformKey(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
+	e.writeConfig("source:\n  base_url: http://127.0.0.1:9\n  api_key: ${BACKSTOP_TEST_UNSET_KEY}\n" +
+		"targets:\n  - {name: crm, url: \"https://crm.example.com/hooks\"}\n")
+	for _, args := range [][]string{{"deliveries", "list"}, {"deliveries", "targets"}, {"cursors"}} {
+		if code, _, stderr := e.run(context.Background(), args...); code != 0 {
+			t.Errorf("%v: exit %d, want 0\n%s", args, code, stderr)
+		}
+	}
+	code, _, stderr := e.run(context.Background(), "sync")
+	if code != 2 || !strings.Contains(stderr, "source.api_key is empty: set BACKSTOP_TEST_UNSET_KEY") {
+		t.Errorf("sync: exit %d, want 2 naming the unset key\n%s", code, stderr)
+	}
+}
+
 func TestMissingConfigIsAUsageError(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
 	code, _, stderr := e.run(context.Background(), "--config", e.dir+"/nope.yaml", "sync")

@@ -40,6 +40,9 @@ type Config struct {
 	// meta remembers where values came from, for the errors of Validate.
 	// A pointer, so that fmt prints an address rather than its maps.
 	meta *meta
+	// local is set by ParseLocal: the platform's address and key may be
+	// empty.
+	local bool
 }
 
 // Source configures the platform API client.
@@ -293,12 +296,27 @@ func Load(path string) (*Config, error) {
 // ${VAR} in scalar values with lookupEnv (os.LookupEnv when nil; an unset
 // variable expands to ""; $$ is a literal $), applies defaults, resolves a
 // relative store.path against the directory of file, and validates the
-// result. Every problem is returned as an *Error.
+// result. A problem is returned as an *Error, several found by validation
+// as Errors.
 func Parse(file string, data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
+	return parse(file, data, lookupEnv, false)
+}
+
+// ParseLocal is Parse for commands that only use the store (cursors,
+// deliveries): they never call the platform, so an empty source.base_url
+// or source.api_key is not a problem there (an operator reading the
+// delivery log need not hold the platform's API key). Validate on the
+// result keeps that leniency.
+func ParseLocal(file string, data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
+	return parse(file, data, lookupEnv, true)
+}
+
+func parse(file string, data []byte, lookupEnv func(string) (string, bool), local bool) (*Config, error) {
 	if lookupEnv == nil {
 		lookupEnv = os.LookupEnv
 	}
 	cfg := Default()
+	cfg.local = local
 	cfg.meta = &meta{file: file, lines: map[string]int{}, vars: map[string][]string{}}
 
 	dec := yaml.NewDecoder(bytes.NewReader(data))

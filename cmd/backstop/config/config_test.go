@@ -246,6 +246,32 @@ targets:
 	}
 }
 
+// TestParseLocal: commands that only use the store accept a file whose
+// platform key is unset or address empty, but still report a malformed
+// address and every other problem; Parse does not.
+func TestParseLocal(t *testing.T) {
+	yaml := "source:\n  api_key: ${BOTIX_API_KEY}\nstore:\n  path: /var/lib/backstop/backstop.db\n"
+	cfg, err := ParseLocal("schedules.yaml", []byte(yaml), env(nil))
+	if err != nil {
+		t.Fatalf("ParseLocal: %v", err)
+	}
+	if cfg.Store.Path != "/var/lib/backstop/backstop.db" {
+		t.Errorf("store.path %q", cfg.Store.Path)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("Validate of a local configuration: %v", err)
+	}
+	if _, err := Parse("schedules.yaml", []byte(yaml), env(nil)); err == nil ||
+		err.Error() != "schedules.yaml:1: source.base_url is required\nschedules.yaml:2: source.api_key is empty: set BOTIX_API_KEY" {
+		t.Errorf("Parse = %v, want base_url and api_key reported", err)
+	}
+	bad := "source:\n  base_url: ftp://api.example.com\nintake:\n  max_batch: 0\n"
+	if _, err := ParseLocal("schedules.yaml", []byte(bad), env(nil)); err == nil ||
+		err.Error() != "schedules.yaml:2: source.base_url: want a http or https URL, got scheme \"ftp\"\nschedules.yaml:4: intake.max_batch: want 1..10000 webhooks per commit, got 0" {
+		t.Errorf("ParseLocal of a bad file = %v", err)
+	}
+}
+
 func TestExpand(t *testing.T) {
 	lookup := env(map[string]string{"A": "alpha", "B_2": "beta", "EMPTY": ""})
 	tests := []struct {

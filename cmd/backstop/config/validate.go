@@ -88,8 +88,13 @@ func lineOrder(e *Error) int {
 // validate adds every problem of c to p.
 func (c *Config) validate(p *problems) {
 	s := c.Source
-	p.add(c.required("source.base_url", s.BaseURL), c.url("source.base_url", s.BaseURL, "http", "https"))
-	p.add(c.required("source.api_key", string(s.APIKey)))
+	switch {
+	case !c.local:
+		p.add(c.required("source.base_url", s.BaseURL), c.url("source.base_url", s.BaseURL, "http", "https"))
+		p.add(c.required("source.api_key", string(s.APIKey)))
+	case s.BaseURL != "":
+		p.add(c.url("source.base_url", s.BaseURL, "http", "https"))
+	}
 	if s.PageSize < 1 || s.PageSize > 200 {
 		p.add(c.errorf("source.page_size", "want 1..200, got %d", s.PageSize))
 	}
