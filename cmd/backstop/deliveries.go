@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -131,12 +132,13 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 			w := m.Stdout
 			fmt.Fprintf(w, "delivery %d  target %s  event %s (%s)\nstatus %s  attempts %d  next attempt %s\n\npayload:\n",
 				row.ID, row.Target, row.EventID, row.EventType, row.Status, row.Attempts, timeOrDash(row.NextAttemptAt))
-			var pretty any
-			if json.Unmarshal(row.Payload, &pretty) == nil {
-				enc := json.NewEncoder(w)
-				enc.SetIndent("  ", "  ")
-				enc.Encode(pretty)
+			// Indented as stored: the keys keep the order the target gets.
+			var pretty bytes.Buffer
+			if json.Indent(&pretty, row.Payload, "  ", "  ") != nil {
+				pretty.Reset()
+				pretty.Write(row.Payload)
 			}
+			fmt.Fprintf(w, "  %s\n", pretty.Bytes())
 			fmt.Fprintln(w, "\nattempts:")
 			if len(attempts) == 0 {
 				fmt.Fprintln(w, "  none yet")

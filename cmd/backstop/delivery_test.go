@@ -203,7 +203,7 @@ func TestDeliveriesRetryAndRedirect(t *testing.T) {
 		}
 		return err == nil
 	})
-	proxyPost(t, addr, "evt_retry_1", `{"hello":"world"}`)
+	proxyPost(t, addr, "evt_retry_1", `{"hello":"world","a":1}`)
 	listJSON := func() []deliveryRow {
 		code, stdout, stderr := e.run(context.Background(), "deliveries", "list", "--json")
 		if code != 0 {
@@ -239,6 +239,10 @@ func TestDeliveriesRetryAndRedirect(t *testing.T) {
 	code, stdout, _ = e.run(context.Background(), "deliveries", "show", id)
 	if code != 0 || !strings.Contains(stdout, "(redirect)") || !strings.Contains(stdout, "404") || !strings.Contains(stdout, "204") {
 		t.Errorf("show lacks the attempts:\n%s", stdout)
+	}
+	// The payload is shown indented, its keys in the order the target gets.
+	if !strings.Contains(stdout, "payload:\n  {\n    \"hello\": \"world\",\n    \"a\": 1\n  }\n") {
+		t.Errorf("show's payload is not the stored envelope, indented:\n%s", stdout)
 	}
 	cancel()
 	<-done
