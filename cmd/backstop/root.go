@@ -23,10 +23,18 @@ func (m *Main) rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "backstop",
 		Short: "Keep a local mirror of the platform's API and lose no event",
-		Long: `backstop pages through the platform's contacts, chats, messages and payments
-from persisted cursors into a local SQLite mirror, under a rate-limit governor
-that paces requests from the X-RateLimit-* headers so the API key never sees a
-429 storm.
+		Long: `backstop keeps a local SQLite mirror of the platform's contacts, chats,
+messages and payments and makes sure no event is lost between the platform and
+the systems that consume it:
+
+  sync, backfill   page through each resource from persisted cursors, under a
+                   rate-limit governor that paces requests from the
+                   X-RateLimit-* headers so the API key never sees a 429 storm
+  serve            receive webhooks (verified, de-duplicated, committed before
+                   2xx), deliver them on to the targets, run the jobs
+  reconcile        compare the platform with the mirror and re-emit every event
+                   the webhooks missed, through the same path
+  deliveries       the delivery log: list, show, retry, redirect, purge
 
 Configuration comes from schedules.yaml (--config, or BACKSTOP_CONFIG);
 ${VAR} in it expands from the environment, so secrets stay out of the file.
