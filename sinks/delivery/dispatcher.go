@@ -181,6 +181,7 @@ type worker struct {
 	concurrency int // requests in flight at most
 	client      *http.Client
 	req         *http.Request // a POST to t.URL, parsed once, for newRequest
+	signer      *signer       // nil when the target has no secret
 	url         string        // t.URL as attempts log it (redacted)
 	lease       time.Duration
 	// room is how much of its lease a row must have left for its attempt
@@ -284,9 +285,17 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 		// A URL that does not parse leaves req nil: each attempt parses
 		// it again and fails with the parser's error.
 		req, _ := http.NewRequest(http.MethodPost, t.URL, http.NoBody)
+		var sign *signer
+		if t.Secret != "" {
+			var err error
+			if sign, err = newSigner(t.Secret); err != nil {
+				return nil, fmt.Errorf("delivery: target %s: secret: %w", t.Name, err)
+			}
+		}
 		w := &worker{
 			t:           t,
 			req:         req,
+			signer:      sign,
 			concurrency: concurrency,
 			client:      newClient(t, concurrency),
 			url:         backstop.RedactURL(t.URL),
@@ -850,13 +859,10 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	set(hContentType, "application/json")
 	set(hUserAgent, "backstop")
 	set(hWebhookID, row.EventID)
-	set(hWebhookTimestamp, strconv.FormatInt(a.At.Unix(), 10))
-	if t.Secret != "" {
-		sig, err := intake.SignStandardWebhooks(t.Secret, row.EventID, a.At, body)
-		if err != nil {
-			return fail(err)
-		}
-		set(hWebhookSignature, sig)
+	ts := strconv.FormatInt(a.At.Unix(), 10)
+	set(hWebhookTimestamp, ts)
+	if w.signer != nil {
+		set(hWebhookSignature, w.signer.sign(row.EventID, ts, body))
 	}
 	set(hEventID, row.EventID)
 	set(hEventType, row.EventType)
@@ -883,10 +889,18 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	}
 	a.StatusCode = resp.StatusCode
 	buf := bodyBufs.Get().(*[]byte)
-	n, _ := io.ReadFull(resp.Body, *buf) // shorter bodies end it early
+	n, err := io.ReadFull(resp.Body, *buf)
 	a.Body = strings.ToValidUTF8(string((*buf)[:n]), "\uFFFD")
+	if err == nil { // more than maxLoggedBody: drain some more
+		for drained := 0; drained < maxDrainedBody; {
+			m, err := resp.Body.Read((*buf)[:min(len(*buf), maxDrainedBody-drained)])
+			drained += m
+			if err != nil {
+				break
+			}
+		}
+	}
 	bodyBufs.Put(buf)
-	_, _ = io.CopyN(io.Discard, resp.Body, maxDrainedBody)
 	a.Duration = time.Since(start)
 	return a, resp.Header.Get("Retry-After"), nil
 }

@@ -3,6 +3,7 @@ package delivery
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/backstop-sync/backstop"
@@ -59,7 +60,7 @@ func Next(schedule []time.Duration, attempt int, status int, retryAfter string, 
 	if err == nil {
 		switch {
 		case status >= 200 && status <= 299:
-			return Decision{Status: StatusDelivered, Reason: fmt.Sprintf("HTTP %d", status)}
+			return Decision{Status: StatusDelivered, Reason: httpReason(status)}
 		case status == http.StatusTooManyRequests:
 			pause, ok := backstop.ParseRetryAfter(retryAfter, now)
 			if !ok {
@@ -75,10 +76,10 @@ func Next(schedule []time.Duration, attempt int, status int, retryAfter string, 
 		case status == http.StatusGone:
 			return Decision{Status: StatusDeadLetter, Disable: true, Reason: "HTTP 410 Gone"}
 		case status >= 400 && status <= 499:
-			return Decision{Status: StatusDeadLetter, Reason: fmt.Sprintf("HTTP %d", status)}
+			return Decision{Status: StatusDeadLetter, Reason: httpReason(status)}
 		}
 	}
-	reason := fmt.Sprintf("HTTP %d", status)
+	reason := httpReason(status)
 	if err != nil {
 		reason = "no answer"
 	}
@@ -87,6 +88,15 @@ func Next(schedule []time.Duration, attempt int, status int, retryAfter string, 
 		return Decision{Status: StatusDeadLetter, Reason: fmt.Sprintf("%s on attempt %d, the last", reason, attempt)}
 	}
 	return Decision{Status: StatusRetrying, NextAttemptAt: now.Add(jittered(schedule[attempt-1], rnd)), Reason: reason}
+}
+
+// httpReason is the Reason of an answer with status: "HTTP 200". Every
+// attempt has one, so it is made without fmt.
+func httpReason(status int) string {
+	if status == http.StatusOK {
+		return "HTTP 200"
+	}
+	return "HTTP " + strconv.Itoa(status)
 }
 
 // jittered spreads d by ±10% as rnd goes from 0 to 1.
