@@ -220,6 +220,9 @@ type worker struct {
 type claim struct {
 	rows  []Row
 	lease time.Time
+	// full is set when the claim got all the rows it asked for: more may
+	// be due.
+	full bool
 }
 
 // New returns a dispatcher over q for targets; call Run to start it. It
@@ -440,11 +443,12 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 			return d.poll
 		}
 	}
-	// A full batch: claim the next one while this one is sent, so that
-	// the target does not wait for a claim between batches. (claimLimit
-	// keeps the two within the lease.)
+	// A full batch (one claimed ahead with a smaller limit counts): claim
+	// the next one while this one is sent, so that the target does not
+	// wait for a claim, or for its next poll, between batches.
+	// (claimLimit keeps the two within the lease.)
 	var ahead chan claim
-	if len(c.rows) >= limit {
+	if c.full {
 		ahead = make(chan claim, 1)
 		go func() {
 			next, err := d.claim(ctx, w, d.now(), limit)
@@ -489,7 +493,7 @@ func (d *Dispatcher) claim(ctx context.Context, w *worker, now time.Time, limit 
 	if err != nil {
 		return claim{}, err
 	}
-	return claim{rows: rows, lease: now.Add(w.lease)}, nil
+	return claim{rows: rows, lease: now.Add(w.lease), full: len(rows) >= limit}, nil
 }
 
 // claimLimit is how many rows w claims next: d.batch, or as many as its

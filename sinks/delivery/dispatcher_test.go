@@ -1199,3 +1199,20 @@ func TestStopLetsAttemptsInFlightFinish(t *testing.T) {
 		})
 	}
 }
+
+// TestBacklogIsSentWithoutWaitingForThePoll queues more rows than the
+// first claims take (a worker claims firstBatch rows until it has timed its
+// target) and checks that all are sent at once: a batch claimed ahead with
+// the smaller first limit must lead to the next claim, not to a wait for
+// the next poll (an hour here).
+func TestBacklogIsSentWithoutWaitingForThePoll(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, status(http.StatusOK))
+	q := newStoreQueue(t)
+	const rows = 5 * firstBatch
+	for i := range rows {
+		q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", fmt.Sprintf(`{"id":"ct_%d"}`, i))
+	}
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Poll: time.Hour})
+	q.waitFor(t, 10*time.Second, fmt.Sprintf("%d deliveries", rows), func() bool { return q.deliveredOf("crm") == rows })
+}
