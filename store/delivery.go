@@ -204,16 +204,16 @@ func (db *DB) claimDue(ctx context.Context, st *deliveryStmts, target string, no
 	// As in emit: no goroutine per statement to watch ctx; a cancelled ctx
 	// still fails the commit.
 	sctx := context.WithoutCancel(ctx)
-	raw, err := scanOutbox(tx.StmtxContext(sctx, st.claimSelect).QueryContext(sctx, target, backstop.CanonicalTime(now), limit))
+	due, err := tx.StmtxContext(sctx, st.claimSelect).QueryContext(sctx, target, backstop.CanonicalTime(now), limit)
 	if err != nil {
 		return nil, err
 	}
-	if len(raw) == 0 {
+	rows, err := scanOutbox(due, limit)
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) == 0 {
 		return nil, nil
-	}
-	rows, err := convertOutbox(raw)
-	if err != nil {
-		return nil, err
 	}
 	ids := make([]int64, len(rows))
 	for i, r := range rows {
@@ -243,22 +243,26 @@ func jsonIDs(ids []int64) string {
 	return string(append(b, ']'))
 }
 
-// scanOutbox reads rows of outboxColumns, as sqlx would into outboxRow but
-// without its reflection (a claim reads a batch on every call), and closes
-// them.
-func scanOutbox(rows *sql.Rows, err error) ([]outboxRow, error) {
-	if err != nil {
-		return nil, err
-	}
+// scanOutbox reads and converts rows of outboxColumns, at most limit of
+// them, as sqlx and convertOutbox would but without sqlx's reflection or a
+// second slice (a claim reads a batch on every call), and closes them.
+func scanOutbox(rows *sql.Rows, limit int) ([]OutboxRow, error) {
 	defer rows.Close()
-	var out []outboxRow
+	var out []OutboxRow
+	var r outboxRow
 	for rows.Next() {
-		var r outboxRow
+		if out == nil {
+			out = make([]OutboxRow, 0, limit)
+		}
 		if err := rows.Scan(&r.ID, &r.Target, &r.EventID, &r.EventType, &r.Payload, &r.Status,
 			&r.Attempts, &r.NextAttemptAt, &r.CreatedAt, &r.UpdatedAt, &r.LastStatus, &r.LastError); err != nil {
 			return nil, err
 		}
-		out = append(out, r)
+		o, err := r.outboxRow()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, o)
 	}
 	return out, rows.Err()
 }
@@ -339,19 +343,68 @@ func (db *DB) RecordAttempts(ctx context.Context, items []AttemptOutcome) ([]int
 	}
 }
 
-// attemptArgs are the statement arguments of one validated attempt.
+// attemptArgs are the statement arguments of one validated attempt. The
+// ones given to two statements, or the same for many attempts, are boxed
+// once (a string or an int64 put in an any is a heap allocation).
 type attemptArgs struct {
-	next, at, body string
-	lease          any // the canonical Outcome.Lease, or nil (no lease to hold)
+	next, at any // canonical times (next is noTimeArg unless retrying)
+	body     string
+	lease    any // the canonical Outcome.Lease, or nil (no lease to hold)
+}
+
+// Statement arguments boxed once: the outcome statuses and noTime.
+var (
+	noTimeArg    any = noTime
+	deliveredArg any = StatusDelivered
+	retryingArg  any = StatusRetrying
+	deadArg      any = StatusDeadLetter
+)
+
+// statusArg is status as a statement argument.
+func statusArg(status string) any {
+	switch status {
+	case StatusDelivered:
+		return deliveredArg
+	case StatusRetrying:
+		return retryingArg
+	case StatusDeadLetter:
+		return deadArg
+	}
+	return status
+}
+
+// leaseArgs are the leases made statement arguments so far in one
+// record: the attempts of the rows of one claim share their lease, which
+// is put in canonical form once (a record holds the attempts of a few
+// claims, so a look through them all costs less).
+type leaseArgs []leaseArg
+
+// leaseArg is one lease and its statement argument.
+type leaseArg struct {
+	t   time.Time
+	arg any
+}
+
+// of returns t in canonical form as a statement argument.
+func (ls *leaseArgs) of(t time.Time) any {
+	for _, l := range *ls {
+		if l.t.Equal(t) {
+			return l.arg
+		}
+	}
+	arg := any(backstop.CanonicalTime(t))
+	*ls = append(*ls, leaseArg{t, arg})
+	return arg
 }
 
 // checkAttempt validates one attempt and its outcome and returns its
-// statement arguments; a zero a.At becomes now.
-func checkAttempt(a Attempt, out Outcome, now func() time.Time) (attemptArgs, error) {
+// statement arguments, with the lease from leases; a zero a.At becomes
+// now.
+func checkAttempt(a Attempt, out Outcome, now func() time.Time, leases *leaseArgs) (attemptArgs, error) {
 	if a.Attempt < 1 {
 		return attemptArgs{}, errors.New("attempt numbers start at 1")
 	}
-	next := noTime
+	next := noTimeArg
 	if !a.Redirect {
 		switch out.Status {
 		case StatusRetrying:
@@ -370,7 +423,7 @@ func checkAttempt(a Attempt, out Outcome, now func() time.Time) (attemptArgs, er
 	}
 	var lease any
 	if !out.Lease.IsZero() {
-		lease = backstop.CanonicalTime(out.Lease)
+		lease = leases.of(out.Lease)
 	}
 	return attemptArgs{next: next, at: backstop.CanonicalTime(at), body: truncateBody(a.Body), lease: lease}, nil
 }
@@ -379,8 +432,9 @@ func checkAttempt(a Attempt, out Outcome, now func() time.Time) (attemptArgs, er
 // index of the item at fault, or -1 when the transaction as a whole failed.
 func (db *DB) recordAttempts(ctx context.Context, items []AttemptOutcome) (ids []int64, failed int, err error) {
 	args := make([]attemptArgs, len(items))
+	var leases leaseArgs
 	for i, it := range items {
-		if args[i], err = checkAttempt(it.Attempt, it.Outcome, db.now); err != nil {
+		if args[i], err = checkAttempt(it.Attempt, it.Outcome, db.now, &leases); err != nil {
 			return nil, i, err
 		}
 	}
@@ -502,8 +556,9 @@ func (db *DB) recordMany(ctx context.Context, st *deliveryStmts, items []Attempt
 			if lastErr == "" {
 				lastErr = arg.body
 			}
-			outs = append(outs, a.DeliveryID, out.Status, a.Attempt, arg.next, nullInt(a.StatusCode), nullString(lastErr), arg.at, arg.lease)
-			logs = append(logs, ids[i], a.DeliveryID, a.Target, a.URL, a.Attempt, a.StatusCode, a.Error, arg.body,
+			delivery, attempt := any(a.DeliveryID), any(int64(a.Attempt))
+			outs = append(outs, delivery, statusArg(out.Status), attempt, arg.next, nullInt(a.StatusCode), nullString(lastErr), arg.at, arg.lease)
+			logs = append(logs, ids[i], delivery, a.Target, a.URL, attempt, int64(a.StatusCode), a.Error, arg.body,
 				a.RequestID, float64(a.Duration)/float64(time.Millisecond), arg.at, a.Redirect)
 		}
 		res, err := tx.StmtxContext(sctx, c.outcomes).ExecContext(sctx, outs...)
@@ -585,7 +640,7 @@ func recordOne(ctx context.Context, tx *sqlx.Tx, outcome, insert *sqlx.Stmt, it 
 			lastErr = args.body
 		}
 		res, err := outcome.ExecContext(ctx,
-			out.Status, a.Attempt, args.next, nullInt(a.StatusCode), nullString(lastErr), args.at, a.DeliveryID, args.lease)
+			statusArg(out.Status), a.Attempt, args.next, nullInt(a.StatusCode), nullString(lastErr), args.at, a.DeliveryID, args.lease)
 		if err != nil {
 			return 0, err
 		}
@@ -631,7 +686,7 @@ func nullInt(n int) any {
 	if n == 0 {
 		return nil
 	}
-	return n
+	return int64(n) // a driver.Value as it is, which database/sql need not convert
 }
 
 // attemptRow is one row of delivery_attempts as read back.
