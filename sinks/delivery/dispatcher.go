@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -987,12 +988,13 @@ func newRequestIDs() *requestIDs {
 
 // next returns a new request id.
 func (g *requestIDs) next() string {
+	var id uuid.UUID
 	g.mu.Lock()
-	id, err := uuid.NewRandomFromReader(g.r)
+	binary.BigEndian.PutUint64(id[:8], g.r.Uint64())
+	binary.BigEndian.PutUint64(id[8:], g.r.Uint64())
 	g.mu.Unlock()
-	if err != nil { // ChaCha8 reads never fail; keep an id all the same
-		return uuid.NewString()
-	}
+	id[6] = id[6]&0x0f | 0x40 // version 4
+	id[8] = id[8]&0x3f | 0x80 // the RFC 4122 variant
 	return id.String()
 }
 

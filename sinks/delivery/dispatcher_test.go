@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -1215,4 +1216,21 @@ func TestBacklogIsSentWithoutWaitingForThePoll(t *testing.T) {
 	}
 	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{Poll: time.Hour})
 	q.waitFor(t, 10*time.Second, fmt.Sprintf("%d deliveries", rows), func() bool { return q.deliveredOf("crm") == rows })
+}
+
+func TestRequestIDsAreNewRandomUUIDs(t *testing.T) {
+	t.Parallel()
+	g := newRequestIDs()
+	seen := map[string]bool{}
+	for range 1000 {
+		s := g.next()
+		id, err := uuid.Parse(s)
+		if err != nil || id.Version() != 4 || id.Variant() != uuid.RFC4122 || id.String() != s {
+			t.Fatalf("request id %q: not a random (version 4) UUID in canonical form (%v)", s, err)
+		}
+		if seen[s] {
+			t.Fatalf("request id %q repeated", s)
+		}
+		seen[s] = true
+	}
 }
