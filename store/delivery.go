@@ -475,8 +475,12 @@ func (db *DB) recordAttempts(ctx context.Context, items []AttemptOutcome) (ids [
 	return ids, -1, nil
 }
 
-// recordChunk is the most attempts one multi-row statement records.
-const recordChunk = 32
+// recordChunk is the most attempts one multi-row statement records. The
+// log rows' INSERT keeps a statement journal (an immediate foreign key can
+// fail it halfway), which SQLite holds in memory up to 64 KiB and spills
+// to a temporary file beyond: 32 attempts touched enough pages to spill
+// (a temporary-file write every few attempts), 16 do not.
+const recordChunk = 16
 
 // errNotApplied is recordMany's: an item's outcome applies to no delivery
 // (there is none, or it no longer holds the item's lease).
