@@ -118,9 +118,16 @@ const dueSlackPerPoll = 16
 const firstBatch = 16
 
 // depthEvery is how often a worker counts its target's queued rows for the
-// queue depth gauge. Its state (pause, disabled) is read on every pass;
-// counting the rows too would cost each pass more than the rest of it.
+// queue depth gauge, at most. Its state (pause, disabled) is read on every
+// pass; counting the rows too would cost each pass more than the rest of it.
 const depthEvery = time.Second
+
+// depthCountShare bounds the time a worker spends counting its queue: the
+// next count waits depthCountShare times as long as the last one took, if
+// that is longer than depthEvery. Counting is linear in the queue (about
+// 120 ms for a million rows), and a target that is down for a day is when
+// its queue is longest: it gets a count every 6 s then, not every second.
+const depthCountShare = 50
 
 // stateEvery is how often a worker sending a batch reads its target's pause
 // and disabled state again, so that a 429 or a 410 that another process
@@ -196,8 +203,10 @@ type worker struct {
 	paused   bool
 	disabled bool
 	ahead    claim // claimed while the previous batch was sent
-	// countedAt is when the queue depth was last counted (see depthEvery).
-	countedAt time.Time
+	// countedAt is when the queue depth was last counted, countEvery how
+	// long until the next count (see depthEvery and depthCountShare).
+	countedAt  time.Time
+	countEvery time.Duration
 
 	// unrecorded holds one token per attempt whose record is not
 	// committed yet, so that a slow store holds the sends back instead of
@@ -388,12 +397,20 @@ func (d *Dispatcher) loop(ctx context.Context, w *worker) {
 		if wait <= 0 {
 			continue
 		}
+		// A paused or disabled target's worker sleeps out its wait: new
+		// rows (an intake commit wakes their target's worker) or due
+		// retries cannot be sent before the pause ends, and the pass each
+		// wake would start reads the store for nothing.
+		wake := w.wake
+		if w.paused || w.disabled {
+			wake = nil
+		}
 		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
 			return
-		case <-w.wake:
+		case <-wake:
 			timer.Stop()
 		case <-timer.C:
 		}
@@ -407,7 +424,7 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	w.mu.Lock()
 	w.dues.drop(now) // this pass claims their rows
 	w.mu.Unlock()
-	counts := w.countedAt.IsZero() || now.Sub(w.countedAt) >= depthEvery || now.Before(w.countedAt)
+	counts := w.countedAt.IsZero() || now.Sub(w.countedAt) >= w.countEvery || now.Before(w.countedAt)
 	st, err := d.q.TargetQueue(ctx, w.t.Name, counts)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -417,6 +434,7 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	}
 	if counts {
 		w.countedAt = now
+		w.countEvery = max(depthEvery, depthCountShare*d.now().Sub(now))
 		w.m.depth.Set(float64(st.Pending + st.Retrying))
 	}
 	d.setDisabled(w, st.Disabled)

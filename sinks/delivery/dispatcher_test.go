@@ -938,11 +938,10 @@ func TestQueueDepthCountedNowAndThen(t *testing.T) {
 	for i := range 3 {
 		q.add(t, "crm", fmt.Sprint("evt_", i), "contact.created", `{"id":"ct_1"}`)
 	}
-	// Disabled: its rows stay queued, and each pass only reads the state.
-	if err := q.db.DisableTarget(context.Background(), "crm", "410 Gone", time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	// The worker's clock is an hour behind the rows' due time: they stay
+	// queued, and each pass only reads the state and claims nothing.
 	clock := newFakeClock()
+	clock.advance(-time.Hour)
 	d := start(t, q, []Target{{Name: "crm", URL: "https://crm.example.com/hook"}}, Options{Now: clock.now, Poll: time.Hour})
 	depth := func() float64 { return testutil.ToFloat64(d.byName["crm"].m.depth) }
 	q.waitFor(t, 10*time.Second, "a depth of 3 from the first pass", func() bool { return depth() == 3 })
@@ -962,6 +961,71 @@ func TestQueueDepthCountedNowAndThen(t *testing.T) {
 	clock.advance(depthEvery)
 	d.Wake("crm")
 	q.waitFor(t, 10*time.Second, "a depth of 5 after depthEvery", func() bool { return depth() == 5 })
+}
+
+// TestSlowQueueCountsAreSpacedOut: when counting the queue takes long (a
+// long backlog), the next count waits depthCountShare times as long, so
+// that the gauge does not cost the worker more than a small share of its
+// time.
+func TestSlowQueueCountsAreSpacedOut(t *testing.T) {
+	t.Parallel()
+	q := newStoreQueue(t)
+	for i := range 3 {
+		q.add(t, "crm", fmt.Sprint("evt_", i), "contact.created", `{"id":"ct_1"}`)
+	}
+	clock := newFakeClock()
+	clock.advance(-time.Hour) // the rows are not due: passes only look
+	const countTakes = 100 * time.Millisecond
+	q.onCount = func() { clock.advance(countTakes) }
+	d := start(t, q, []Target{{Name: "crm", URL: "https://crm.example.com/hook"}}, Options{Now: clock.now, Poll: time.Hour})
+	depth := func() float64 { return testutil.ToFloat64(d.byName["crm"].m.depth) }
+	q.waitFor(t, 10*time.Second, "a depth of 3 from the first pass", func() bool { return depth() == 3 })
+	q.add(t, "crm", "evt_3", "contact.created", `{"id":"ct_1"}`)
+	pass := func() {
+		t.Helper()
+		passes := q.passesOf("crm")
+		d.Wake("crm")
+		q.waitFor(t, 10*time.Second, "a pass", func() bool { return q.passesOf("crm") > passes })
+	}
+	// depthEvery has passed, but not 50 × 100 ms.
+	clock.advance(2 * depthEvery)
+	pass()
+	pass()
+	if got := depth(); got != 3 {
+		t.Errorf("depth counted again %v after a count that took %v: %v, want 3 still", 2*depthEvery, countTakes, got)
+	}
+	clock.advance(depthCountShare*countTakes - 2*depthEvery)
+	d.Wake("crm")
+	q.waitFor(t, 10*time.Second, "a depth of 4 once the spacing has passed", func() bool { return depth() == 4 })
+}
+
+// TestPausedTargetIgnoresWakes: while a target is paused (or disabled), the
+// commits that queue rows for it do not make its worker read the store:
+// nothing can be sent before the pause ends. Another target's worker
+// answers every wake meanwhile.
+func TestPausedTargetIgnoresWakes(t *testing.T) {
+	t.Parallel()
+	q := newStoreQueue(t)
+	if err := q.db.PauseTarget(context.Background(), "billing", time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	clock := newFakeClock()
+	clock.advance(-time.Hour) // no row is due: passes only look
+	d := start(t, q, []Target{
+		{Name: "billing", URL: "https://billing.example.com/hook"},
+		{Name: "crm", URL: "https://crm.example.com/hook"},
+	}, Options{Now: clock.now, Poll: time.Hour})
+	q.waitFor(t, 10*time.Second, "a first pass of each", func() bool { return q.passesOf("billing") > 0 && q.passesOf("crm") > 0 })
+	paused := q.passesOf("billing")
+	for range 20 {
+		passes := q.passesOf("crm")
+		d.Wake("billing")
+		d.Wake("crm")
+		q.waitFor(t, 10*time.Second, "a pass of crm", func() bool { return q.passesOf("crm") > passes })
+	}
+	if got := q.passesOf("billing"); got != paused {
+		t.Errorf("the paused target's worker made %d passes on wakes, want none", got-paused)
+	}
 }
 
 // slowPacer makes every request wait wait for its turn, as a target's

@@ -21,6 +21,11 @@ import (
 type storeQueue struct {
 	db *store.DB
 
+	// onCount, when set before the dispatcher starts, is called on every
+	// TargetQueue that counts the queue (to make counting cost time on a
+	// fake clock).
+	onCount func()
+
 	mu        sync.Mutex
 	passes    map[string]int
 	delivered map[string]int // outcomes committed as delivered, by target
@@ -104,6 +109,9 @@ func (q *storeQueue) TargetQueue(ctx context.Context, name string, counts bool) 
 	st, err := q.db.TargetQueue(ctx, name, counts)
 	if err != nil {
 		return TargetState{}, err
+	}
+	if counts && q.onCount != nil {
+		q.onCount()
 	}
 	q.mu.Lock()
 	q.passes[name]++
