@@ -12,6 +12,7 @@ func (m *Main) backfillCommand(g *globals) *cobra.Command {
 	var (
 		asJSON  bool
 		restart bool
+		emit    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "backfill [RESOURCE...]",
@@ -26,18 +27,31 @@ finishes, it hands its position to the sync cursor only if that is behind.
 The mirror never goes back in time: an object is written only when it is newer
 than the stored version.
 
+With --emit it also emits, as sync does, the event of every object that is
+new to the mirror or newer than its mirrored version (origin backfill), to
+the targets whose events match; without it, a backfill fills the mirror only.
+
 RESOURCE is contacts, chats, messages or payments; all four by default.
 Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
-		Example: "  backstop backfill\n  backstop backfill payments --restart",
+		Example: "  backstop backfill\n  backstop backfill payments --restart\n  backstop backfill contacts --emit",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return m.runFeed(cmd, g, "backfill", args, asJSON, func(a *app) runFunc {
+			return m.runFeed(cmd, g, "backfill", args, asJSON, func(a *app, emits *emitCounts) runFunc {
+				if !emit {
+					return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
+						return a.engine.Backfill(ctx, r, restart)
+					}
+				}
+				routes := routesOf(a.cfg)
 				return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
-					return a.engine.Backfill(ctx, r, restart)
+					st, em, err := a.engine.BackfillEmit(ctx, r, restart, routes)
+					emits.add(r, em)
+					return st, err
 				}
 			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as JSON")
 	cmd.Flags().BoolVar(&restart, "restart", false, "start from the beginning, whatever the checkpoint says")
+	cmd.Flags().BoolVar(&emit, "emit", false, "also emit the events of new and newer objects to the targets")
 	return cmd
 }

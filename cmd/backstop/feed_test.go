@@ -14,6 +14,7 @@ import (
 
 	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
 )
 
 // The issue's main acceptance test: 4 resources × 5,000 objects against a
@@ -317,5 +318,104 @@ func TestServerErrorStormKeepsLastCommittedPage(t *testing.T) {
 	}
 	if n != okRequests*25 {
 		t.Errorf("mirror holds %d messages, want the %d of the committed pages", n, okRequests*25)
+	}
+}
+
+// TestHandSyncEmitsLikeTheJob: sync run by hand shares the sync job's
+// cursor, so it emits what it reads as the job would: every change reaches
+// the targets' outbox once, whichever of the two read it, and a backfill
+// emits only with --emit.
+func TestHandSyncEmitsLikeTheJob(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 4, Objects: 40}})
+	data, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(string(data) + `targets:
+  - {name: billing, url: "https://billing.example.com/hooks", events: ["payment.*"]}
+jobs:
+  - {name: payments-sync, kind: sync, resources: [payments], every: 1h}
+`)
+	outbox := func() map[string]bool {
+		t.Helper()
+		db, err := store.Open(context.Background(), e.db, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		rows, err := db.OutboxRows(context.Background(), "billing")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := map[string]bool{}
+		for _, r := range rows {
+			if ids[r.EventID] {
+				t.Errorf("event %s queued twice", r.EventID)
+			}
+			ids[r.EventID] = true
+		}
+		return ids
+	}
+	emitted := func(stdout string) int {
+		t.Helper()
+		n := 0
+		for _, r := range parseSummary(t, stdout).Resources {
+			if r.Emitted == nil {
+				t.Fatalf("%s: the summary of an emitting run has no emitted count:\n%s", r.Resource, stdout)
+			}
+			n += *r.Emitted
+		}
+		return n
+	}
+
+	// A backfill without --emit fills the mirror and queues nothing.
+	code, stdout, stderr := e.run(context.Background(), "backfill", "payments", "--json")
+	if code != 0 {
+		t.Fatalf("backfill exit %d\n%s", code, stderr)
+	}
+	if r := parseSummary(t, stdout).Resources[0]; r.Objects != 40 || r.Emitted != nil {
+		t.Fatalf("backfill summary %+v, want 40 objects and no emitted count", r)
+	}
+	if n := len(outbox()); n != 0 {
+		t.Fatalf("backfill without --emit queued %d deliveries", n)
+	}
+
+	// Changes read by the job, then by a hand-run sync, then by the job
+	// again: each reaches the outbox once.
+	changes := 0
+	for i, args := range [][]string{{"run", "payments-sync", "--json"}, {"sync", "payments", "--json"}, {"run", "payments-sync", "--json"}} {
+		ids := map[string]bool{} // an object changed twice is read once, at its latest
+		for _, o := range e.sim.Mutate(60) {
+			if o.Resource == backstop.Payments {
+				ids[o.ID] = true
+			}
+		}
+		changed := len(ids)
+		changes += changed
+		code, stdout, stderr := e.run(context.Background(), args...)
+		if code != 0 {
+			t.Fatalf("%v exit %d\n%s", args, code, stderr)
+		}
+		if args[0] == "sync" {
+			if n := emitted(stdout); n != changed {
+				t.Errorf("step %d, hand sync: emitted %d, want the %d payments changed", i+1, n, changed)
+			}
+		}
+		if n := len(outbox()); n != changes {
+			t.Errorf("after step %d (%v): %d deliveries queued, want %d (every payment change once)", i+1, args, n, changes)
+		}
+	}
+	if changes == 0 {
+		t.Fatal("the sim changed no payment")
+	}
+
+	// backfill --emit (from the start again) finds nothing newer than the
+	// mirror: it emits nothing, and says so.
+	code, stdout, stderr = e.run(context.Background(), "backfill", "payments", "--restart", "--emit", "--json")
+	if code != 0 {
+		t.Fatalf("backfill --emit exit %d\n%s", code, stderr)
+	}
+	if n := emitted(stdout); n != 0 {
+		t.Errorf("backfill --emit over an up-to-date mirror emitted %d", n)
 	}
 }

@@ -228,6 +228,8 @@ type summary struct {
 		Objects     int    `json:"objects"`
 		New         int    `json:"new"`
 		Updated     int    `json:"updated"`
+		Emitted     *int   `json:"emitted"`
+		Suppressed  *int   `json:"suppressed"`
 		Requests    int    `json:"requests"`
 		RateLimited int    `json:"rate_limited"`
 		Result      string `json:"result"`

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/backstop-sync/backstop"
+	bsync "github.com/backstop-sync/backstop/sync"
 )
 
 // runFunc runs one operation over one resource.
@@ -45,8 +46,10 @@ func eachResource[T any](ctx context.Context, resources []backstop.Resource, fn 
 	return out, firstError(errs...)
 }
 
-// printStats writes the per-resource summary as a table or as JSON.
-func printStats(w io.Writer, op string, stats []backstop.RunStats, asJSON bool) error {
+// printStats writes the per-resource summary as a table or as JSON. emits,
+// for a run that emits, adds what each resource emitted and what the dedup
+// suppressed.
+func printStats(w io.Writer, op string, stats []backstop.RunStats, emits map[backstop.Resource]bsync.EmitStats, asJSON bool) error {
 	if asJSON {
 		type row struct {
 			Resource      string  `json:"resource"`
@@ -54,6 +57,8 @@ func printStats(w io.Writer, op string, stats []backstop.RunStats, asJSON bool) 
 			Objects       int     `json:"objects"`
 			New           int     `json:"new"`
 			Updated       int     `json:"updated"`
+			Emitted       *int    `json:"emitted,omitempty"`
+			Suppressed    *int    `json:"suppressed,omitempty"`
 			Requests      int     `json:"requests"`
 			RateLimited   int     `json:"rate_limited"`
 			ThrottleWaitS float64 `json:"throttle_wait_seconds"`
@@ -75,6 +80,10 @@ func printStats(w io.Writer, op string, stats []backstop.RunStats, asJSON bool) 
 			if s.Err != nil {
 				r.Error = s.Err.Error()
 			}
+			if emits != nil {
+				em := emits[s.Resource]
+				r.Emitted, r.Suppressed = &em.Emitted, &em.Suppressed
+			}
 			out.Resources = append(out.Resources, r)
 		}
 		enc := json.NewEncoder(w)
@@ -82,10 +91,18 @@ func printStats(w io.Writer, op string, stats []backstop.RunStats, asJSON bool) 
 		return enc.Encode(out)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "RESOURCE\tPAGES\tOBJECTS\tNEW\tUPDATED\tREQUESTS\t429s\tTHROTTLE WAIT\tDURATION\tRESULT\t")
+	emitted := ""
+	if emits != nil {
+		emitted = "EMITTED\tSUPPRESSED\t"
+	}
+	fmt.Fprintln(tw, "RESOURCE\tPAGES\tOBJECTS\tNEW\tUPDATED\t"+emitted+"REQUESTS\t429s\tTHROTTLE WAIT\tDURATION\tRESULT\t")
 	for _, s := range stats {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", s.Resource, s.Pages, s.Objects, s.New,
-			s.Updated, s.Requests, s.RateLimited, round(s.ThrottleWait), round(s.Duration), result(s.Err))
+		if emits != nil {
+			em := emits[s.Resource]
+			emitted = fmt.Sprintf("%d\t%d\t", em.Emitted, em.Suppressed)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s%d\t%d\t%s\t%s\t%s\t\n", s.Resource, s.Pages, s.Objects, s.New,
+			s.Updated, emitted, s.Requests, s.RateLimited, round(s.ThrottleWait), round(s.Duration), result(s.Err))
 	}
 	return tw.Flush()
 }

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"context"
+	stdsync "sync"
+
 	"github.com/spf13/cobra"
 
 	"github.com/backstop-sync/backstop"
+	bsync "github.com/backstop-sync/backstop/sync"
 )
 
 func (m *Main) syncCommand(g *globals) *cobra.Command {
@@ -15,7 +19,14 @@ func (m *Main) syncCommand(g *globals) *cobra.Command {
 writes what changed into the mirror. Each page and the cursor after it are
 committed in one transaction, so the cursor is never ahead of the mirror and an
 interrupted sync resumes where it stopped. Without a saved cursor, sync starts
-at the beginning of the feed.
+at the beginning of the feed (run backfill first to fill the mirror without
+emitting).
+
+Like the sync job, it emits the event of every object that is new to the
+mirror or newer than its mirrored version (origin sync) through the emit path:
+de-duplicated against the webhooks and earlier runs, and queued for the
+targets whose events match, which serve delivers. The sync job and this
+command share the cursor, so a change either one reads is emitted once.
 
 RESOURCE is contacts, chats, messages or payments; all four by default, run
 at once under one shared rate-limit governor.
@@ -23,7 +34,14 @@ at once under one shared rate-limit governor.
 Ctrl-C finishes the page being written, saves the cursor and exits 130.`,
 		Example: "  backstop sync\n  backstop sync payments --json",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return m.runFeed(cmd, g, "sync", args, asJSON, func(a *app) runFunc { return a.engine.Sync })
+			return m.runFeed(cmd, g, "sync", args, asJSON, func(a *app, emits *emitCounts) runFunc {
+				routes := routesOf(a.cfg)
+				return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
+					st, em, err := a.engine.SyncEmit(ctx, r, routes)
+					emits.add(r, em)
+					return st, err
+				}
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as JSON")
@@ -31,8 +49,10 @@ Ctrl-C finishes the page being written, saves the cursor and exits 130.`,
 }
 
 // runFeed is the body shared by sync and backfill: open everything, run the
-// operation over the resources with progress, print the summary.
-func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string, asJSON bool, pick func(*app) runFunc) error {
+// operation over the resources with progress, print the summary. pick
+// makes the operation; one that emits counts what it emitted in emits, and
+// the summary then shows those counts.
+func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string, asJSON bool, pick func(*app, *emitCounts) runFunc) error {
 	resources, err := backstop.ParseResources(args)
 	if err != nil {
 		return usageError{err}
@@ -47,10 +67,35 @@ func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string,
 	defer a.Close()
 	prog.log = a.log
 	a.engine.OnPage = prog.page
-	stats, runErr := runResources(ctx, resources, prog, pick(a))
+	emits := &emitCounts{}
+	stats, runErr := runResources(ctx, resources, prog, pick(a, emits))
 	prog.wait()
-	if err := printStats(m.Stdout, op, stats, asJSON); err != nil {
+	if err := printStats(m.Stdout, op, stats, emits.byResource(), asJSON); err != nil {
 		return err
 	}
 	return runErr
+}
+
+// emitCounts collects what the resources of one run emitted.
+type emitCounts struct {
+	mu stdsync.Mutex
+	by map[backstop.Resource]bsync.EmitStats
+}
+
+// add records r's counts.
+func (c *emitCounts) add(r backstop.Resource, st bsync.EmitStats) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.by == nil {
+		c.by = map[backstop.Resource]bsync.EmitStats{}
+	}
+	c.by[r] = st
+}
+
+// byResource returns the counts by resource, nil when the run emitted
+// nothing because it does not emit.
+func (c *emitCounts) byResource() map[backstop.Resource]bsync.EmitStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.by
 }
