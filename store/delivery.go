@@ -856,6 +856,20 @@ func (db *DB) PurgeDead(ctx context.Context, before time.Time) (int64, error) {
 	return n, nil
 }
 
+// PruneDelivered deletes the deliveries (outbox rows) delivered before
+// before, with their attempts, and returns how many it deleted; rows still
+// queued and dead letters stay. It deletes in short transactions, as
+// PurgeDead does.
+func (db *DB) PruneDelivered(ctx context.Context, before time.Time) (int64, error) {
+	// Attempts go with their delivery (ON DELETE CASCADE).
+	n, err := db.pruneChunked(ctx, `DELETE FROM outbox WHERE id IN (
+		SELECT id FROM outbox WHERE status = 'delivered' AND updated_at < ? LIMIT ?)`, before)
+	if err != nil {
+		return n, fmt.Errorf("prune delivered deliveries: %w", err)
+	}
+	return n, nil
+}
+
 // PruneAttempts deletes the attempts made before before, whatever their
 // delivery's status, and returns how many it deleted. It deletes in short
 // transactions: on error, the count says how many were deleted before it.

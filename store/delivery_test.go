@@ -335,7 +335,7 @@ func TestRetryDeliveryAndRetryDead(t *testing.T) {
 	}
 }
 
-func TestPurgeDeadAndPruneAttempts(t *testing.T) {
+func TestPurgeDeadAndPruneAttemptsAndDelivered(t *testing.T) {
 	ctx := context.Background()
 	db, _ := openTest(t)
 	oldDead := enqueue(t, db, "crm", "evt_1", "payment.succeeded", t0)
@@ -378,6 +378,26 @@ func TestPurgeDeadAndPruneAttempts(t *testing.T) {
 	mustDelivery(t, db, oldDelivered)
 	if n, err := db.PruneAttempts(ctx, t0.Add(time.Hour)); err != nil || n != 0 {
 		t.Errorf("second PruneAttempts = %d, %v; want 0", n, err)
+	}
+
+	// Delivered rows are pruned by when they were delivered, with their
+	// attempts; queued rows and dead letters stay.
+	newDelivered := enqueue(t, db, "crm", "evt_4", "payment.succeeded", t0)
+	record(t, db, Attempt{DeliveryID: newDelivered, Attempt: 1, StatusCode: 200, At: t0.Add(2 * time.Hour)},
+		Outcome{Status: StatusDelivered})
+	queued := enqueue(t, db, "crm", "evt_5", "payment.succeeded", t0)
+	n, err = db.PruneDelivered(ctx, t0.Add(time.Hour))
+	if err != nil || n != 1 {
+		t.Fatalf("PruneDelivered = %d, %v; want 1 (the old delivered row)", n, err)
+	}
+	if _, ok, _ := db.Delivery(ctx, oldDelivered); ok {
+		t.Error("the old delivered row was kept")
+	}
+	mustDelivery(t, db, newDelivered)
+	mustDelivery(t, db, newDead)
+	mustDelivery(t, db, queued)
+	if atts, _ := db.Attempts(ctx, newDelivered); len(atts) != 1 {
+		t.Errorf("the new delivered row lost its attempt: %+v", atts)
 	}
 }
 

@@ -112,6 +112,9 @@ type JobStore interface {
 	// PruneAttempts deletes delivery attempts made before before (dead
 	// letters themselves are kept until retried or purged).
 	PruneAttempts(ctx context.Context, before time.Time) (int64, error)
+	// PruneDelivered deletes the deliveries delivered before before, with
+	// their attempts.
+	PruneDelivered(ctx context.Context, before time.Time) (int64, error)
 }
 
 // Errors of the scheduler, for errors.Is.
@@ -543,7 +546,8 @@ func (s *Scheduler) work(ctx context.Context, j Job) (backstop.JobCounts, error)
 }
 
 // maintain prunes processed events and job runs older than the retention,
-// and delivery attempts older than AttemptRetention.
+// and delivery attempts and delivered deliveries older than
+// AttemptRetention (the delivery log's 14 days).
 func (s *Scheduler) maintain(ctx context.Context, c *backstop.JobCounts) error {
 	before := s.opts.Now().Add(-s.opts.Retention)
 	n, err := s.opts.Store.PruneProcessed(ctx, before)
@@ -556,12 +560,19 @@ func (s *Scheduler) maintain(ctx context.Context, c *backstop.JobCounts) error {
 	if err != nil {
 		return err
 	}
-	n, err = s.opts.Store.PruneAttempts(ctx, s.opts.Now().Add(-AttemptRetention))
+	logBefore := s.opts.Now().Add(-AttemptRetention)
+	n, err = s.opts.Store.PruneDelivered(ctx, logBefore)
+	c.Pruned += n
+	if err != nil {
+		return err
+	}
+	n, err = s.opts.Store.PruneAttempts(ctx, logBefore)
 	c.Pruned += n
 	return err
 }
 
-// AttemptRetention is how long maintenance keeps delivery attempts.
+// AttemptRetention is how long maintenance keeps delivery attempts, and
+// the deliveries that were delivered.
 const AttemptRetention = 14 * 24 * time.Hour
 
 // skipMonitor counts gocron's singleton reschedules as skipped runs.

@@ -2,6 +2,7 @@ package sync_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"path/filepath"
 	"sync/atomic"
@@ -223,7 +224,9 @@ func TestRunJobSyncStoresRunAndEmits(t *testing.T) {
 	}
 }
 
-// A maintenance job prunes processed events and job runs past the retention.
+// A maintenance job prunes processed events and job runs past the
+// retention, and the delivery log (delivered rows and their attempts)
+// past AttemptRetention.
 func TestMaintenanceJobPrunes(t *testing.T) {
 	db := openStore(t)
 	ctx := t.Context()
@@ -232,17 +235,40 @@ func TestMaintenanceJobPrunes(t *testing.T) {
 	if _, err := db.SaveJobRun(ctx, store.JobRun{Job: "x", Kind: "sync", StartedAt: old, FinishedAt: old, Status: "ok"}); err != nil {
 		t.Fatal(err)
 	}
+	delivered := func(eventID string, at time.Time) int64 {
+		t.Helper()
+		id, err := db.Enqueue(ctx, "crm", eventID, "contact.created", json.RawMessage(`{}`), at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.RecordAttempt(ctx, store.Attempt{DeliveryID: id, Target: "crm", URL: "https://crm.example.com", Attempt: 1, StatusCode: 200, At: at},
+			store.Outcome{Status: store.StatusDelivered}); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	oldDelivery := delivered("evt_old", now.Add(-bsync.AttemptRetention-time.Hour))
+	newDelivery := delivered("evt_new", now.Add(-bsync.AttemptRetention+time.Hour))
 	s, err := bsync.NewScheduler([]bsync.Job{{Name: "prune", Kind: bsync.JobMaintenance, Cron: "30 4 * * *"}},
 		bsync.SchedulerOptions{Engine: &bsync.Engine{Mirror: db}, Store: jobStore{db}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	run, err := s.RunJob(ctx, "prune")
-	if err != nil || run.Status != bsync.JobOK || run.Counts.Pruned != 1 {
-		t.Fatalf("run = %+v, err = %v; want ok with 1 pruned", run, err)
+	if err != nil || run.Status != bsync.JobOK || run.Counts.Pruned != 2 {
+		t.Fatalf("run = %+v, err = %v; want ok with 2 pruned (the job run, the old delivery)", run, err)
 	}
 	if runs, _ := db.JobRuns(ctx, "x", 0); len(runs) != 0 {
 		t.Errorf("old job run kept: %+v", runs)
+	}
+	if _, ok, _ := db.Delivery(ctx, oldDelivery); ok {
+		t.Error("a delivery delivered before the retention was kept")
+	}
+	if _, ok, _ := db.Delivery(ctx, newDelivery); !ok {
+		t.Error("a delivery delivered within the retention was pruned")
+	}
+	if atts, err := db.Attempts(ctx, newDelivery); err != nil || len(atts) != 1 {
+		t.Errorf("the kept delivery has %d attempts (%v), want 1", len(atts), err)
 	}
 }
 
