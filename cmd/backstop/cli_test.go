@@ -78,6 +78,23 @@ func TestStoreCommandsNeedNoPlatformKey(t *testing.T) {
 	}
 }
 
+// TestDeliveriesErrorsSayWhatIsWrong: an unknown delivery is named once,
+// without the error's package prefix twice, and --dead without --target
+// says what it needs.
+func TestDeliveriesErrorsSayWhatIsWrong(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
+	for _, args := range [][]string{{"deliveries", "show", "99999"}, {"deliveries", "retry", "99999"}} {
+		code, _, stderr := e.run(context.Background(), args...)
+		if code != 1 || strings.TrimSpace(stderr) != "backstop: no delivery 99999 (backstop deliveries list shows them)" {
+			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
+		}
+	}
+	code, _, stderr := e.run(context.Background(), "deliveries", "retry", "--dead")
+	if code != 2 || !strings.Contains(stderr, "--dead needs --target") {
+		t.Errorf("retry --dead: exit %d, stderr %q", code, stderr)
+	}
+}
+
 func TestMissingConfigIsAUsageError(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
 	code, _, stderr := e.run(context.Background(), "--config", e.dir+"/nope.yaml", "sync")

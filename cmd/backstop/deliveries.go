@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -116,7 +117,7 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 				return err
 			}
 			if !ok {
-				return fmt.Errorf("delivery %d: %w", id, backstop.ErrNotFound)
+				return noDelivery(id)
 			}
 			attempts, err := db.Attempts(cmd.Context(), id)
 			if err != nil {
@@ -181,6 +182,9 @@ within its poll interval.`,
 			if dead == (len(args) == 1) {
 				return usagef("give a delivery ID, or --dead --target T")
 			}
+			if dead && target == "" {
+				return usagef("--dead needs --target: the target whose dead letters to queue again")
+			}
 			db, cfg, err := m.openStore(cmd.Context(), g)
 			if err != nil {
 				return err
@@ -202,7 +206,9 @@ within its poll interval.`,
 			if err != nil {
 				return err
 			}
-			if err := db.RetryDelivery(cmd.Context(), id, now); err != nil {
+			if err := db.RetryDelivery(cmd.Context(), id, now); errors.Is(err, backstop.ErrNotFound) {
+				return noDelivery(id)
+			} else if err != nil {
 				return err
 			}
 			_, err = fmt.Fprintf(m.Stdout, "delivery %d queued again\n", id)
@@ -450,7 +456,7 @@ attempts, marked as a redirect; the delivery's own status does not change.`,
 				return err
 			}
 			if !ok {
-				return fmt.Errorf("delivery %d: %w", id, backstop.ErrNotFound)
+				return noDelivery(id)
 			}
 			queue := newDeliveryQueue(db)
 			d, err := delivery.New(queue, deliveryTargets(cfg), delivery.Options{})
@@ -469,4 +475,17 @@ attempts, marked as a redirect; the delivery's own status does not change.`,
 			return fmt.Errorf("redirect of delivery %d to %s did not succeed", id, args[1])
 		},
 	}
+}
+
+// notFound says what was not found; errors.Is matches backstop.ErrNotFound.
+type notFound string
+
+func (e notFound) Error() string { return string(e) }
+
+// Is makes notFound a backstop.ErrNotFound.
+func (notFound) Is(target error) bool { return target == backstop.ErrNotFound }
+
+// noDelivery is the error for a delivery ID that is not in the store.
+func noDelivery(id int64) error {
+	return notFound(fmt.Sprintf("no delivery %d (backstop deliveries list shows them)", id))
 }

@@ -34,7 +34,8 @@ the systems that consume it:
                    2xx), deliver them on to the targets, run the jobs
   reconcile        compare the platform with the mirror and re-emit every event
                    the webhooks missed, through the same path
-  deliveries       the delivery log: list, show, retry, redirect, purge
+  deliveries       the delivery log (list, show, retry, redirect, purge) and
+                   the targets' state
 
 Configuration comes from schedules.yaml (--config, or BACKSTOP_CONFIG);
 ${VAR} in it expands from the environment, so secrets stay out of the file.
