@@ -258,6 +258,50 @@ func TestDeliveriesRetryAndRedirect(t *testing.T) {
 	}
 }
 
+// TestServeWarnsOfAnUnsignedTarget: a target whose secret came from an
+// unset variable gets its deliveries unsigned; serve says so when it starts,
+// naming the file, line, key and variable.
+func TestServeWarnsOfAnUnsignedTarget(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeConfig(fmt.Sprintf(`source:
+  base_url: %s
+  api_key: ${BOTIX_API_KEY}
+store:
+  path: %s
+intake:
+  listen: %s
+  secret: ${BOTIX_WEBHOOK_SECRET}
+targets:
+  - name: crm
+    url: https://crm.example.com/hooks
+    secret: ${BACKSTOP_TEST_UNSET_SECRET}
+`, e.srv.URL, e.db, addr))
+	t.Setenv("BOTIX_WEBHOOK_SECRET", webhookSecret)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan string)
+	go func() {
+		code, _, stderr := e.run(ctx, "serve")
+		if code != 0 {
+			t.Errorf("serve exit %d\n%s", code, stderr)
+		}
+		done <- stderr
+	}()
+	waitFor(t, 30*time.Second, func() bool {
+		res, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			res.Body.Close()
+		}
+		return err == nil
+	})
+	cancel()
+	stderr := <-done
+	want := "schedules.yaml:12: targets[0].secret is empty (BACKSTOP_TEST_UNSET_SECRET unset): deliveries to crm are sent unsigned"
+	if !strings.Contains(stderr, want) {
+		t.Errorf("serve did not warn %q:\n%s", want, stderr)
+	}
+}
+
 // waitFor polls cond with a deadline.
 func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 	t.Helper()

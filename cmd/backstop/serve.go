@@ -61,6 +61,9 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	}
 	defer a.Close()
 	cfg, log := a.cfg, a.log
+	for _, w := range cfg.Warnings() {
+		log.Warn("configuration: " + w.Error())
+	}
 	secrets := make([]string, 0, 2)
 	for _, s := range cfg.Intake.AllSecrets() {
 		secrets = append(secrets, s.Value())

@@ -29,12 +29,11 @@ type mac struct {
 }
 
 // newSigner returns a signer for secret ("whsec_" and base64, or the base64
-// alone), or an error when it is neither. Target.Validate checks secrets
-// with intake.SignStandardWebhooks first.
+// alone), or an error when it is neither (Target.Validate reports it).
 func newSigner(secret string) (*signer, error) {
 	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
 	if err != nil || len(key) == 0 {
-		return nil, errors.New(`delivery: not a Standard Webhooks secret (want "whsec_" followed by base64)`)
+		return nil, errors.New(`not a Standard Webhooks secret (want "whsec_" followed by base64)`)
 	}
 	s := &signer{key: key}
 	s.macs.New = func() any { return &mac{h: hmac.New(sha256.New, s.key)} }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/backstop-sync/backstop/sinks/intake"
 )
 
 // Defaults for a Target's zero fields.
@@ -78,7 +76,7 @@ func (t Target) Validate() error {
 		return fmt.Errorf("delivery: target %s: url: %w", t.Name, err)
 	}
 	if t.Secret != "" {
-		if _, err := intake.SignStandardWebhooks(t.Secret, "check", time.Unix(0, 0), nil); err != nil {
+		if _, err := newSigner(t.Secret); err != nil {
 			return fmt.Errorf("delivery: target %s: secret: %w", t.Name, err)
 		}
 	}

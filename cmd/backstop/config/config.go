@@ -43,6 +43,8 @@ type Config struct {
 	// local is set by ParseLocal: the platform's address and key may be
 	// empty.
 	local bool
+	// warnings are set by Validate (see Warnings).
+	warnings []*Error
 }
 
 // Source configures the platform API client.

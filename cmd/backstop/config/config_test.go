@@ -272,6 +272,28 @@ func TestParseLocal(t *testing.T) {
 	}
 }
 
+// TestTargetSecrets: a target secret that is not a Standard Webhooks
+// secret is an error at its line, without the value; one that came from an
+// unset variable is a warning (its deliveries would go unsigned); one left
+// out on purpose is neither.
+func TestTargetSecrets(t *testing.T) {
+	base := "source:\n  base_url: https://api.example.com\n  api_key: k\ntargets:\n"
+	_, err := Parse("schedules.yaml", []byte(base+"  - {name: crm, url: \"https://crm.example.com\", secret: \"hunter2!\"}\n"), env(nil))
+	if err == nil || err.Error() != `schedules.yaml:5: targets[0].secret: want a Standard Webhooks secret: "whsec_" followed by base64` {
+		t.Errorf("bad secret: %v", err)
+	}
+	cfg, err := Parse("schedules.yaml", []byte(base+"  - name: crm\n    url: https://crm.example.com\n    secret: ${CRM_WEBHOOK_SECRET}\n"+
+		"  - {name: erp, url: \"https://erp.example.com\"}\n"+
+		"  - {name: billing, url: \"https://billing.example.com\", secret: whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw}\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := cfg.Warnings()
+	if len(w) != 1 || w[0].Error() != "schedules.yaml:7: targets[0].secret is empty (CRM_WEBHOOK_SECRET unset): deliveries to crm are sent unsigned" {
+		t.Errorf("warnings %v, want one for crm's unset secret", w)
+	}
+}
+
 func TestExpand(t *testing.T) {
 	lookup := env(map[string]string{"A": "alpha", "B_2": "beta", "EMPTY": ""})
 	tests := []struct {
@@ -415,7 +437,7 @@ func TestStorePathRejectsSpecialNames(t *testing.T) {
 var exampleEnv = map[string]string{
 	"BOTIX_API_KEY":            "sk_live_apikey_0001",
 	"BOTIX_WEBHOOK_SECRET":     "intake_secret_0002",
-	"BILLING_WHSEC":            "whsec_billingsecret0003",
+	"BILLING_WHSEC":            "whsec_YmlsbGluZ3NlY3JldDAwMDM=", // base64 of billingsecret0003
 	"BACKSTOP_DASHBOARD_TOKEN": "dash_token_0004",
 }
 
@@ -441,7 +463,7 @@ func TestLoadExample(t *testing.T) {
 		t.Fatalf("targets = %+v", cfg.Targets)
 	}
 	tg := cfg.Targets[0]
-	if tg.Name != "billing" || tg.Secret.Value() != "whsec_billingsecret0003" || !reflect.DeepEqual(tg.Events, []string{"payment.*"}) ||
+	if tg.Name != "billing" || tg.Secret.Value() != "whsec_YmlsbGluZ3NlY3JldDAwMDM=" || !reflect.DeepEqual(tg.Events, []string{"payment.*"}) ||
 		len(tg.RetrySchedule) != 4 || tg.RetrySchedule[3].Std() != 24*time.Hour || tg.AllowPrivate {
 		t.Errorf("target = %+v", tg)
 	}

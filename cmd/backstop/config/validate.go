@@ -2,6 +2,7 @@ package config
 
 import (
 	"cmp"
+	"encoding/base64"
 	"fmt"
 	"maps"
 	"math"
@@ -23,6 +24,7 @@ import (
 // and intake.synchronous ("full" becomes "FULL").
 func (c *Config) Validate() error {
 	var p problems
+	c.warnings = nil
 	c.validate(&p)
 	return p.err()
 }
@@ -158,6 +160,15 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 	k := fmt.Sprintf("targets[%d]", i)
 	p.add(c.name(k, t.Name, names))
 	p.add(c.required(k+".url", t.URL), c.url(k+".url", t.URL, "http", "https"))
+	if secret := t.Secret.Value(); secret != "" {
+		// The value is a secret: the message does not repeat it.
+		key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+		if err != nil || len(key) == 0 {
+			p.add(c.errorf(k+".secret", `want a Standard Webhooks secret: "whsec_" followed by base64`))
+		}
+	} else if vars := c.varsOf(k + ".secret"); len(vars) > 0 {
+		c.warnf(k+".secret", "is empty (%s unset): deliveries to %s are sent unsigned", strings.Join(vars, ", "), t.Name)
+	}
 	if len(t.Events) == 0 {
 		p.add(c.errorf(k+".events", `is empty: leave it out for all events ("*")`))
 	}
@@ -230,6 +241,24 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 	if j.Lookback < 0 {
 		p.add(c.errorf(k+".lookback", "want 0 or more, got %s", j.Lookback))
 	}
+}
+
+// Warnings are what Validate found suspicious but not wrong (a target
+// secret that came from an unset variable), each naming its key and line;
+// serve logs them when it starts.
+func (c *Config) Warnings() []*Error { return c.warnings }
+
+// warnf records a warning for key.
+func (c *Config) warnf(key, format string, args ...any) {
+	c.warnings = append(c.warnings, c.errorf(key, format, args...))
+}
+
+// varsOf returns the variables the value of key was expanded from.
+func (c *Config) varsOf(key string) []string {
+	if c.meta == nil {
+		return nil
+	}
+	return c.meta.vars[key]
 }
 
 // errorf returns an *Error for key, with its line when known.
