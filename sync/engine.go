@@ -92,7 +92,7 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 	case ok && cur.Done && !restart:
 		e.logger().Info("backfill already finished; --restart reads everything again", "resource", r,
 			"finished_at", cur.UpdatedAt, "position", cur.Position)
-		return backstop.RunStats{Resource: r}, nil
+		return backstop.RunStats{Resource: r, AlreadyDone: true}, nil
 	case !ok || restart:
 		if ok && !cur.Done {
 			e.logger().Info("discarding unfinished backfill checkpoint", "resource", r, "position", cur.Position)

@@ -379,6 +379,11 @@ jobs:
 	if n := len(outbox()); n != 0 {
 		t.Fatalf("backfill without --emit queued %d deliveries", n)
 	}
+	// Run again, the finished backfill reads nothing, and says so.
+	code, stdout, stderr = e.run(context.Background(), "backfill", "payments", "--json")
+	if r := parseSummary(t, stdout).Resources[0]; code != 0 || r.Result != "already done" || r.Pages != 0 {
+		t.Fatalf("second backfill: exit %d, summary %+v, want already done\n%s", code, r, stderr)
+	}
 
 	// Changes read by the job, then by a hand-run sync, then by the job
 	// again: each reaches the outbox once.

@@ -75,7 +75,7 @@ func printStats(w io.Writer, op string, stats []backstop.RunStats, emits map[bac
 				Resource: string(s.Resource), Pages: s.Pages, Objects: s.Objects, New: s.New,
 				Updated: s.Updated, Requests: s.Requests, RateLimited: s.RateLimited,
 				ThrottleWaitS: s.ThrottleWait.Seconds(), DurationS: s.Duration.Seconds(),
-				Result: result(s.Err),
+				Result: feedResult(s),
 			}
 			if s.Err != nil {
 				r.Error = s.Err.Error()
@@ -102,11 +102,20 @@ func printStats(w io.Writer, op string, stats []backstop.RunStats, emits map[bac
 			emitted = fmt.Sprintf("%d\t%d\t", em.Emitted, em.Suppressed)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s%d\t%d\t%s\t%s\t%s\t\n", s.Resource, s.Pages, s.Objects, s.New,
-			s.Updated, emitted, s.Requests, s.RateLimited, round(s.ThrottleWait), round(s.Duration), result(s.Err))
+			s.Updated, emitted, s.Requests, s.RateLimited, round(s.ThrottleWait), round(s.Duration), feedResult(s))
 	}
 	return tw.Flush()
 }
 
+// feedResult is a sync or backfill run's outcome as the summary shows it.
+func feedResult(s backstop.RunStats) string {
+	if s.Err == nil && s.AlreadyDone {
+		return "already done" // a finished backfill; --restart reads it again
+	}
+	return result(s.Err)
+}
+
+// result is the outcome of a run that ended with err.
 func result(err error) string {
 	switch {
 	case err == nil:
