@@ -69,17 +69,27 @@ func (m *Main) openApp(ctx context.Context, g *globals, logw io.Writer) (*app, e
 // openAppWith is openApp with the SQLite synchronous level chosen from the
 // configuration (serve uses intake.synchronous, FULL by default).
 func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, synchronous func(*config.Config) string) (*app, error) {
-	return m.openAppOpts(ctx, g, logw, synchronous, true)
+	return m.openAppOpts(ctx, g, logw, synchronous)
 }
 
-// openAppLocal is openApp for commands that only read (jobs): they make no
-// platform request, so they neither need nor wait for Redis, and work while
-// it is down.
+// openAppLocal opens what commands that only read (jobs) need: the
+// configuration, read as openStore reads it (the platform's address and
+// key may be missing), and the store. They make no platform request, so
+// they neither need the API key nor wait for Redis, and work while it is
+// down; the app's engine has no source.
 func (m *Main) openAppLocal(ctx context.Context, g *globals, logw io.Writer) (*app, error) {
-	return m.openAppOpts(ctx, g, logw, func(c *config.Config) string { return c.Store.Synchronous }, false)
+	log, err := g.newLogger(logw)
+	if err != nil {
+		return nil, err
+	}
+	db, cfg, err := m.openStore(ctx, g)
+	if err != nil {
+		return nil, err
+	}
+	return &app{cfg: cfg, db: db, log: log, engine: &bsync.Engine{Mirror: db, Logger: log}}, nil
 }
 
-func (m *Main) openAppOpts(ctx context.Context, g *globals, logw io.Writer, synchronous func(*config.Config) string, shared bool) (*app, error) {
+func (m *Main) openAppOpts(ctx context.Context, g *globals, logw io.Writer, synchronous func(*config.Config) string) (*app, error) {
 	log, err := g.newLogger(logw)
 	if err != nil {
 		return nil, err
@@ -87,9 +97,6 @@ func (m *Main) openAppOpts(ctx context.Context, g *globals, logw io.Writer, sync
 	cfg, err := m.loadConfig(g, false)
 	if err != nil {
 		return nil, err
-	}
-	if !shared {
-		cfg.Governor.Redis = ""
 	}
 	src := cfg.Source
 	var rdb *redis.Client

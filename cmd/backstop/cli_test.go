@@ -60,14 +60,15 @@ func TestConfigWithSeveralMistakesNamesThemAll(t *testing.T) {
 	}
 }
 
-// TestStoreCommandsNeedNoPlatformKey: reading the delivery log and the
-// cursors works with the platform's API key unset; a command that calls
+// TestStoreCommandsNeedNoPlatformKey: reading the delivery log, the
+// cursors and the jobs works with the platform's API key unset; a command that calls
 // the platform still refuses, naming the variable to set.
 func TestStoreCommandsNeedNoPlatformKey(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
 	e.writeConfig("source:\n  base_url: http://127.0.0.1:9\n  api_key: ${BACKSTOP_TEST_UNSET_KEY}\n" +
-		"targets:\n  - {name: crm, url: \"https://crm.example.com/hooks\"}\n")
-	for _, args := range [][]string{{"deliveries", "list"}, {"deliveries", "targets"}, {"cursors"}} {
+		"targets:\n  - {name: crm, url: \"https://crm.example.com/hooks\"}\n" +
+		"jobs:\n  - {name: nightly, kind: sync, cron: \"0 3 * * *\"}\n")
+	for _, args := range [][]string{{"deliveries", "list"}, {"deliveries", "targets"}, {"cursors"}, {"jobs"}} {
 		if code, _, stderr := e.run(context.Background(), args...); code != 0 {
 			t.Errorf("%v: exit %d, want 0\n%s", args, code, stderr)
 		}
