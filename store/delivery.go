@@ -847,9 +847,7 @@ func (db *DB) RetryDead(ctx context.Context, target string, now time.Time) (int6
 // attempts, and returns how many deliveries it deleted. It deletes in short
 // transactions: on error, the count says how many were deleted before it.
 func (db *DB) PurgeDead(ctx context.Context, before time.Time) (int64, error) {
-	// Attempts go with their delivery (ON DELETE CASCADE).
-	n, err := db.pruneChunked(ctx, `DELETE FROM outbox WHERE id IN (
-		SELECT id FROM outbox WHERE status = 'dead_letter' AND updated_at < ? LIMIT ?)`, before)
+	n, err := db.deleteOutbox(ctx, StatusDeadLetter, before)
 	if err != nil {
 		return n, fmt.Errorf("purge dead letters: %w", err)
 	}
@@ -861,13 +859,19 @@ func (db *DB) PurgeDead(ctx context.Context, before time.Time) (int64, error) {
 // queued and dead letters stay. It deletes in short transactions, as
 // PurgeDead does.
 func (db *DB) PruneDelivered(ctx context.Context, before time.Time) (int64, error) {
-	// Attempts go with their delivery (ON DELETE CASCADE).
-	n, err := db.pruneChunked(ctx, `DELETE FROM outbox WHERE id IN (
-		SELECT id FROM outbox WHERE status = 'delivered' AND updated_at < ? LIMIT ?)`, before)
+	n, err := db.deleteOutbox(ctx, StatusDelivered, before)
 	if err != nil {
 		return n, fmt.Errorf("prune delivered deliveries: %w", err)
 	}
 	return n, nil
+}
+
+// deleteOutbox deletes the outbox rows in status (a Status constant) last
+// changed before before, in chunks; their attempts go with them (ON DELETE
+// CASCADE).
+func (db *DB) deleteOutbox(ctx context.Context, status string, before time.Time) (int64, error) {
+	return db.pruneChunked(ctx, `DELETE FROM outbox WHERE id IN (
+		SELECT id FROM outbox WHERE status = '`+status+`' AND updated_at < ? LIMIT ?)`, before)
 }
 
 // PruneAttempts deletes the attempts made before before, whatever their

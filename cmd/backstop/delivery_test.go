@@ -183,26 +183,7 @@ func TestDeliveriesRetryAndRedirect(t *testing.T) {
 	addr := freeAddr(t)
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
 	e.writeDeliveryConfig(addr, target.URL)
-	t.Setenv("BOTIX_WEBHOOK_SECRET", webhookSecret)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	var serveLog string
-	go func() {
-		defer close(done)
-		code, _, stderr := e.run(ctx, "serve")
-		if code != 0 {
-			t.Errorf("serve exit %d\n%s", code, stderr)
-		}
-		serveLog = stderr
-	}()
-	waitFor(t, 30*time.Second, func() bool {
-		res, err := http.Get("http://" + addr + "/healthz")
-		if err == nil {
-			res.Body.Close()
-		}
-		return err == nil
-	})
+	stopServe := serveInProcess(t, e, addr)
 	proxyPost(t, addr, "evt_retry_1", `{"hello":"world","a":1}`)
 	listJSON := func() []deliveryRow {
 		code, stdout, stderr := e.run(context.Background(), "deliveries", "list", "--json")
@@ -244,8 +225,7 @@ func TestDeliveriesRetryAndRedirect(t *testing.T) {
 	if !strings.Contains(stdout, "payload:\n  {\n    \"hello\": \"world\",\n    \"a\": 1\n  }\n") {
 		t.Errorf("show's payload is not the stored envelope, indented:\n%s", stdout)
 	}
-	cancel()
-	<-done
+	serveLog := stopServe()
 	// Each log line names its component once (the dispatcher logged the
 	// 404 and the delivery).
 	if !strings.Contains(serveLog, "component=delivery") {
@@ -263,23 +243,28 @@ func TestDeliveriesRetryAndRedirect(t *testing.T) {
 // naming the file, line, key and variable.
 func TestServeWarnsOfAnUnsignedTarget(t *testing.T) {
 	addr := freeAddr(t)
-	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
-	e.writeConfig(fmt.Sprintf(`source:
-  base_url: %s
-  api_key: ${BOTIX_API_KEY}
-store:
-  path: %s
-intake:
-  listen: %s
-  secret: ${BOTIX_WEBHOOK_SECRET}
-targets:
-  - name: crm
-    url: https://crm.example.com/hooks
-    secret: ${BACKSTOP_TEST_UNSET_SECRET}
-`, e.srv.URL, e.db, addr))
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	data, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(strings.Replace(string(data), `events: ["payment.*"]`, `secret: "${BACKSTOP_TEST_UNSET_SECRET}"`, 1))
+	stderr := serveInProcess(t, e, addr)()
+	want := "schedules.yaml:11: targets[0].secret is empty (BACKSTOP_TEST_UNSET_SECRET unset): deliveries to billing are sent unsigned"
+	if !strings.Contains(stderr, want) {
+		t.Errorf("serve did not warn %q:\n%s", want, stderr)
+	}
+}
+
+// serveInProcess runs serve (through Main, in-process) with the
+// webhook secret set until stop is called, once its intake on addr
+// answers; stop returns what serve wrote to stderr, and the test fails if
+// serve did not exit 0.
+func serveInProcess(t *testing.T, e *env, addr string) (stop func() string) {
+	t.Helper()
 	t.Setenv("BOTIX_WEBHOOK_SECRET", webhookSecret)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan string)
+	done := make(chan string, 1)
 	go func() {
 		code, _, stderr := e.run(ctx, "serve")
 		if code != 0 {
@@ -294,11 +279,9 @@ targets:
 		}
 		return err == nil
 	})
-	cancel()
-	stderr := <-done
-	want := "schedules.yaml:12: targets[0].secret is empty (BACKSTOP_TEST_UNSET_SECRET unset): deliveries to crm are sent unsigned"
-	if !strings.Contains(stderr, want) {
-		t.Errorf("serve did not warn %q:\n%s", want, stderr)
+	return func() string {
+		cancel()
+		return <-done
 	}
 }
 

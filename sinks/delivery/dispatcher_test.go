@@ -929,22 +929,30 @@ func TestRetryAfterStopsSendsBeforeItsBodyIsRead(t *testing.T) {
 	}
 }
 
+// startCounting queues three rows for crm and starts a dispatcher on clock,
+// set an hour behind the rows' due time: they stay queued, and each pass
+// only reads the state and claims nothing. It returns once the first pass
+// has set the depth gauge (to 3), with a reader of the gauge.
+func startCounting(t *testing.T, q *storeQueue, clock *fakeClock) (*Dispatcher, func() float64) {
+	t.Helper()
+	for i := range 3 {
+		q.add(t, "crm", fmt.Sprint("evt_", i), "contact.created", `{"id":"ct_1"}`)
+	}
+	clock.advance(-time.Hour)
+	d := start(t, q, []Target{{Name: "crm", URL: "https://crm.example.com/hook"}}, Options{Now: clock.now, Poll: time.Hour})
+	depth := func() float64 { return testutil.ToFloat64(d.byName["crm"].m.depth) }
+	q.waitFor(t, 10*time.Second, "a depth of 3 from the first pass", func() bool { return depth() == 3 })
+	return d, depth
+}
+
 // TestQueueDepthCountedNowAndThen: the queue depth gauge counts the
 // target's queued rows on the first pass, then at most every depthEvery,
 // while every pass reads the target's state.
 func TestQueueDepthCountedNowAndThen(t *testing.T) {
 	t.Parallel()
 	q := newStoreQueue(t)
-	for i := range 3 {
-		q.add(t, "crm", fmt.Sprint("evt_", i), "contact.created", `{"id":"ct_1"}`)
-	}
-	// The worker's clock is an hour behind the rows' due time: they stay
-	// queued, and each pass only reads the state and claims nothing.
 	clock := newFakeClock()
-	clock.advance(-time.Hour)
-	d := start(t, q, []Target{{Name: "crm", URL: "https://crm.example.com/hook"}}, Options{Now: clock.now, Poll: time.Hour})
-	depth := func() float64 { return testutil.ToFloat64(d.byName["crm"].m.depth) }
-	q.waitFor(t, 10*time.Second, "a depth of 3 from the first pass", func() bool { return depth() == 3 })
+	d, depth := startCounting(t, q, clock)
 	for i := 3; i < 5; i++ {
 		q.add(t, "crm", fmt.Sprint("evt_", i), "contact.created", `{"id":"ct_1"}`)
 	}
@@ -970,16 +978,10 @@ func TestQueueDepthCountedNowAndThen(t *testing.T) {
 func TestSlowQueueCountsAreSpacedOut(t *testing.T) {
 	t.Parallel()
 	q := newStoreQueue(t)
-	for i := range 3 {
-		q.add(t, "crm", fmt.Sprint("evt_", i), "contact.created", `{"id":"ct_1"}`)
-	}
 	clock := newFakeClock()
-	clock.advance(-time.Hour) // the rows are not due: passes only look
 	const countTakes = 100 * time.Millisecond
 	q.onCount = func() { clock.advance(countTakes) }
-	d := start(t, q, []Target{{Name: "crm", URL: "https://crm.example.com/hook"}}, Options{Now: clock.now, Poll: time.Hour})
-	depth := func() float64 { return testutil.ToFloat64(d.byName["crm"].m.depth) }
-	q.waitFor(t, 10*time.Second, "a depth of 3 from the first pass", func() bool { return depth() == 3 })
+	d, depth := startCounting(t, q, clock)
 	q.add(t, "crm", "evt_3", "contact.created", `{"id":"ct_1"}`)
 	pass := func() {
 		t.Helper()
