@@ -80,8 +80,9 @@ func TestStoreCommandsNeedNoPlatformKey(t *testing.T) {
 }
 
 // TestDeliveriesErrorsSayWhatIsWrong: an unknown delivery is named once,
-// without the error's package prefix twice, and --dead without --target
-// says what it needs.
+// without the error's package prefix twice, --dead without --target says
+// what it needs, and an empty list for a target the configuration does not
+// name says so (a typo, most likely).
 func TestDeliveriesErrorsSayWhatIsWrong(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
 	for _, args := range [][]string{{"deliveries", "show", "99999"}, {"deliveries", "retry", "99999"}} {
@@ -93,6 +94,10 @@ func TestDeliveriesErrorsSayWhatIsWrong(t *testing.T) {
 	code, _, stderr := e.run(context.Background(), "deliveries", "retry", "--dead")
 	if code != 2 || !strings.Contains(stderr, "--dead needs --target") {
 		t.Errorf("retry --dead: exit %d, stderr %q", code, stderr)
+	}
+	code, stdout, _ := e.run(context.Background(), "deliveries", "list", "--target", "crmm")
+	if code != 0 || strings.TrimSpace(stdout) != `no deliveries match (and the configuration has no target "crmm")` {
+		t.Errorf("list --target crmm: exit %d, stdout %q", code, stdout)
 	}
 }
 

@@ -61,7 +61,7 @@ func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
 				}
 				f.Since = t
 			}
-			db, _, err := m.openStore(cmd.Context(), g)
+			db, cfg, err := m.openStore(cmd.Context(), g)
 			if err != nil {
 				return err
 			}
@@ -74,6 +74,12 @@ func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
 				return writeJSONOut(m.Stdout, deliveryRows(rows))
 			}
 			if len(rows) == 0 {
+				if f.Target != "" && !hasTarget(cfg.Targets, f.Target) {
+					// Not an error: a target since removed from the
+					// configuration may still have rows.
+					_, err := fmt.Fprintf(m.Stdout, "no deliveries match (and the configuration has no target %q)\n", f.Target)
+					return err
+				}
 				_, err := fmt.Fprintln(m.Stdout, "no deliveries match")
 				return err
 			}
