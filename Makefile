@@ -22,7 +22,7 @@ test: lint deps ## what CI runs: go vet, gofmt check, test deps, then every test
 	$(GO) test -race -count=1 -timeout 45m $(PKGS)
 
 .PHONY: deps
-deps: ## install chromium, redis-server and the node signature checker when missing
+deps: ## install chromium, redis-server, node, npm and the node signature checker when missing
 	scripts/test-deps
 
 .PHONY: race

@@ -83,7 +83,7 @@ func TestAPIErrorNamesWhatFailed(t *testing.T) {
 	if !errors.Is(err, ErrInvalidCursor) {
 		t.Error("errors.Is does not see the sentinel")
 	}
-	for _, want := range []string{"payments", `"abc"`, "400", "invalid_cursor", "cannot read", "backstop cursors reset payments"} {
+	for _, want := range []string{"payments", `"abc"`, "400", "invalid_cursor", "cannot read"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("%q does not contain %q", err, want)
 		}

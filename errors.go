@@ -56,10 +56,6 @@ func (e *APIError) Error() string {
 	if e.Message != "" {
 		msg += ": " + e.Message
 	}
-	if errors.Is(e.Err, ErrInvalidCursor) && e.Resource != "" {
-		// What to do about it: nothing resets the cursor on its own.
-		msg += fmt.Sprintf(" (backstop cursors reset %s starts its feed over)", e.Resource)
-	}
 	return what + ": " + msg
 }
 

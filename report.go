@@ -75,9 +75,6 @@ type ReconcileReport struct {
 	Orphans int
 	Cost
 	Duration time.Duration
-	// AlreadyDone is set by a backfill that read nothing because the
-	// resource's backfill had finished before.
-	AlreadyDone bool
 	// Err is the error that stopped the run, nil when it finished.
 	Err error
 }

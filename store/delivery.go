@@ -243,8 +243,8 @@ func jsonIDs(ids []int64) string {
 	return string(append(b, ']'))
 }
 
-// scanOutbox reads and converts rows of outboxColumns, at most limit of
-// them, as sqlx and convertOutbox would but without sqlx's reflection or a
+// scanOutbox reads and converts rows of outboxColumns (limit is what the
+// query asked for, a hint for the slice), as sqlx and convertOutbox would but without sqlx's reflection or a
 // second slice (a claim reads a batch on every call), and closes them.
 func scanOutbox(rows *sql.Rows, limit int) ([]OutboxRow, error) {
 	defer rows.Close()
@@ -252,7 +252,7 @@ func scanOutbox(rows *sql.Rows, limit int) ([]OutboxRow, error) {
 	var r outboxRow
 	for rows.Next() {
 		if out == nil {
-			out = make([]OutboxRow, 0, limit)
+			out = make([]OutboxRow, 0, min(limit, 16)) // a claim is often of one row
 		}
 		if err := rows.Scan(&r.ID, &r.Target, &r.EventID, &r.EventType, &r.Payload, &r.Status,
 			&r.Attempts, &r.NextAttemptAt, &r.CreatedAt, &r.UpdatedAt, &r.LastStatus, &r.LastError); err != nil {
@@ -866,12 +866,40 @@ func (db *DB) PruneDelivered(ctx context.Context, before time.Time) (int64, erro
 	return n, nil
 }
 
-// deleteOutbox deletes the outbox rows in status (a Status constant) last
-// changed before before, in chunks; their attempts go with them (ON DELETE
-// CASCADE).
+// deleteOutbox deletes the outbox rows in status last changed before
+// before; their attempts go with them (ON DELETE CASCADE). No index serves
+// that filter, and one would cost every delivery a write, so the rows are
+// found by a scan in id order on a reader connection, which holds no write
+// lock: the writer, which the intake's commits share, only deletes the
+// ids found, a chunk per short transaction, checking status and age again
+// (a row retried meanwhile stays).
 func (db *DB) deleteOutbox(ctx context.Context, status string, before time.Time) (int64, error) {
-	return db.pruneChunked(ctx, `DELETE FROM outbox WHERE id IN (
-		SELECT id FROM outbox WHERE status = '`+status+`' AND updated_at < ? LIMIT ?)`, before)
+	cutoff := backstop.CanonicalTime(before)
+	var total, after int64
+	for {
+		var ids []int64
+		if err := db.r.SelectContext(ctx, &ids, `SELECT id FROM outbox
+			WHERE id > ? AND status = ? AND updated_at < ? ORDER BY id LIMIT ?`, after, status, cutoff, pruneChunk); err != nil {
+			return total, err
+		}
+		if len(ids) == 0 {
+			return total, nil
+		}
+		after = ids[len(ids)-1]
+		res, err := db.w.ExecContext(ctx, `DELETE FROM outbox
+			WHERE id IN (SELECT value FROM json_each(?)) AND status = ? AND updated_at < ?`, jsonIDs(ids), status, cutoff)
+		if err != nil {
+			return total, err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, err
+		}
+		total += n
+		if len(ids) < pruneChunk {
+			return total, nil
+		}
+	}
 }
 
 // PruneAttempts deletes the attempts made before before, whatever their
@@ -910,8 +938,9 @@ func (db *DB) pruneChunked(ctx context.Context, del string, before time.Time) (i
 // Enqueue queues payload, which must be valid JSON, for delivery to target
 // as event eventID of type eventType, pending and due at now, and returns
 // the delivery's id (webhook-proxy mode: payload is delivered as given). A
-// (target, eventID) pair is queued once: a repeat changes nothing and
-// returns the id queued first.
+// (target, eventID) pair is queued once while its row is kept: a repeat
+// changes nothing and returns the id queued first. (Maintenance prunes a
+// delivered row after 14 days; a repeat after that is queued again.)
 func (db *DB) Enqueue(ctx context.Context, target, eventID, eventType string, payload json.RawMessage, now time.Time) (int64, error) {
 	id, err := db.enqueue(ctx, target, eventID, eventType, payload, now)
 	if err != nil {

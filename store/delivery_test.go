@@ -381,20 +381,33 @@ func TestPurgeDeadAndPruneAttemptsAndDelivered(t *testing.T) {
 	}
 
 	// Delivered rows are pruned by when they were delivered, with their
-	// attempts; queued rows and dead letters stay.
+	// attempts; queued rows and dead letters stay, however old.
 	newDelivered := enqueue(t, db, "crm", "evt_4", "payment.succeeded", t0)
 	record(t, db, Attempt{DeliveryID: newDelivered, Attempt: 1, StatusCode: 200, At: t0.Add(2 * time.Hour)},
 		Outcome{Status: StatusDelivered})
 	queued := enqueue(t, db, "crm", "evt_5", "payment.succeeded", t0)
-	n, err = db.PruneDelivered(ctx, t0.Add(time.Hour))
-	if err != nil || n != 1 {
-		t.Fatalf("PruneDelivered = %d, %v; want 1 (the old delivered row)", n, err)
+	oldDead2 := enqueue(t, db, "crm", "evt_6", "payment.succeeded", t0)
+	record(t, db, Attempt{DeliveryID: oldDead2, Attempt: 1, StatusCode: 400, At: t0}, Outcome{Status: StatusDeadLetter})
+	oldDelivered2 := enqueue(t, db, "crm", "evt_7", "payment.succeeded", t0)
+	record(t, db, Attempt{DeliveryID: oldDelivered2, Attempt: 1, StatusCode: 200, At: t0}, Outcome{Status: StatusDelivered})
+	if atts, _ := db.Attempts(ctx, oldDelivered2); len(atts) != 1 {
+		t.Fatalf("set-up: %d attempts", len(atts))
 	}
-	if _, ok, _ := db.Delivery(ctx, oldDelivered); ok {
-		t.Error("the old delivered row was kept")
+	n, err = db.PruneDelivered(ctx, t0.Add(time.Hour))
+	if err != nil || n != 2 {
+		t.Fatalf("PruneDelivered = %d, %v; want 2 (the old delivered rows)", n, err)
+	}
+	for _, id := range []int64{oldDelivered, oldDelivered2} {
+		if _, ok, _ := db.Delivery(ctx, id); ok {
+			t.Errorf("old delivered row %d was kept", id)
+		}
+	}
+	if atts, _ := db.Attempts(ctx, oldDelivered2); len(atts) != 0 {
+		t.Errorf("the pruned delivery kept %d attempts", len(atts))
 	}
 	mustDelivery(t, db, newDelivered)
 	mustDelivery(t, db, newDead)
+	mustDelivery(t, db, oldDead2)
 	mustDelivery(t, db, queued)
 	if atts, _ := db.Attempts(ctx, newDelivered); len(atts) != 1 {
 		t.Errorf("the new delivered row lost its attempt: %+v", atts)

@@ -87,7 +87,7 @@ func TestDeliveriesErrorsSayWhatIsWrong(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
 	for _, args := range [][]string{{"deliveries", "show", "99999"}, {"deliveries", "retry", "99999"}} {
 		code, _, stderr := e.run(context.Background(), args...)
-		if code != 1 || strings.TrimSpace(stderr) != "backstop: no delivery 99999 (backstop deliveries list shows them)" {
+		if code != 1 || strings.TrimSpace(stderr) != "backstop: no delivery 99999 (see backstop deliveries list)" {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
 		}
 	}

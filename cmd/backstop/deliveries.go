@@ -493,5 +493,5 @@ func (notFound) Is(target error) bool { return target == backstop.ErrNotFound }
 
 // noDelivery is the error for a delivery ID that is not in the store.
 func noDelivery(id int64) error {
-	return notFound(fmt.Sprintf("no delivery %d (backstop deliveries list shows them)", id))
+	return notFound(fmt.Sprintf("no delivery %d (see backstop deliveries list)", id))
 }

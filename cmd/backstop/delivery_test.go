@@ -250,7 +250,8 @@ func TestServeWarnsOfAnUnsignedTarget(t *testing.T) {
 	}
 	e.writeConfig(strings.Replace(string(data), `events: ["payment.*"]`, `secret: "${BACKSTOP_TEST_UNSET_SECRET}"`, 1))
 	stderr := serveInProcess(t, e, addr)()
-	want := "schedules.yaml:11: targets[0].secret is empty (BACKSTOP_TEST_UNSET_SECRET unset): deliveries to billing are sent unsigned"
+	want := `level=WARN msg="configuration: targets[0].secret is empty (BACKSTOP_TEST_UNSET_SECRET unset or empty): deliveries to billing are sent unsigned" file=` +
+		e.config + ` line=11 key=targets[0].secret`
 	if !strings.Contains(stderr, want) {
 		t.Errorf("serve did not warn %q:\n%s", want, stderr)
 	}
@@ -259,7 +260,8 @@ func TestServeWarnsOfAnUnsignedTarget(t *testing.T) {
 // serveInProcess runs serve (through Main, in-process) with the
 // webhook secret set until stop is called, once its intake on addr
 // answers; stop returns what serve wrote to stderr, and the test fails if
-// serve did not exit 0.
+// serve did not exit 0. A test that ends before calling stop (a Fatal)
+// stops serve at its cleanup.
 func serveInProcess(t *testing.T, e *env, addr string) (stop func() string) {
 	t.Helper()
 	t.Setenv("BOTIX_WEBHOOK_SECRET", webhookSecret)
@@ -272,6 +274,11 @@ func serveInProcess(t *testing.T, e *env, addr string) (stop func() string) {
 		}
 		done <- stderr
 	}()
+	stop = stdsync.OnceValue(func() string {
+		cancel()
+		return <-done
+	})
+	t.Cleanup(func() { stop() })
 	waitFor(t, 30*time.Second, func() bool {
 		res, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {
@@ -279,10 +286,7 @@ func serveInProcess(t *testing.T, e *env, addr string) (stop func() string) {
 		}
 		return err == nil
 	})
-	return func() string {
-		cancel()
-		return <-done
-	}
+	return stop
 }
 
 // waitFor polls cond with a deadline.

@@ -269,6 +269,9 @@ func TestInvalidCursorStopsWithoutReset(t *testing.T) {
 	if !strings.Contains(stderr, "chats") || !strings.Contains(stderr, "invalid cursor") || !strings.Contains(stderr, before.Value) {
 		t.Errorf("error does not name the resource, the cause and the cursor %q:\n%s", before.Value, stderr)
 	}
+	if !strings.Contains(stderr, "run `backstop cursors reset chats` to start its feed over") {
+		t.Errorf("error does not say how to start over:\n%s", stderr)
+	}
 	db = e.openStore()
 	after, _, err := db.Cursor(context.Background(), backstop.Chats, backstop.CursorSync)
 	db.Close()
@@ -381,7 +384,7 @@ jobs:
 	}
 	// Run again, the finished backfill reads nothing, and says so.
 	code, stdout, stderr = e.run(context.Background(), "backfill", "payments", "--json")
-	if r := parseSummary(t, stdout).Resources[0]; code != 0 || r.Result != "already done" || r.Pages != 0 {
+	if r := parseSummary(t, stdout).Resources[0]; code != 0 || r.Result != "already_done" || r.Pages != 0 {
 		t.Fatalf("second backfill: exit %d, summary %+v, want already done\n%s", code, r, stderr)
 	}
 

@@ -110,7 +110,7 @@ func printStats(w io.Writer, op string, stats []backstop.RunStats, emits map[bac
 // feedResult is a sync or backfill run's outcome as the summary shows it.
 func feedResult(s backstop.RunStats) string {
 	if s.Err == nil && s.AlreadyDone {
-		return "already done" // a finished backfill; --restart reads it again
+		return "already_done" // a finished backfill; --restart reads it again
 	}
 	return result(s.Err)
 }

@@ -62,7 +62,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	defer a.Close()
 	cfg, log := a.cfg, a.log
 	for _, w := range cfg.Warnings() {
-		log.Warn("configuration: " + w.Error())
+		log.Warn("configuration: "+w.Key+" "+w.Msg, "file", w.File, "line", w.Line, "key", w.Key)
 	}
 	secrets := make([]string, 0, 2)
 	for _, s := range cfg.Intake.AllSecrets() {

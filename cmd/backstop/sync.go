@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	stdsync "sync"
 
 	"github.com/spf13/cobra"
@@ -73,7 +75,17 @@ func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string,
 	if err := printStats(m.Stdout, op, stats, emits.byResource(), asJSON); err != nil {
 		return err
 	}
-	return runErr
+	return withCursorHint(runErr)
+}
+
+// withCursorHint adds to the error of a saved cursor the platform could no
+// longer read what to do about it: nothing resets a cursor on its own.
+func withCursorHint(err error) error {
+	var ae *backstop.APIError
+	if errors.As(err, &ae) && errors.Is(err, backstop.ErrInvalidCursor) && ae.Resource != "" {
+		return fmt.Errorf("%w; run `backstop cursors reset %s` to start its feed over", err, ae.Resource)
+	}
+	return err
 }
 
 // emitCounts collects what the resources of one run emitted.

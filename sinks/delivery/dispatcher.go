@@ -129,6 +129,10 @@ const depthEvery = time.Second
 // its queue is longest: it gets a count every 6 s then, not every second.
 const depthCountShare = 50
 
+// depthEveryMax caps that spacing, so that one slow count (a pause of the
+// process, a wait for a connection) does not freeze the gauge for long.
+const depthEveryMax = 30 * time.Second
+
 // stateEvery is how often a worker sending a batch reads its target's pause
 // and disabled state again, so that a 429 or a 410 that another process
 // sharing the store got (and stored) stops this batch too, not only the
@@ -434,7 +438,7 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	}
 	if counts {
 		w.countedAt = now
-		w.countEvery = max(depthEvery, depthCountShare*d.now().Sub(now))
+		w.countEvery = min(max(depthEvery, depthCountShare*d.now().Sub(now)), depthEveryMax)
 		w.m.depth.Set(float64(st.Pending + st.Retrying))
 	}
 	d.setDisabled(w, st.Disabled)

@@ -4,10 +4,10 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"hash"
-	"strings"
 	"sync"
+
+	"github.com/backstop-sync/backstop"
 )
 
 // signer makes one target's webhook-signature values, the same as
@@ -31,9 +31,9 @@ type mac struct {
 // newSigner returns a signer for secret ("whsec_" and base64, or the base64
 // alone), or an error when it is neither (Target.Validate reports it).
 func newSigner(secret string) (*signer, error) {
-	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
-	if err != nil || len(key) == 0 {
-		return nil, errors.New(`not a Standard Webhooks secret (want "whsec_" followed by base64)`)
+	key, err := backstop.DecodeWebhookSecret(secret)
+	if err != nil {
+		return nil, err
 	}
 	s := &signer{key: key}
 	s.macs.New = func() any { return &mac{h: hmac.New(sha256.New, s.key)} }

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/backstop-sync/backstop"
 )
 
 // ErrSignature is wrapped by every error a Verifier returns: the request's
@@ -49,14 +51,13 @@ const (
 )
 
 const (
-	standardWebhooksPrefix = "whsec_"
-	standardSignatureV1    = "v1"
-	githubSignaturePrefix  = "sha256="
-	botixOptionalPrefix    = "sha256="
-	stripeTimestampKey     = "t"
-	stripeSignatureV1      = "v1"
-	hmacSHA256Size         = sha256.Size
-	hmacSHA256HexSize      = 2 * sha256.Size
+	standardSignatureV1   = "v1"
+	githubSignaturePrefix = "sha256="
+	botixOptionalPrefix   = "sha256="
+	stripeTimestampKey    = "t"
+	stripeSignatureV1     = "v1"
+	hmacSHA256Size        = sha256.Size
+	hmacSHA256HexSize     = 2 * sha256.Size
 	// maxUnixTimestampDigits keeps time.Unix and time arithmetic far from
 	// overflow.
 	maxUnixTimestampDigits = 18
@@ -118,7 +119,7 @@ func NewVerifier(scheme string, opts SchemeOptions) (Verifier, error) {
 	case SchemeStandardWebhooks:
 		keys := make([][]byte, len(opts.Secrets))
 		for i, s := range opts.Secrets {
-			k, err := decodeStandardSecret(s)
+			k, err := backstop.DecodeWebhookSecret(s)
 			if err != nil {
 				return nil, fmt.Errorf("intake: scheme %q: secret %d of %d: %w", scheme, i+1, len(opts.Secrets), err)
 			}
@@ -277,20 +278,6 @@ type standardVerifier struct {
 	tolerance time.Duration
 }
 
-// decodeStandardSecret decodes a Standard Webhooks secret, "whsec_" and
-// base64, or the base64 alone. The error never contains the secret.
-func decodeStandardSecret(secret string) ([]byte, error) {
-	b64 := strings.TrimPrefix(secret, standardWebhooksPrefix)
-	key, err := base64.StdEncoding.DecodeString(b64)
-	if err != nil {
-		return nil, errors.New(`not a Standard Webhooks secret (want "whsec_" followed by base64)`)
-	}
-	if len(key) == 0 {
-		return nil, errors.New("the Standard Webhooks secret is empty after decoding")
-	}
-	return key, nil
-}
-
 // parseStandardSignatures decodes a webhook-signature header: signatures
 // separated by spaces, each "<version>,<base64>". Only v1 signatures are
 // returned; other versions, and v1 entries that are not base64, are
@@ -363,7 +350,7 @@ func (v *standardVerifier) Verify(h http.Header, body []byte, now time.Time) err
 // for a message id, timestamp and body. secret is "whsec_" and base64, or
 // the base64 alone; the error says when it is neither.
 func SignStandardWebhooks(secret, id string, ts time.Time, body []byte) (string, error) {
-	key, err := decodeStandardSecret(secret)
+	key, err := backstop.DecodeWebhookSecret(secret)
 	if err != nil {
 		return "", fmt.Errorf("intake: sign: %w", err)
 	}

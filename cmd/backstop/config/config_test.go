@@ -279,8 +279,15 @@ func TestParseLocal(t *testing.T) {
 func TestTargetSecrets(t *testing.T) {
 	base := "source:\n  base_url: https://api.example.com\n  api_key: k\ntargets:\n"
 	_, err := Parse("schedules.yaml", []byte(base+"  - {name: crm, url: \"https://crm.example.com\", secret: \"hunter2!\"}\n"), env(nil))
-	if err == nil || err.Error() != `schedules.yaml:5: targets[0].secret: want a Standard Webhooks secret: "whsec_" followed by base64` {
+	if err == nil || err.Error() != `schedules.yaml:5: targets[0].secret: want a Standard Webhooks secret: base64, usually after "whsec_"` {
 		t.Errorf("bad secret: %v", err)
+	}
+	// The intake's, under the standard-webhooks scheme, the same way, and
+	// the message names the variable the value came from.
+	_, err = Parse("schedules.yaml", []byte("source:\n  base_url: https://api.example.com\n  api_key: k\n"+
+		"intake:\n  scheme: standard-webhooks\n  secret: whsec_${WHSEC}\n"), env(map[string]string{"WHSEC": "not base64!"}))
+	if err == nil || err.Error() != `schedules.yaml:6: intake.secret: want a Standard Webhooks secret: base64, usually after "whsec_" (check WHSEC)` {
+		t.Errorf("bad intake secret: %v", err)
 	}
 	cfg, err := Parse("schedules.yaml", []byte(base+"  - name: crm\n    url: https://crm.example.com\n    secret: ${CRM_WEBHOOK_SECRET}\n"+
 		"  - {name: erp, url: \"https://erp.example.com\"}\n"+
@@ -289,7 +296,7 @@ func TestTargetSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := cfg.Warnings()
-	if len(w) != 1 || w[0].Error() != "schedules.yaml:7: targets[0].secret is empty (CRM_WEBHOOK_SECRET unset): deliveries to crm are sent unsigned" {
+	if len(w) != 1 || w[0].Error() != "schedules.yaml:7: targets[0].secret is empty (CRM_WEBHOOK_SECRET unset or empty): deliveries to crm are sent unsigned" {
 		t.Errorf("warnings %v, want one for crm's unset secret", w)
 	}
 }

@@ -2,7 +2,6 @@ package config
 
 import (
 	"cmp"
-	"encoding/base64"
 	"fmt"
 	"maps"
 	"math"
@@ -13,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/backstop-sync/backstop"
 )
 
 // Validate checks what decoding cannot: required values, ranges, enums,
@@ -137,6 +138,12 @@ func (c *Config) validate(p *problems) {
 		p.add(c.errorf("intake.path", "want a path starting with /, got %q", in.Path))
 	}
 	p.add(c.oneOf("intake.scheme", &in.Scheme, false, "botix", "standard-webhooks", "github", "stripe"))
+	if in.Scheme == "standard-webhooks" {
+		p.add(c.webhookSecret("intake.secret", in.Secret))
+		for i, sec := range in.Secrets {
+			p.add(c.webhookSecret(fmt.Sprintf("intake.secrets[%d]", i), sec))
+		}
+	}
 	p.add(c.positive("intake.tolerance", in.Tolerance))
 	p.add(c.oneOf("intake.synchronous", &in.Synchronous, true, "NORMAL", "FULL"))
 	if in.MaxBatch < 1 || in.MaxBatch > 10000 {
@@ -160,14 +167,10 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 	k := fmt.Sprintf("targets[%d]", i)
 	p.add(c.name(k, t.Name, names))
 	p.add(c.required(k+".url", t.URL), c.url(k+".url", t.URL, "http", "https"))
-	if secret := t.Secret.Value(); secret != "" {
-		// The value is a secret: the message does not repeat it.
-		key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
-		if err != nil || len(key) == 0 {
-			p.add(c.errorf(k+".secret", `want a Standard Webhooks secret: "whsec_" followed by base64`))
-		}
+	if t.Secret != "" {
+		p.add(c.webhookSecret(k+".secret", t.Secret))
 	} else if vars := c.varsOf(k + ".secret"); len(vars) > 0 {
-		c.warnf(k+".secret", "is empty (%s unset): deliveries to %s are sent unsigned", strings.Join(vars, ", "), t.Name)
+		c.warnf(k+".secret", "is empty (%s unset or empty): deliveries to %s are sent unsigned", strings.Join(vars, ", "), t.Name)
 	}
 	if len(t.Events) == 0 {
 		p.add(c.errorf(k+".events", `is empty: leave it out for all events ("*")`))
@@ -251,6 +254,23 @@ func (c *Config) Warnings() []*Error { return c.warnings }
 // warnf records a warning for key.
 func (c *Config) warnf(key, format string, args ...any) {
 	c.warnings = append(c.warnings, c.errorf(key, format, args...))
+}
+
+// webhookSecret reports a Standard Webhooks secret that is not one (an
+// empty one is left to the checks of the key). The message names the
+// variables the value came from, never the value.
+func (c *Config) webhookSecret(key string, secret Secret) *Error {
+	if secret == "" {
+		return nil
+	}
+	if _, err := backstop.DecodeWebhookSecret(secret.Value()); err == nil {
+		return nil
+	}
+	msg := `want a Standard Webhooks secret: base64, usually after "whsec_"`
+	if vars := c.varsOf(key); len(vars) > 0 {
+		msg += " (check " + strings.Join(vars, ", ") + ")"
+	}
+	return c.errorf(key, "%s", msg)
 }
 
 // varsOf returns the variables the value of key was expanded from.
