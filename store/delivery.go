@@ -886,16 +886,12 @@ func (db *DB) deleteOutbox(ctx context.Context, status string, before time.Time)
 			return total, nil
 		}
 		after = ids[len(ids)-1]
-		res, err := db.w.ExecContext(ctx, `DELETE FROM outbox
+		n, err := db.execCount(ctx, `DELETE FROM outbox
 			WHERE id IN (SELECT value FROM json_each(?)) AND status = ? AND updated_at < ?`, jsonIDs(ids), status, cutoff)
-		if err != nil {
-			return total, err
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return total, err
-		}
 		total += n
+		if err != nil {
+			return total, err
+		}
 		if len(ids) < pruneChunk {
 			return total, nil
 		}
@@ -920,19 +916,24 @@ func (db *DB) pruneChunked(ctx context.Context, del string, before time.Time) (i
 	cutoff := backstop.CanonicalTime(before)
 	var total int64
 	for {
-		res, err := db.w.ExecContext(ctx, del, cutoff, pruneChunk)
-		if err != nil {
-			return total, err
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return total, err
-		}
+		n, err := db.execCount(ctx, del, cutoff, pruneChunk)
 		total += n
+		if err != nil {
+			return total, err
+		}
 		if n < pruneChunk {
 			return total, nil
 		}
 	}
+}
+
+// execCount runs q on the writer and returns how many rows it changed.
+func (db *DB) execCount(ctx context.Context, q string, args ...any) (int64, error) {
+	res, err := db.w.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // Enqueue queues payload, which must be valid JSON, for delivery to target
