@@ -179,6 +179,22 @@ func (db *DB) FinishReconcile(ctx context.Context, runID int64, rep backstop.Rec
 	return nil
 }
 
+// PruneReconcileRuns deletes the reconcile runs started before before,
+// except each resource's last successful, non-dry run, which sets the
+// default window of the next (LastReconcile), and returns how many it
+// deleted.
+func (db *DB) PruneReconcileRuns(ctx context.Context, before time.Time) (int64, error) {
+	n, err := db.execCount(ctx, `DELETE FROM reconcile_runs WHERE started_at < ? AND id NOT IN (
+		SELECT (SELECT k.id FROM reconcile_runs AS k
+			WHERE k.resource = r.resource AND k.status = 'ok' AND k.dry_run = 0
+			ORDER BY k.started_at DESC, k.id DESC LIMIT 1)
+		FROM (SELECT DISTINCT resource FROM reconcile_runs) AS r)`, backstop.CanonicalTime(before))
+	if err != nil {
+		return n, fmt.Errorf("prune reconcile runs: %w", err)
+	}
+	return n, nil
+}
+
 // LastReconcile returns when the last successful, non-dry reconcile run of
 // r started, or ok=false when there has been none.
 func (db *DB) LastReconcile(ctx context.Context, r backstop.Resource) (startedAt time.Time, ok bool, err error) {

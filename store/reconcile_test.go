@@ -147,6 +147,18 @@ func TestReconcileRunsAndOrphans(t *testing.T) {
 		t.Errorf("limit 1: %+v %v", runs, err)
 	}
 
+	// Pruning keeps the run the default window starts from, however old.
+	pruned, err := db.PruneReconcileRuns(ctx, start.Add(2*time.Hour))
+	if err != nil || pruned != 2 {
+		t.Fatalf("PruneReconcileRuns = %d, %v; want 2 (the dry and the failed run)", pruned, err)
+	}
+	if last, ok, err := db.LastReconcile(ctx, r); err != nil || !ok || !last.Equal(start) {
+		t.Errorf("after pruning, last reconcile %v ok=%v err=%v, want %v", last, ok, err, start)
+	}
+	if runs, err := db.ReconcileRuns(ctx, 0); err != nil || len(runs) != 1 || runs[0].ID != id {
+		t.Errorf("after pruning: %+v %v, want only run %d", runs, err, id)
+	}
+
 	if err := db.FinishReconcile(ctx, 999, rep); !errors.Is(err, backstop.ErrNotFound) {
 		t.Errorf("finish an unknown run: %v, want ErrNotFound", err)
 	}

@@ -88,6 +88,9 @@ func (*countingStore) PruneProcessed(context.Context, time.Time) (int64, error) 
 func (*countingStore) PruneJobRuns(context.Context, time.Time) (int64, error)   { return 0, nil }
 func (*countingStore) PruneAttempts(context.Context, time.Time) (int64, error)  { return 0, nil }
 func (*countingStore) PruneDelivered(context.Context, time.Time) (int64, error) { return 0, nil }
+func (*countingStore) PruneReconcileRuns(context.Context, time.Time) (int64, error) {
+	return 0, nil
+}
 
 // Two schedulers with the same job: only the leader runs it; when the
 // leader stops, the other takes over.

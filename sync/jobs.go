@@ -115,6 +115,9 @@ type JobStore interface {
 	// PruneDelivered deletes the deliveries delivered before before, with
 	// their attempts.
 	PruneDelivered(ctx context.Context, before time.Time) (int64, error)
+	// PruneReconcileRuns deletes reconcile runs started before before,
+	// except each resource's last successful one.
+	PruneReconcileRuns(ctx context.Context, before time.Time) (int64, error)
 }
 
 // Errors of the scheduler, for errors.Is.
@@ -545,9 +548,10 @@ func (s *Scheduler) work(ctx context.Context, j Job) (backstop.JobCounts, error)
 	return c, errors.Join(errs...)
 }
 
-// maintain prunes processed events and job runs older than the retention,
-// and delivery attempts and delivered deliveries older than
-// AttemptRetention (the delivery log's 14 days).
+// maintain prunes processed events, job runs and reconcile runs (but the
+// last successful one of each resource) older than the retention, and
+// delivery attempts and delivered deliveries older than AttemptRetention
+// (the delivery log's 14 days).
 func (s *Scheduler) maintain(ctx context.Context, c *backstop.JobCounts) error {
 	before := s.opts.Now().Add(-s.opts.Retention)
 	n, err := s.opts.Store.PruneProcessed(ctx, before)
@@ -556,6 +560,11 @@ func (s *Scheduler) maintain(ctx context.Context, c *backstop.JobCounts) error {
 		return err
 	}
 	n, err = s.opts.Store.PruneJobRuns(ctx, before)
+	c.Pruned += n
+	if err != nil {
+		return err
+	}
+	n, err = s.opts.Store.PruneReconcileRuns(ctx, before)
 	c.Pruned += n
 	if err != nil {
 		return err
