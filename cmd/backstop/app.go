@@ -66,12 +66,6 @@ func (m *Main) openApp(ctx context.Context, g *globals, logw io.Writer) (*app, e
 	return m.openAppWith(ctx, g, logw, func(c *config.Config) string { return c.Store.Synchronous })
 }
 
-// openAppWith is openApp with the SQLite synchronous level chosen from the
-// configuration (serve uses intake.synchronous, FULL by default).
-func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, synchronous func(*config.Config) string) (*app, error) {
-	return m.openAppOpts(ctx, g, logw, synchronous)
-}
-
 // openAppLocal opens what commands that only read (jobs) need: the
 // configuration, read as openStore reads it (the platform's address and
 // key may be missing), and the store. They make no platform request, so
@@ -89,7 +83,9 @@ func (m *Main) openAppLocal(ctx context.Context, g *globals, logw io.Writer) (*a
 	return &app{cfg: cfg, db: db, log: log, engine: &bsync.Engine{Mirror: db, Logger: log}}, nil
 }
 
-func (m *Main) openAppOpts(ctx context.Context, g *globals, logw io.Writer, synchronous func(*config.Config) string) (*app, error) {
+// openAppWith is openApp with the SQLite synchronous level chosen from the
+// configuration (serve uses intake.synchronous, FULL by default).
+func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, synchronous func(*config.Config) string) (*app, error) {
 	log, err := g.newLogger(logw)
 	if err != nil {
 		return nil, err
