@@ -192,8 +192,11 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 	tctx, stop := context.WithTimeout(ctx, o.duration)
 	ticker := time.NewTicker(5 * time.Second)
 	runDone := make(chan struct{})
+	// The sender is started first, for ctx: it outlives the traffic phase so
+	// the platform's retries finish. Run would otherwise start it for tctx
+	// and stop it, retries pending, when the traffic ends.
+	platform.StartWebhooks(ctx)
 	go func() { defer close(runDone); platform.Run(tctx) }()
-	platform.StartWebhooks(ctx) // outlives the traffic phase: retries finish
 	for waiting := true; waiting; {
 		select {
 		case <-runDone:
