@@ -117,6 +117,28 @@ type Route struct {
 	Events []string
 }
 
+// QueuedTargets calls queued once for each route whose globs match an event
+// that the emit queued outbox rows for: results are the emit's, in the
+// order of events (as EventLog.Emit returns them). Callers use it to wake
+// those targets' delivery workers after the commit.
+func QueuedTargets(events []Event, results []EmitResult, routes []Route, queued func(target string)) {
+	var seen []bool // by route, made on the first event that queued rows
+	for i, r := range results {
+		if r.Outbox == 0 || i >= len(events) {
+			continue
+		}
+		if seen == nil {
+			seen = make([]bool, len(routes))
+		}
+		for j, rt := range routes {
+			if !seen[j] && MatchEvents(rt.Events, events[i].Type) {
+				seen[j] = true
+				queued(rt.Target)
+			}
+		}
+	}
+}
+
 // EmitStatus is the outcome of emitting one event.
 type EmitStatus string
 

@@ -18,6 +18,7 @@ import (
 	"github.com/backstop-sync/backstop/cmd/backstop/config"
 	"github.com/backstop-sync/backstop/sinks/delivery"
 	"github.com/backstop-sync/backstop/sinks/intake"
+	"github.com/backstop-sync/backstop/store"
 )
 
 // shutdownTimeout bounds how long serve waits for in-flight requests and
@@ -112,7 +113,10 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		return usagef("targets: %v", err)
 	}
 	// Each commit that queues rows wakes their targets' workers, so a
-	// webhook is delivered on at once, not at the dispatcher's next poll.
+	// webhook is delivered on at once, not at the dispatcher's next poll;
+	// so does each page a sync job emits and each reconcile's re-emission
+	// (the scheduler, not started yet, runs its jobs on a.engine).
+	a.engine.Mirror = wakingStore{DB: a.db, wake: dispatcher.Wake}
 	stack := startIntake(ctx, a.db, meter, verifier,
 		intakeOptions{routes: routes, maxBatch: cfg.Intake.MaxBatch, onQueued: dispatcher.Wake}, log, reg)
 	handler := stack.handler
@@ -226,4 +230,31 @@ func writeJSONStatus(w http.ResponseWriter, code int, status string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	fmt.Fprintf(w, "{\"status\":%q}\n", status)
+}
+
+// wakingStore is the store as serve's jobs write to it: each emit that
+// queues outbox rows wakes their targets' delivery workers once it has
+// committed, so that what a sync or a reconcile finds is delivered at once
+// rather than at the dispatcher's next poll.
+type wakingStore struct {
+	*store.DB
+	wake func(target string)
+}
+
+// EmitPage is store.DB's, then wakes the targets it queued rows for.
+func (s wakingStore) EmitPage(ctx context.Context, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, error) {
+	res, err := s.DB.EmitPage(ctx, events, routes, cur)
+	if err == nil {
+		backstop.QueuedTargets(events, res, routes, s.wake)
+	}
+	return res, err
+}
+
+// Emit is store.DB's, then wakes the targets it queued rows for.
+func (s wakingStore) Emit(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
+	res, err := s.DB.Emit(ctx, events, routes)
+	if err == nil {
+		backstop.QueuedTargets(events, res, routes, s.wake)
+	}
+	return res, err
 }

@@ -50,7 +50,7 @@ func NewBatcher(log backstop.EventLog, opts BatcherOptions) *Batcher {
 		switch {
 		case err == nil:
 			if opts.OnQueued != nil && len(results) == len(events) {
-				wakeTargets(events, results, routes, opts.OnQueued)
+				backstop.QueuedTargets(events, results, routes, opts.OnQueued)
 			}
 		case len(events) == 1:
 			logger.Error("commit failed", "event_id", events[0].ID, "error", err)
@@ -60,26 +60,6 @@ func NewBatcher(log backstop.EventLog, opts BatcherOptions) *Batcher {
 		return results, err
 	}
 	return &Batcher{w: groupcommit.New(emit, groupcommit.Options{MaxBatch: opts.MaxBatch, Observe: opts.Observe})}
-}
-
-// wakeTargets calls wake once for each route whose globs match an event
-// of a commit that queued outbox rows.
-func wakeTargets(events []backstop.Event, results []backstop.EmitResult, routes []backstop.Route, wake func(string)) {
-	var woken []bool // by route, made on the first event that queued rows
-	for i, r := range results {
-		if r.Outbox == 0 {
-			continue
-		}
-		if woken == nil {
-			woken = make([]bool, len(routes))
-		}
-		for j, rt := range routes {
-			if !woken[j] && backstop.MatchEvents(rt.Events, events[i].Type) {
-				woken[j] = true
-				wake(rt.Target)
-			}
-		}
-	}
 }
 
 // Submit queues ev and waits for the commit that holds it. A nil error means

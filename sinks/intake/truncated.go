@@ -129,7 +129,7 @@ func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event) {
 		res, err = f.store.CompleteTruncated(ctx, ev.ID, obj, f.routes)
 		if err == nil {
 			if f.onQueued != nil {
-				wakeTargets([]backstop.Event{ev}, []backstop.EmitResult{res}, f.routes, f.onQueued)
+				backstop.QueuedTargets([]backstop.Event{ev}, []backstop.EmitResult{res}, f.routes, f.onQueued)
 			}
 			delete(f.attempts, ev.ID)
 			f.result("ok")
