@@ -187,6 +187,31 @@ func (db *DB) FailTruncated(ctx context.Context, eventID string, errMsg string, 
 	return nil
 }
 
+// AbandonTruncated gives up on the truncated event eventID, whose object
+// the platform says does not exist: one more attempt and errMsg are
+// recorded, and the event no longer waits for its object (it is neither
+// fetched again nor counted by CountTruncatedPending). It stays in
+// processed_events, so its id and dedup key still suppress repeats; it is
+// neither mirrored nor queued. It fails with an error wrapping
+// backstop.ErrNotFound when no event with that id is waiting for its
+// object.
+func (db *DB) AbandonTruncated(ctx context.Context, eventID string, errMsg string) error {
+	res, err := db.w.ExecContext(ctx, `UPDATE processed_events
+		SET fetch_attempts = fetch_attempts + 1, last_fetch_error = ?, next_fetch_at = NULL, truncated = 0
+		WHERE event_id = ? AND truncated = 1`, errMsg, eventID)
+	if err != nil {
+		return fmt.Errorf("abandon truncated event %s: %w", eventID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("abandon truncated event %s: %w", eventID, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("abandon truncated event %s: no such event waiting for its object: %w", eventID, backstop.ErrNotFound)
+	}
+	return nil
+}
+
 // CountTruncatedPending returns how many truncated events still wait for
 // their object, due or not.
 func (db *DB) CountTruncatedPending(ctx context.Context) (int, error) {

@@ -50,7 +50,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		TruncatedFetches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "backstop_truncated_fetches_total",
-			Help: "Fetches of truncated events' objects by result (ok, error).",
+			Help: "Fetches of truncated events' objects by result (ok, error, gave_up: the platform has no such object).",
 		}, []string{"result"}),
 		TruncatedPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "backstop_truncated_pending",

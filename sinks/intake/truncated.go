@@ -2,6 +2,7 @@ package intake
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -13,13 +14,20 @@ type TruncatedStore interface {
 	DueTruncated(ctx context.Context, now time.Time, limit int) ([]backstop.Event, error)
 	CompleteTruncated(ctx context.Context, eventID string, obj backstop.Object, routes []backstop.Route) (backstop.EmitResult, error)
 	FailTruncated(ctx context.Context, eventID string, errMsg string, next time.Time) error
+	AbandonTruncated(ctx context.Context, eventID string, errMsg string) error
 	CountTruncatedPending(ctx context.Context) (int, error)
 }
+
+// DefaultNotFoundGrace is FetcherOptions.NotFoundGrace's default.
+const DefaultNotFoundGrace = time.Hour
 
 // Fetcher completes truncated events: it fetches each one's object through
 // the governed API client and finishes the event (mirror, outbox) in the
 // store. A failed fetch is retried with exponential backoff, logged and
-// counted.
+// counted. An event whose object the platform still says does not exist
+// (404) once it is NotFoundGrace old is given up (see
+// FetcherOptions.NotFoundGrace); other failures are retried for as long as
+// they last.
 type Fetcher struct {
 	store    TruncatedStore
 	source   backstop.Source
@@ -30,6 +38,7 @@ type Fetcher struct {
 	interval time.Duration
 	minRetry time.Duration
 	maxRetry time.Duration
+	grace    time.Duration
 	wake     chan struct{}
 	attempts map[string]int
 	onQueued func(target string)
@@ -45,6 +54,12 @@ type FetcherOptions struct {
 	Interval time.Duration
 	// MinRetry and MaxRetry bound the retry backoff (default 1s and 5m).
 	MinRetry, MaxRetry time.Duration
+	// NotFoundGrace is how long after its created_at an event's object may
+	// still be missing from the API (a webhook can come before the object
+	// can be read) before a 404 gives the event up (default 1h): it is
+	// logged, counted as result "gave_up", and left unmirrored and
+	// unqueued; a reconcile emits the object should it appear later.
+	NotFoundGrace time.Duration
 	// OnQueued, when set, is told the targets a completed event was
 	// queued for (see BatcherOptions.OnQueued).
 	OnQueued func(target string)
@@ -67,9 +82,12 @@ func NewFetcher(st TruncatedStore, src backstop.Source, opts FetcherOptions) *Fe
 	if opts.MaxRetry <= 0 {
 		opts.MaxRetry = 5 * time.Minute
 	}
+	if opts.NotFoundGrace <= 0 {
+		opts.NotFoundGrace = DefaultNotFoundGrace
+	}
 	return &Fetcher{
 		store: st, source: src, routes: opts.Routes, metrics: opts.Metrics, logger: opts.Logger, onQueued: opts.OnQueued,
-		now: opts.Now, interval: opts.Interval, minRetry: opts.MinRetry, maxRetry: opts.MaxRetry,
+		now: opts.Now, interval: opts.Interval, minRetry: opts.MinRetry, maxRetry: opts.MaxRetry, grace: opts.NotFoundGrace,
 		wake: make(chan struct{}, 1), attempts: map[string]int{},
 	}
 }
@@ -124,6 +142,7 @@ func (f *Fetcher) drain(ctx context.Context) {
 
 func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event) {
 	obj, _, err := f.source.Get(ctx, ev.Resource, ev.ObjectID)
+	missing := errors.Is(err, backstop.ErrNotFound) // on the platform, not in the store
 	if err == nil {
 		var res backstop.EmitResult
 		res, err = f.store.CompleteTruncated(ctx, ev.ID, obj, f.routes)
@@ -139,6 +158,16 @@ func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event) {
 		}
 	}
 	if ctx.Err() != nil {
+		return
+	}
+	if missing && f.now().Sub(ev.CreatedAt) >= f.grace {
+		delete(f.attempts, ev.ID)
+		f.result("gave_up")
+		f.logger.Error("truncated event given up: the platform has no such object", "event_id", ev.ID,
+			"resource", ev.Resource, "object_id", ev.ObjectID, "event_created_at", ev.CreatedAt, "error", err)
+		if aerr := f.store.AbandonTruncated(ctx, ev.ID, "given up: "+err.Error()); aerr != nil && ctx.Err() == nil {
+			f.logger.Error("record truncated event given up", "event_id", ev.ID, "error", aerr)
+		}
 		return
 	}
 	f.result("error")

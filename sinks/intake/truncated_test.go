@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,6 +100,89 @@ func TestTruncatedEventIsCompletedFromTheAPI(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(metrics.TruncatedFetches.WithLabelValues("ok")); got != 1 {
 		t.Errorf("completed fetches metric = %v, want 1", got)
+	}
+}
+
+// A truncated event whose object the platform says does not exist is
+// retried while the object may still be on its way (NotFoundGrace after the
+// event's created_at), then given up: logged, counted, no longer pending
+// and never fetched again, neither mirrored nor queued, and still a
+// duplicate when the platform sends it again.
+func TestTruncatedEventWithoutObjectIsGivenUp(t *testing.T) {
+	s := sim.New(sim.Options{Seed: 3, Objects: 20})
+	api := httptest.NewServer(s.Handler())
+	defer api.Close()
+	client, err := sources.New(sources.Options{BaseURL: api.URL, APIKey: s.APIKey(), RetryMax: -1,
+		Governor: governor.New(s.APIKey(), governor.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	created := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	body := []byte(`{"event_id":"evt_gone","event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","truncated":true,"data":{"id":"pay_doesnotexist"}}`)
+	ev, err := intake.ParseEnvelope(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	if res, err := db.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitAccepted {
+		t.Fatalf("emit truncated: %v %v", res, err)
+	}
+
+	metrics := intake.NewMetrics(prometheus.NewRegistry())
+	var mu sync.Mutex
+	now := created.Add(time.Minute) // the object may still be on its way
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	f := intake.NewFetcher(db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	// Within the grace a 404 is retried like any failure.
+	waitFor(t, func() bool {
+		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_gone")
+		return pe.FetchAttempts >= 1
+	})
+	pe, _, _ := db.ProcessedEvent(context.Background(), "evt_gone")
+	if !pe.Truncated || !pe.NextFetchAt.After(created) {
+		t.Fatalf("after a 404 within the grace: %+v, want it retried", pe)
+	}
+	if got := testutil.ToFloat64(metrics.TruncatedFetches.WithLabelValues("gave_up")); got != 0 {
+		t.Fatalf("given up within the grace: %v", got)
+	}
+
+	// Past the grace, the next 404 gives it up.
+	mu.Lock()
+	now = created.Add(intake.DefaultNotFoundGrace + time.Minute)
+	mu.Unlock()
+	f.Wake()
+	waitFor(t, func() bool {
+		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_gone")
+		return !pe.Truncated
+	})
+	pe, _, _ = db.ProcessedEvent(context.Background(), "evt_gone")
+	if !strings.HasPrefix(pe.LastFetchError, "given up") || pe.FetchAttempts < 2 {
+		t.Fatalf("given-up event: %+v", pe)
+	}
+	if got := testutil.ToFloat64(metrics.TruncatedFetches.WithLabelValues("gave_up")); got != 1 {
+		t.Errorf("gave_up fetches metric = %v, want 1", got)
+	}
+	if n, err := db.CountTruncatedPending(context.Background()); err != nil || n != 0 {
+		t.Errorf("truncated pending = %d (%v), want 0", n, err)
+	}
+	if rows, err := db.OutboxRows(context.Background(), "billing"); err != nil || len(rows) != 0 {
+		t.Errorf("outbox of a given-up event: %v %+v, want none", err, rows)
+	}
+	if _, ok, err := db.Get(context.Background(), backstop.Payments, "pay_doesnotexist"); err != nil || ok {
+		t.Errorf("mirror has the missing object: ok=%v err=%v", ok, err)
+	}
+	if res, err := db.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitDuplicate {
+		t.Errorf("the platform's retry of a given-up event: %v %v, want a duplicate", res, err)
 	}
 }
 
