@@ -51,8 +51,9 @@ func (m *Main) demoCommand(g *globals) *cobra.Command {
 		Long: `demo runs everything in one process, with nothing to configure: the platform
 simulator, which loses 10% of its webhooks and duplicates and reorders some of
 the rest; backstop's webhook intake receiving them; a backfill of the mirror
-before the traffic starts; then --duration of live changes; then a payment
-reconciliation that finds what the lost webhooks never said; and a local
+before the traffic starts; then --duration of live changes; then a
+reconciliation of every resource that finds what the lost webhooks never said
+(the check covers all four resources); and a local
 recording target that the delivery dispatcher sends every queued event to.
 
 It ends with a report and a computed check line, "mirror matches platform:
@@ -217,18 +218,27 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 	if err != nil {
 		return fmt.Errorf("waiting for the platform's webhook retries: %w", err)
 	}
-	behindBefore, err := mirrorDiff(ctx, db, platform, backstop.Payments)
+	behindBefore, err := mirrorDiffAll(ctx, db, platform)
 	if err != nil {
 		return err
 	}
 
-	// 3. Reconciliation finds what the lost webhooks never said.
-	fmt.Fprintln(out, "3. reconcile payments (the hourly job) ...")
-	rep, err := engine.Reconcile(ctx, backstop.Payments, bsync.ReconcileOptions{Full: true, Routes: routes})
-	if err != nil {
-		return err
+	// 3. Reconciliation finds what the lost webhooks never said, for every
+	// resource (the hourly payments job does one of these).
+	fmt.Fprintln(out, "3. reconcile every resource ...")
+	var rep backstop.ReconcileReport
+	for _, r := range backstop.Resources {
+		one, err := engine.Reconcile(ctx, r, bsync.ReconcileOptions{Full: true, Routes: routes})
+		if err != nil {
+			return err
+		}
+		rep.Scanned += one.Scanned
+		rep.Missing += one.Missing
+		rep.Behind += one.Behind
+		rep.Reemitted += one.Reemitted
+		rep.Suppressed += one.Suppressed
 	}
-	behindAfter, err := mirrorDiff(ctx, db, platform, backstop.Payments)
+	behindAfter, err := mirrorDiffAll(ctx, db, platform)
 	if err != nil {
 		return err
 	}
@@ -278,7 +288,7 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 	fmt.Fprintf(tw, "  webhooks duplicated / reordered\t%d / %d\n", ws.Duplicated, ws.Reordered)
 	fmt.Fprintf(tw, "  events accepted from webhooks\t%d\n", origins[backstop.OriginWebhook])
 	fmt.Fprintf(tw, "  duplicate webhooks suppressed\t%d\n", dups)
-	fmt.Fprintf(tw, "  payments behind before reconcile\t%d\n", behindBefore)
+	fmt.Fprintf(tw, "  objects behind before reconcile\t%d\n", behindBefore)
 	fmt.Fprintf(tw, "  reconcile: scanned / missing / behind\t%d / %d / %d\n", rep.Scanned, rep.Missing, rep.Behind)
 	fmt.Fprintf(tw, "  reconcile: re-emitted / suppressed\t%d / %d\n", rep.Reemitted, rep.Suppressed)
 	fmt.Fprintf(tw, "  events queued for delivery (outbox)\t%d\n", len(queued))
@@ -288,9 +298,22 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 	match := behindAfter == 0
 	fmt.Fprintf(out, "mirror matches platform: %s\n", yesNo(match))
 	if !match {
-		return fmt.Errorf("%w: %d payments differ after reconcile", errDemoMismatch, behindAfter)
+		return fmt.Errorf("%w: %d objects differ after reconcile", errDemoMismatch, behindAfter)
 	}
 	return nil
+}
+
+// mirrorDiffAll is mirrorDiff summed over every resource.
+func mirrorDiffAll(ctx context.Context, db *store.DB, platform *sim.Sim) (int, error) {
+	total := 0
+	for _, r := range backstop.Resources {
+		n, err := mirrorDiff(ctx, db, platform, r)
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // mirrorDiff counts the platform's objects of r whose current version the
