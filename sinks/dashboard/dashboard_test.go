@@ -389,6 +389,11 @@ func TestEveryPageRenders(t *testing.T) {
 	if a := do(t, c, "GET", srv.URL+"/ui/deliveries?status=lost", nil, html); a.status != http.StatusBadRequest {
 		t.Errorf("unknown status filter: %d, want 400", a.status)
 	}
+	for _, p := range []string{"0", "-1", "two", "9223372036854775807", "1000001"} {
+		if a := do(t, c, "GET", srv.URL+"/ui/deliveries?page="+p, nil, html); a.status != http.StatusBadRequest || !strings.Contains(a.body, "not a page number") {
+			t.Errorf("page %s: %d, want 400 saying it is not a page number", p, a.status)
+		}
+	}
 	if a := do(t, c, "GET", srv.URL+"/ui/static/style.css", nil, nil); a.status != http.StatusOK || !strings.Contains(a.header.Get("Content-Type"), "text/css") {
 		t.Errorf("stylesheet: %d %s", a.status, a.header.Get("Content-Type"))
 	}

@@ -41,6 +41,10 @@ type deliveriesData struct {
 	Since time.Time
 }
 
+// maxPage is the highest page number of a delivery list: far beyond any
+// log kept, and low enough that its offset cannot overflow.
+const maxPage = 1_000_000
+
 // deliveriesPage is the delivery log: filters, pages, one expandable row per
 // delivery.
 func (d *Dashboard) deliveriesPage(w http.ResponseWriter, r *http.Request) {
@@ -61,8 +65,15 @@ func (d *Dashboard) deadLettersPage(w http.ResponseWriter, r *http.Request) {
 
 func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status string, dead bool, nav string) {
 	q := r.URL.Query()
-	pageNo, _ := strconv.Atoi(q.Get("page"))
-	pageNo = max(pageNo, 1)
+	pageNo := 1
+	if s := q.Get("page"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxPage {
+			d.fail(w, r, http.StatusBadRequest, "bad_page", fmt.Sprintf("Page %q is not a page number from 1 to %d.", s, maxPage))
+			return
+		}
+		pageNo = n
+	}
 	f := DeliveryFilter{
 		Status: status, Target: q.Get("target"), EventType: q.Get("event"),
 		Limit: d.opts.PageSize + 1, Offset: (pageNo - 1) * d.opts.PageSize,
