@@ -13,8 +13,11 @@ import (
 // cursorColumns are the columns of cursors in the order cursorRow lists them.
 const cursorColumns = `resource, kind, value, pos_updated_at, pos_id, done, updated_at`
 
-// saveCursorSQL saves a cursor unconditionally.
-const saveCursorSQL = `INSERT INTO cursors (` + cursorColumns + `) VALUES (?, ?, ?, ?, ?, ?, ?)
+// upsertCursorSQL saves a cursor unconditionally; the statements below add
+// the condition under which an existing row is replaced. Canonical times are
+// fixed width, so the row-value comparison of text is the feed order
+// (updated_at, then id).
+const upsertCursorSQL = `INSERT INTO cursors (` + cursorColumns + `) VALUES (?, ?, ?, ?, ?, ?, ?)
 	ON CONFLICT (resource, kind) DO UPDATE SET
 		value = excluded.value,
 		pos_updated_at = excluded.pos_updated_at,
@@ -22,10 +25,18 @@ const saveCursorSQL = `INSERT INTO cursors (` + cursorColumns + `) VALUES (?, ?,
 		done = excluded.done,
 		updated_at = excluded.updated_at`
 
+// saveCursorSQL is the cursor save of a page commit (ApplyPage, EmitPage):
+// it saves a cursor when none is saved or the saved position is not after
+// the new one, so a page commit never moves a cursor back, whoever saved it
+// (two syncs of one resource that overlap, a scheduled one and one started
+// by hand). At an equal position it saves, which records Done and the time
+// of a page that read nothing new.
+const saveCursorSQL = upsertCursorSQL + `
+	WHERE (excluded.pos_updated_at, excluded.pos_id) >= (cursors.pos_updated_at, cursors.pos_id)`
+
 // advanceCursorSQL saves a cursor only when none is saved or the saved
-// position is before the new one. Canonical times are fixed width, so the
-// row-value comparison of text is the feed order (updated_at, then id).
-const advanceCursorSQL = saveCursorSQL + `
+// position is before the new one.
+const advanceCursorSQL = upsertCursorSQL + `
 	WHERE (excluded.pos_updated_at, excluded.pos_id) > (cursors.pos_updated_at, cursors.pos_id)`
 
 // cursorRow is one row of cursors.
@@ -149,6 +160,22 @@ func (db *DB) AdvanceCursor(ctx context.Context, cur backstop.Cursor) (bool, err
 		return false, fmt.Errorf("advance cursor %s/%s: %w", cur.Resource, cur.Kind, err)
 	}
 	return n > 0, nil
+}
+
+// ResetCursor deletes the saved cursor of r and kind, so that the next
+// page commit of that kind saves whatever position it reaches: page commits
+// never move a saved cursor back, and this is how a run that means to start
+// over (backfill --restart) does. Deleting a cursor that does not exist is
+// not an error. It fails on an unknown resource or kind.
+func (db *DB) ResetCursor(ctx context.Context, r backstop.Resource, kind backstop.CursorKind) error {
+	if err := checkCursor(backstop.Cursor{Resource: r, Kind: kind}); err != nil {
+		return fmt.Errorf("reset %w", err)
+	}
+	if _, err := db.w.ExecContext(ctx, `DELETE FROM cursors WHERE resource = ? AND kind = ?`,
+		string(r), string(kind)); err != nil {
+		return fmt.Errorf("reset cursor %s/%s: %w", r, kind, err)
+	}
+	return nil
 }
 
 // ResetCursors deletes both cursors (sync and backfill) of r, so the next

@@ -158,7 +158,8 @@ func (db *DB) PruneJobRuns(ctx context.Context, before time.Time) (int64, error)
 // newer, one outbox row per matching route) and saves cur, all in one
 // transaction, so the saved cursor is never ahead of the events emitted
 // for the objects before it, and a crash between pages re-reads (and
-// re-emits, as duplicates) at most the page in flight.
+// re-emits, as duplicates) at most the page in flight. As in ApplyPage, the
+// cursor never moves back: a cur before the saved position is not saved.
 //
 // Events are the caller's choice (sync emits the objects of the page that
 // are new or newer than the mirror); objects of the page that need no event
@@ -198,6 +199,7 @@ func (db *DB) emitPage(ctx context.Context, events []backstop.Event, routes []ba
 		return nil, err
 	}
 	row := newCursorRow(cur, now)
+	// saveCursor never moves the cursor back (saveCursorSQL).
 	if _, err := tx.StmtxContext(sctx, db.saveCursor).ExecContext(sctx,
 		row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt); err != nil {
 		return nil, fmt.Errorf("save cursor: %w", err)

@@ -124,8 +124,15 @@ func checkObject(o backstop.Object) error {
 // ahead of the mirror. An object is written only when its updated_at is newer
 // than the stored version's; an equal or older version counts as Unchanged
 // and leaves the stored one in place. Objects may belong to several
-// resources. With no objects only the cursor is saved. It fails on an
-// unknown resource, an object without id or data, or an invalid cursor.
+// resources. With no objects only the cursor is saved.
+//
+// The cursor never moves back: cur is saved only when no cursor of its
+// resource and kind is saved or the saved one's position is not after
+// cur's. Otherwise another run (an overlapping sync) has already committed
+// everything up to the saved position, and the objects are written but the
+// cursor is left where it is. A run that means to start over deletes its
+// cursor first (ResetCursor, ResetCursors). It fails on an unknown
+// resource, an object without id or data, or an invalid cursor.
 func (db *DB) ApplyPage(ctx context.Context, objs []backstop.Object, cur backstop.Cursor) (backstop.ApplyResult, error) {
 	res, err := db.applyPage(ctx, objs, cur)
 	if err != nil {
@@ -180,6 +187,7 @@ func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backsto
 	}
 
 	row := newCursorRow(cur, now)
+	// saveCursor never moves the cursor back (saveCursorSQL).
 	if _, err := tx.StmtxContext(ctx, db.saveCursor).ExecContext(ctx,
 		row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt); err != nil {
 		return res, fmt.Errorf("save cursor: %w", err)

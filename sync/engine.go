@@ -50,7 +50,9 @@ func (e *Engine) logger() *slog.Logger {
 
 // Sync reads r's change feed from its saved incremental cursor (the start of
 // the feed when none is saved) to the end, committing each page and the
-// cursor after it in one transaction.
+// cursor after it in one transaction. The saved cursor never moves back:
+// when another run of r (an overlapping sync) has saved a later position,
+// this one's pages are still committed but leave the cursor there.
 //
 // Cancelling ctx stops the run between pages: a page already fetched is
 // committed with its cursor, a fetch in flight is abandoned (the cursor has
@@ -73,8 +75,10 @@ func (e *Engine) Sync(ctx context.Context, r backstop.Resource) (backstop.RunSta
 // moving only its own checkpoint (never the incremental cursor), so a
 // backfill killed at any point resumes from its last committed page. A
 // finished backfill is not run again (an interrupted run over several
-// resources resumes only the unfinished ones); restart starts from the
-// beginning whatever the checkpoint says.
+// resources resumes only the unfinished ones); restart deletes the
+// checkpoint and starts from the beginning whatever it said (the Mirror
+// must then be a CursorResetter, as store.DB is). Page commits never move
+// either cursor back, also when two runs of one resource overlap.
 //
 // At the end it hands its position to the incremental cursor when that is
 // behind (or unset), so a following sync continues from there rather than
@@ -94,8 +98,15 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 			"finished_at", cur.UpdatedAt, "position", cur.Position)
 		return backstop.RunStats{Resource: r, AlreadyDone: true}, nil
 	case !ok || restart:
-		if ok && !cur.Done {
-			e.logger().Info("discarding unfinished backfill checkpoint", "resource", r, "position", cur.Position)
+		if ok {
+			// Page commits never move a saved cursor back, so the old
+			// checkpoint is deleted for the new one to start over.
+			if err := e.resetCursor(ctx, r, backstop.CursorBackfill); err != nil {
+				return backstop.RunStats{Resource: r, Err: err}, err
+			}
+			if !cur.Done {
+				e.logger().Info("discarding unfinished backfill checkpoint", "resource", r, "position", cur.Position)
+			}
 		}
 		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorBackfill}
 	case cur.Value != "":
@@ -118,6 +129,28 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 		e.logger().Info("sync cursor moved to the end of the backfill", "resource", r, "position", last.Position)
 	}
 	return st, nil
+}
+
+// CursorResetter is a Mirror that can delete one saved cursor of a
+// resource (store.DB is one). Page commits never move a saved cursor back,
+// so Backfill with restart deletes its old checkpoint through it to start
+// over.
+type CursorResetter interface {
+	// ResetCursor deletes the saved cursor of r and kind, if any.
+	ResetCursor(ctx context.Context, r backstop.Resource, kind backstop.CursorKind) error
+}
+
+// resetCursor deletes r's cursor of kind through the Mirror's
+// CursorResetter, and fails when the Mirror is not one.
+func (e *Engine) resetCursor(ctx context.Context, r backstop.Resource, kind backstop.CursorKind) error {
+	cr, ok := e.Mirror.(CursorResetter)
+	if !ok {
+		return fmt.Errorf("backfill %s: restart: the mirror %T cannot reset its %s cursor", r, e.Mirror, kind)
+	}
+	if err := cr.ResetCursor(ctx, r, kind); err != nil {
+		return fmt.Errorf("backfill %s: restart: %w", r, err)
+	}
+	return nil
 }
 
 // pages walks the feed from cur until has_more is false, saving cur's kind.

@@ -186,3 +186,103 @@ func TestBackfillRestart(t *testing.T) {
 		t.Errorf("restarted backfill: objects=%d new=%d, want all 100 read and the 80 missing written", st.Objects, st.New)
 	}
 }
+
+// Two syncs of one resource overlap (serve's job and a cron `backstop
+// sync`): the one behind never moves the cursor back past the one that
+// finished, so the next sync reads only later changes.
+func TestOverlappingSyncsNeverMoveCursorBack(t *testing.T) {
+	w := newWorld(t, 200)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := backstop.Contacts
+	// B reads the feed with pages of 100 while A is at its first page of 10.
+	ahead := &bsync.Engine{Source: w.engine.Source, Mirror: w.db, PageSize: 100}
+	var bErr error
+	w.engine.OnPage = func(st backstop.RunStats) {
+		switch st.Pages {
+		case 1:
+			_, bErr = ahead.Sync(context.Background(), r)
+		case 2:
+			cancel() // A is killed after committing a page behind B
+		}
+	}
+	st, err := w.engine.Sync(ctx, r)
+	if bErr != nil {
+		t.Fatal(bErr)
+	}
+	if !errors.Is(err, context.Canceled) || st.Pages != 2 {
+		t.Fatalf("sync A: pages=%d err=%v, want 2 pages and context.Canceled", st.Pages, err)
+	}
+	end := lastPosition(w.sim, r)
+	if got := w.cursor(t, r, backstop.CursorSync); got.Position != end {
+		t.Fatalf("sync cursor at %v after the overlapping runs, want the end %v where B left it", got.Position, end)
+	}
+	w.engine.OnPage = nil
+	st, err = w.engine.Sync(context.Background(), r)
+	if err != nil || st.Objects != 0 {
+		t.Errorf("next sync read %d objects (err %v), want none: nothing changed", st.Objects, err)
+	}
+}
+
+// backfill --restart still starts over: it deletes its checkpoint, so a
+// restarted run interrupted early leaves it early (not at the end the
+// finished run left), and the sync cursor is not moved back.
+func TestBackfillRestartMovesItsCheckpointBack(t *testing.T) {
+	w := newWorld(t, 100)
+	r := backstop.Messages
+	if _, err := w.engine.Backfill(context.Background(), r, false); err != nil {
+		t.Fatal(err)
+	}
+	end := lastPosition(w.sim, r)
+	if c := w.cursor(t, r, backstop.CursorBackfill); !c.Done || c.Position != end {
+		t.Fatalf("finished checkpoint %+v, want done at %v", c, end)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w.engine.OnPage = func(st backstop.RunStats) {
+		if st.Pages == 2 {
+			cancel()
+		}
+	}
+	if _, err := w.engine.Backfill(ctx, r, true); !errors.Is(err, context.Canceled) {
+		t.Fatalf("restarted backfill: %v, want context.Canceled", err)
+	}
+	w.engine.OnPage = nil
+	c := w.cursor(t, r, backstop.CursorBackfill)
+	if c.Done || c.Position != w.sim.Objects(r)[19].Position() {
+		t.Errorf("checkpoint after 2 restarted pages of 10: %+v, want at object 20, not done", c)
+	}
+	if got := w.cursor(t, r, backstop.CursorSync); got.Position != end {
+		t.Errorf("restarted backfill moved the sync cursor %v -> %v", end, got.Position)
+	}
+	// Resumed, it reads the 80 objects after its checkpoint.
+	st, err := w.engine.Backfill(context.Background(), r, false)
+	if err != nil || st.Objects != 80 {
+		t.Errorf("resumed backfill: objects=%d err=%v, want 80", st.Objects, err)
+	}
+}
+
+// `backstop cursors reset` still starts the sync over from the beginning.
+func TestSyncAfterCursorsResetStartsOver(t *testing.T) {
+	w := newWorld(t, 60)
+	r := backstop.Payments
+	if _, err := w.engine.Sync(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.db.ResetCursors(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w.engine.OnPage = func(st backstop.RunStats) {
+		if st.Pages == 1 {
+			cancel()
+		}
+	}
+	if _, err := w.engine.Sync(ctx, r); !errors.Is(err, context.Canceled) {
+		t.Fatalf("sync after reset: %v, want context.Canceled", err)
+	}
+	if c := w.cursor(t, r, backstop.CursorSync); c.Position != w.sim.Objects(r)[9].Position() {
+		t.Errorf("sync cursor after reset and one page: %v, want at object 10", c.Position)
+	}
+}

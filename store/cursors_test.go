@@ -1,0 +1,117 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// Page commits (ApplyPage and EmitPage) never move a saved cursor back: a
+// run that is behind another (two overlapping syncs of one resource) still
+// writes its objects and events, but leaves the cursor where the run ahead
+// put it. An equal position is saved (Done, the time saved). Deleting the
+// cursor (ResetCursor, ResetCursors) is how a run starts over.
+func TestPageCommitsNeverMoveCursorBack(t *testing.T) {
+	ctx := context.Background()
+	r := backstop.Contacts
+	pos := func(at, id string) backstop.Position {
+		return backstop.Position{UpdatedAt: mustTime(t, at), ID: id}
+	}
+	early, late := pos("2026-01-12T16:24:47Z", "ct_10"), pos("2026-11-30T19:50:12Z", "ct_90")
+	routes := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}}
+
+	for _, kind := range []backstop.CursorKind{backstop.CursorSync, backstop.CursorBackfill} {
+		t.Run(string(kind), func(t *testing.T) {
+			db, clk := openTest(t)
+			saved := func() backstop.Cursor {
+				t.Helper()
+				c, ok, err := db.Cursor(ctx, r, kind)
+				if err != nil || !ok {
+					t.Fatalf("Cursor = %v, %v", ok, err)
+				}
+				return c
+			}
+			// Run B, ahead, commits its last page.
+			if _, err := db.ApplyPage(ctx, nil, cursorAt(r, kind, "b-end", late)); err != nil {
+				t.Fatal(err)
+			}
+			// Run A, behind, commits a page: the object is written, the
+			// cursor stays at B's position.
+			o := obj(t, r, "ct_10", "2026-01-12T16:24:47Z", nil)
+			clk.Set(t0.Add(time.Minute))
+			res, err := db.ApplyPage(ctx, []backstop.Object{o}, cursorAt(r, kind, "a-early", early))
+			if err != nil || res.New != 1 {
+				t.Fatalf("ApplyPage behind = %+v, %v; want the object written", res, err)
+			}
+			if c := saved(); c.Value != "b-end" || c.Position != late || !c.UpdatedAt.Equal(t0) {
+				t.Fatalf("ApplyPage moved the cursor back: %+v, want b-end at %v", c, late)
+			}
+			// The same through the emit path.
+			ev := backstop.Event{
+				ID: backstop.EventID(backstop.DedupKey(r, "ct_11", early.UpdatedAt)), Type: "contact.created",
+				Resource: r, ObjectID: "ct_11", UpdatedAt: early.UpdatedAt, Origin: backstop.OriginSync,
+				Data: obj(t, r, "ct_11", "2026-01-12T16:24:47Z", nil).Data,
+			}
+			out, err := db.EmitPage(ctx, []backstop.Event{ev}, routes, cursorAt(r, kind, "a-early", early))
+			if err != nil || out[0].Status != backstop.EmitAccepted {
+				t.Fatalf("EmitPage behind = %+v, %v; want the event accepted", out, err)
+			}
+			if c := saved(); c.Value != "b-end" || c.Position != late {
+				t.Fatalf("EmitPage moved the cursor back: %+v, want b-end at %v", c, late)
+			}
+			// An equal position is saved, with Done and the time.
+			done := cursorAt(r, kind, "a-end", late)
+			done.Done = true
+			clk.Set(t0.Add(2 * time.Minute))
+			if _, err := db.EmitPage(ctx, nil, routes, done); err != nil {
+				t.Fatal(err)
+			}
+			if c := saved(); c.Value != "a-end" || !c.Done || !c.UpdatedAt.Equal(t0.Add(2*time.Minute)) {
+				t.Fatalf("cursor at an equal position: %+v, want a-end, done, saved at +2m", c)
+			}
+			// Starting over: ResetCursor deletes this kind only, and the
+			// next page commit saves wherever it is.
+			other := backstop.CursorSync
+			if kind == backstop.CursorSync {
+				other = backstop.CursorBackfill
+			}
+			if _, err := db.ApplyPage(ctx, nil, cursorAt(r, other, "other", late)); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.ResetCursor(ctx, r, kind); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok, err := db.Cursor(ctx, r, other); err != nil || !ok {
+				t.Fatalf("ResetCursor(%s) deleted the %s cursor too: %v, %v", kind, other, ok, err)
+			}
+			if _, err := db.ApplyPage(ctx, nil, cursorAt(r, kind, "restart", early)); err != nil {
+				t.Fatal(err)
+			}
+			if c := saved(); c.Value != "restart" || c.Position != early {
+				t.Fatalf("after ResetCursor: %+v, want restart at %v", c, early)
+			}
+			// ResetCursors (backstop cursors reset) likewise.
+			if _, err := db.ApplyPage(ctx, nil, cursorAt(r, kind, "ahead", late)); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.ResetCursors(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.EmitPage(ctx, nil, routes, cursorAt(r, kind, "from-start", backstop.Position{})); err != nil {
+				t.Fatal(err)
+			}
+			if c := saved(); c.Value != "from-start" || c.Position != (backstop.Position{}) {
+				t.Fatalf("after ResetCursors: %+v, want from-start at the zero position", c)
+			}
+		})
+	}
+	db, _ := openTest(t)
+	if err := db.ResetCursor(ctx, "widgets", backstop.CursorSync); err == nil {
+		t.Error("ResetCursor of an unknown resource succeeded")
+	}
+	if err := db.ResetCursor(ctx, r, "sideways"); err == nil {
+		t.Error("ResetCursor of an unknown kind succeeded")
+	}
+}
