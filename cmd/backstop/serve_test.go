@@ -147,3 +147,31 @@ func TestServeNeedsASecret(t *testing.T) {
 		t.Fatalf("exit %d, want 2 naming intake.secret\n%s", code, stderr)
 	}
 }
+
+// An intake.path serve cannot route (one of its own endpoints, or a
+// ServeMux wildcard) is a configuration error naming the file, line and
+// key, exit 2, not a panic when serve builds its routes.
+func TestServeRefusesAnIntakePathItCannotRoute(t *testing.T) {
+	for _, path := range []string{"/ui", "/", "/outbox/{target}", "/hooks/{x}"} {
+		t.Run(path, func(t *testing.T) {
+			addr := freeAddr(t)
+			e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+			e.writeConfig(fmt.Sprintf(`source:
+  base_url: %s
+  api_key: ${BOTIX_API_KEY}
+store:
+  path: %s
+intake:
+  listen: %s
+  path: "%s"
+  secret: s
+dashboard:
+  token: t
+`, e.srv.URL, e.db, addr, path))
+			code, _, stderr := e.run(context.Background(), "serve")
+			if want := "schedules.yaml:8: intake.path: "; code != 2 || !strings.Contains(stderr, want) || strings.Contains(stderr, "panic") {
+				t.Fatalf("exit %d, want 2 with %q\n%s", code, want, stderr)
+			}
+		})
+	}
+}

@@ -127,6 +127,30 @@ func TestParseErrors(t *testing.T) {
 			nil, `schedules.yaml:5: intake.listen: want host:port, got "8080"`, 5, "intake.listen"},
 		{"max batch", base + "intake:\n  max_batch: 0\n",
 			nil, `schedules.yaml:5: intake.max_batch: want 1..10000 webhooks per commit, got 0`, 5, "intake.max_batch"},
+		{"intake path relative", base + "intake:\n  path: webhooks\n",
+			nil, `schedules.yaml:5: intake.path: want a path starting with /, got "webhooks"`, 5, "intake.path"},
+		{"intake path root", base + "intake:\n  path: /\n",
+			nil, `schedules.yaml:5: intake.path: "/" alone would take every request serve answers: give a path such as /webhooks/botix`, 5, "intake.path"},
+		{"intake path dashboard", base + "intake:\n  path: /ui\n",
+			nil, `schedules.yaml:5: intake.path: "/ui" would clash with serve's own endpoints (/healthz, /readyz, /metrics, /ui/…, /outbox/{target}): give another path such as /webhooks/botix`, 5, "intake.path"},
+		{"intake path under dashboard", base + "intake:\n  path: /ui/hooks\n",
+			nil, `schedules.yaml:5: intake.path: "/ui/hooks" would clash with serve's own endpoints (/healthz, /readyz, /metrics, /ui/…, /outbox/{target}): give another path such as /webhooks/botix`, 5, "intake.path"},
+		{"intake path proxy", base + "intake:\n  path: /outbox/{target}\n",
+			nil, `schedules.yaml:5: intake.path: "/outbox/{target}" would clash with serve's own endpoints (/healthz, /readyz, /metrics, /ui/…, /outbox/{target}): give another path such as /webhooks/botix`, 5, "intake.path"},
+		{"intake path metrics", base + "intake:\n  path: /metrics\n",
+			nil, `schedules.yaml:5: intake.path: "/metrics" would clash with serve's own endpoints (/healthz, /readyz, /metrics, /ui/…, /outbox/{target}): give another path such as /webhooks/botix`, 5, "intake.path"},
+		{"intake path wildcard", base + "intake:\n  path: /hooks/{x}\n",
+			nil, `schedules.yaml:5: intake.path: "/hooks/{x}" has '{', which serve's router would read as a wildcard: give a literal path such as /webhooks/botix`, 5, "intake.path"},
+		{"intake path end wildcard", base + "intake:\n  path: \"/hooks/{$}\"\n",
+			nil, `schedules.yaml:5: intake.path: "/hooks/{$}" has '{', which serve's router would read as a wildcard: give a literal path such as /webhooks/botix`, 5, "intake.path"},
+		{"intake path method", base + "intake:\n  path: \"/hooks POST\"\n",
+			nil, `schedules.yaml:5: intake.path: "/hooks POST" has ' ': use letters, digits, - . _ ~ and ! $ & ' ( ) * + , ; = : @ between the slashes`, 5, "intake.path"},
+		{"intake path escape", base + "intake:\n  path: /a%2Fb\n",
+			nil, `schedules.yaml:5: intake.path: "/a%2Fb" has '%': use letters, digits, - . _ ~ and ! $ & ' ( ) * + , ; = : @ between the slashes`, 5, "intake.path"},
+		{"intake path subtree", base + "intake:\n  path: /hooks/\n",
+			nil, `schedules.yaml:5: intake.path: "/hooks/" ends with /, which would make it take every path under it: write "/hooks"`, 5, "intake.path"},
+		{"intake path unclean", base + "intake:\n  path: /a//b/../c\n",
+			nil, `schedules.yaml:5: intake.path: "/a//b/../c" is not a clean path (no //, . or .. segments): write "/a/c"`, 5, "intake.path"},
 		{"scheme", base + "intake:\n  scheme: svix\n",
 			nil, `schedules.yaml:5: intake.scheme: want one of botix, standard-webhooks, github, stripe, got "svix"`, 5, "intake.scheme"},
 		{"target name missing", base + "targets:\n  - url: https://a.example.com\n",
@@ -336,7 +360,8 @@ func TestExpand(t *testing.T) {
 
 func TestParseExpandsVariables(t *testing.T) {
 	data := "source:\n  base_url: ${BASE}/v1\n  api_key: ${KEY}\n  page_size: ${PS}\n" +
-		"intake:\n  path: /hooks/$${literal}\n  secrets: [\"${OLD}\", \"${NEW}\"]\n"
+		"store:\n  path: /var/lib/$${literal}.db\n" +
+		"intake:\n  path: /hooks/$$botix\n  secrets: [\"${OLD}\", \"${NEW}\"]\n"
 	cfg, err := Parse("schedules.yaml", []byte(data), env(map[string]string{
 		"BASE": "https://api.example.com", "KEY": "k-123", "PS": "50", "OLD": "o", "NEW": "n",
 	}))
@@ -344,8 +369,8 @@ func TestParseExpandsVariables(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Source.BaseURL != "https://api.example.com/v1" || cfg.Source.APIKey.Value() != "k-123" ||
-		cfg.Source.PageSize != 50 || cfg.Intake.Path != "/hooks/${literal}" {
-		t.Errorf("source/intake = %+v / %+v", cfg.Source, cfg.Intake)
+		cfg.Source.PageSize != 50 || cfg.Store.Path != "/var/lib/${literal}.db" || cfg.Intake.Path != "/hooks/$botix" {
+		t.Errorf("source/store/intake = %+v / %+v / %+v", cfg.Source, cfg.Store, cfg.Intake)
 	}
 	if got := cfg.Intake.AllSecrets(); len(got) != 2 || got[0].Value() != "o" || got[1].Value() != "n" {
 		t.Errorf("AllSecrets() = %d secrets", len(got))
@@ -759,6 +784,20 @@ func TestExampleConfigParses(t *testing.T) {
 		}
 		if got := cfg.Governor.Redis.Value(); got != env["BACKSTOP_REDIS_URL"] {
 			t.Errorf("governor.redis = %q, want %q", got, env["BACKSTOP_REDIS_URL"])
+		}
+	}
+}
+
+// TestIntakePathsServeCanRoute: paths that are neither serve's own nor
+// special to its router are accepted as written.
+func TestIntakePathsServeCanRoute(t *testing.T) {
+	for _, p := range []string{"/webhooks/botix", "/hooks", "/ui-hooks", "/outboxes/in", "/healthz2", "/metrics/botix",
+		"/v1/hooks:botix", "/a.b/c_d~e", "/hooks/$x", "/hooks@platform"} {
+		cfg, err := Parse("schedules.yaml", []byte(base+"intake:\n  path: \""+p+"\"\n"), env(nil))
+		if err != nil {
+			t.Errorf("intake.path %q: %v", p, err)
+		} else if cfg.Intake.Path != p {
+			t.Errorf("intake.path %q read as %q", p, cfg.Intake.Path)
 		}
 	}
 }

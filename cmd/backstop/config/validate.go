@@ -134,9 +134,7 @@ func (c *Config) validate(p *problems) {
 	if _, port, err := net.SplitHostPort(in.Listen); err != nil || !isPort(port) {
 		p.add(c.errorf("intake.listen", "want host:port, got %q", in.Listen))
 	}
-	if !strings.HasPrefix(in.Path, "/") {
-		p.add(c.errorf("intake.path", "want a path starting with /, got %q", in.Path))
-	}
+	p.add(c.intakePath(in.Path))
 	p.add(c.oneOf("intake.scheme", &in.Scheme, false, "botix", "standard-webhooks", "github", "stripe"))
 	if in.Scheme == "standard-webhooks" {
 		p.add(c.webhookSecret("intake.secret", in.Secret))
@@ -244,6 +242,50 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 	if j.Lookback < 0 {
 		p.add(c.errorf(k+".lookback", "want 0 or more, got %s", j.Lookback))
 	}
+}
+
+// intakePath reports an intake.path that serve cannot route: one that does
+// not start with /, is / alone, is or lies under one of serve's own
+// endpoints, has a character other than letters, digits and
+// - . _ ~ ! $ & ' ( ) * + , ; = : @ (braces would be a ServeMux wildcard, a
+// space would split the pattern, % would be an escape), ends with / (a
+// ServeMux subtree) or is otherwise not a clean path.
+func (c *Config) intakePath(v string) *Error {
+	const key, example = "intake.path", "such as /webhooks/botix"
+	switch {
+	case !strings.HasPrefix(v, "/"):
+		return c.errorf(key, "want a path starting with /, got %q", v)
+	case v == "/":
+		return c.errorf(key, `"/" alone would take every request serve answers: give a path %s`, example)
+	}
+	clean := path.Clean(v)
+	switch {
+	case clean == "/healthz", clean == "/readyz", clean == "/metrics", clean == "/ui", clean == "/outbox",
+		strings.HasPrefix(clean, "/ui/"), strings.HasPrefix(clean, "/outbox/"):
+		return c.errorf(key, "%q would clash with serve's own endpoints (/healthz, /readyz, /metrics, /ui/…, /outbox/{target}): give another path %s", v, example)
+	}
+	if i := strings.IndexFunc(v, func(r rune) bool { return !isPathChar(r) }); i >= 0 {
+		r := []rune(v[i:])[0]
+		if r == '{' || r == '}' {
+			return c.errorf(key, "%q has %q, which serve's router would read as a wildcard: give a literal path %s", v, r, example)
+		}
+		return c.errorf(key, "%q has %q: use letters, digits, - . _ ~ and ! $ & ' ( ) * + , ; = : @ between the slashes", v, r)
+	}
+	switch {
+	case clean == v:
+		return nil
+	case strings.HasSuffix(v, "/") && clean == strings.TrimSuffix(v, "/"):
+		return c.errorf(key, "%q ends with /, which would make it take every path under it: write %q", v, clean)
+	default:
+		return c.errorf(key, "%q is not a clean path (no //, . or .. segments): write %q", v, clean)
+	}
+}
+
+// isPathChar reports whether r may appear in intake.path: a pchar of RFC
+// 3986 (section 3.3) that is not a percent-escape, or a slash.
+func isPathChar(r rune) bool {
+	return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' ||
+		strings.ContainsRune("-._~!$&'()*+,;=:@/", r)
 }
 
 // Warnings are what Validate found suspicious but not wrong (a target
