@@ -191,6 +191,14 @@ func TestParseErrors(t *testing.T) {
 			nil, `schedules.yaml:5: jobs[0].resources[1]: chats is listed twice`, 5, "jobs[0].resources[1]"},
 		{"maintenance resources", base + "jobs:\n  - {name: a, kind: maintenance, every: 1h, resources: [chats]}\n",
 			nil, `schedules.yaml:5: jobs[0].resources: maintenance jobs take no resources`, 5, "jobs[0].resources"},
+		{"emit on reconcile", base + "jobs:\n  - {name: r, kind: reconcile, every: 1m, emit: true}\n",
+			nil, `schedules.yaml:5: jobs[0].emit: only for backfill jobs; this one is a reconcile job`, 5, "jobs[0].emit"},
+		{"emit false on sync", base + "jobs:\n  - name: s\n    kind: sync\n    every: 1m\n    emit: false\n",
+			nil, `schedules.yaml:8: jobs[0].emit: only for backfill jobs; this one is a sync job`, 8, "jobs[0].emit"},
+		{"full on maintenance", base + "jobs:\n  - {name: m, kind: maintenance, every: 1m, full: true}\n",
+			nil, `schedules.yaml:5: jobs[0].full: only for reconcile jobs; this one is a maintenance job`, 5, "jobs[0].full"},
+		{"lookback on backfill", base + "jobs:\n  - {name: b, kind: backfill, every: 1m, lookback: 5m}\n",
+			nil, `schedules.yaml:5: jobs[0].lookback: only for reconcile jobs; this one is a backfill job`, 5, "jobs[0].lookback"},
 		{"job names unique", base + "jobs:\n  - {name: a, kind: sync, every: 1h}\n  - {name: b, kind: sync, every: 1h}\n  - {name: a, kind: sync, every: 1h}\n",
 			nil, `schedules.yaml:7: jobs[2].name: "a" is already the name of jobs[0]`, 7, "jobs[2].name"},
 	}
@@ -785,6 +793,47 @@ func TestExampleConfigParses(t *testing.T) {
 		if got := cfg.Governor.Redis.Value(); got != env["BACKSTOP_REDIS_URL"] {
 			t.Errorf("governor.redis = %q, want %q", got, env["BACKSTOP_REDIS_URL"])
 		}
+	}
+}
+
+// TestJobKeysOfAnotherKind: lookback and full belong to reconcile jobs,
+// emit to backfill jobs; on a job of another kind each is an error (not
+// silently ignored), and every such key is reported at once.
+func TestJobKeysOfAnotherKind(t *testing.T) {
+	yaml := `jobs:
+  - {name: r, kind: reconcile, every: 1m, emit: true}
+  - {name: s, kind: sync, every: 1m, lookback: 5m, full: true}
+  - {name: b, kind: backfill, every: 1m, lookback: 5m}
+  - {name: m, kind: maintenance, every: 1m, full: true}
+  - {name: ok-r, kind: reconcile, every: 1m, lookback: 5m, full: true}
+  - {name: ok-b, kind: backfill, every: 1m, emit: true}
+` + base
+	_, err := Parse("p2.yaml", []byte(yaml), env(nil))
+	var es Errors
+	if !errors.As(err, &es) {
+		t.Fatalf("Parse error %v (%T), want Errors", err, err)
+	}
+	want := []string{
+		"p2.yaml:2: jobs[0].emit: only for backfill jobs; this one is a reconcile job",
+		"p2.yaml:3: jobs[1].lookback: only for reconcile jobs; this one is a sync job",
+		"p2.yaml:3: jobs[1].full: only for reconcile jobs; this one is a sync job",
+		"p2.yaml:4: jobs[2].lookback: only for reconcile jobs; this one is a backfill job",
+		"p2.yaml:5: jobs[3].full: only for reconcile jobs; this one is a maintenance job",
+	}
+	if got := err.Error(); got != strings.Join(want, "\n") {
+		t.Errorf("error\n got %s\nwant %s", got, strings.Join(want, "\n"))
+	}
+
+	// A configuration built in code has no file: a value that is set
+	// counts.
+	cfg := Default()
+	cfg.Source.BaseURL, cfg.Source.APIKey = "https://api.example.com", "k"
+	cfg.Jobs = []Job{
+		{Name: "s", Kind: KindSync, Every: Duration(time.Hour), Emit: true},
+		{Name: "r", Kind: KindReconcile, Every: Duration(time.Hour), Lookback: Duration(time.Minute), Full: true},
+	}
+	if err := cfg.Validate(); err == nil || err.Error() != "jobs[0].emit: only for backfill jobs; this one is a sync job" {
+		t.Errorf("Validate() = %v", err)
 	}
 }
 

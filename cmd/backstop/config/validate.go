@@ -212,9 +212,23 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 	j := &c.Jobs[i]
 	k := fmt.Sprintf("jobs[%d]", i)
 	p.add(c.name(k, j.Name, names))
-	p.add(c.required(k+".kind", j.Kind), c.oneOf(k+".kind", &j.Kind, false, KindSync, KindReconcile, KindBackfill, KindMaintenance))
+	p.add(c.required(k+".kind", j.Kind), c.oneOf(k+".kind", &j.Kind, false, jobKinds...))
 	if j.Kind == KindMaintenance && len(j.Resources) > 0 {
 		p.add(c.errorf(k+".resources", "maintenance jobs take no resources"))
+	}
+	// Keys of one kind are refused on the others, rather than ignored.
+	for _, o := range []struct {
+		key  string
+		kind string
+		set  bool // set in a configuration built in code
+	}{
+		{"lookback", KindReconcile, j.Lookback != 0},
+		{"full", KindReconcile, j.Full},
+		{"emit", KindBackfill, j.Emit},
+	} {
+		if j.Kind != o.kind && slices.Contains(jobKinds, j.Kind) && c.isSet(k+"."+o.key, o.set) {
+			p.add(c.errorf(k+"."+o.key, "only for %s jobs; this one is a %s job", o.kind, j.Kind))
+		}
 	}
 	seen := map[string]bool{}
 	for n, r := range j.Resources {
@@ -242,6 +256,19 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 	if j.Lookback < 0 {
 		p.add(c.errorf(k+".lookback", "want 0 or more, got %s", j.Lookback))
 	}
+}
+
+// jobKinds are the values of jobs[].kind.
+var jobKinds = []string{KindSync, KindReconcile, KindBackfill, KindMaintenance}
+
+// isSet reports whether key is written in the file; for a configuration
+// built in code, which has no file, it returns set.
+func (c *Config) isSet(key string, set bool) bool {
+	if c.meta == nil {
+		return set
+	}
+	_, ok := c.meta.lines[key]
+	return ok
 }
 
 // intakePath reports an intake.path that serve cannot route: one that does
