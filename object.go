@@ -97,8 +97,8 @@ type Page struct {
 }
 
 // Cost is what one call to the platform cost: HTTP requests sent (retries
-// included), 429 answers received and time spent waiting on the rate-limit
-// governor.
+// included), 429 answers received and time spent waiting, on the rate-limit
+// governor and in the backoff between retries.
 type Cost struct {
 	Requests     int
 	RateLimited  int

@@ -274,7 +274,7 @@ func (c *Client) call(ctx context.Context, e backstop.APIError, method, rawURL s
 func (c *Client) do(ctx context.Context, method, rawURL string, body []byte) (*response, backstop.Cost, error) {
 	st := &callStats{}
 	ctx = withCallStats(ctx, st)
-	pol := &retryPolicy{max5xx: c.opts.RetryMax, max429: c.opts.Max429, rand: c.rand, now: time.Now}
+	pol := &retryPolicy{max5xx: c.opts.RetryMax, max429: c.opts.Max429, rand: c.rand, now: time.Now, stats: st}
 	rc := &retryablehttp.Client{
 		HTTPClient:   c.http,
 		Logger:       retryLogger{c.log},

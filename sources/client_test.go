@@ -276,6 +276,34 @@ func TestServerErrorsThenSuccess(t *testing.T) {
 	}
 }
 
+// The waits between a call's attempts after 5xx answers count as throttle
+// wait, as the governor's own waits do.
+func TestBackoffCountsAsThrottleWait(t *testing.T) {
+	var n atomic.Int32
+	hs := newHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) <= 2 {
+			writeError(w, http.StatusServiceUnavailable, "unavailable", "try later")
+			return
+		}
+		fmt.Fprint(w, `{"id":"ct_1","updated_at":"2025-03-01T10:00:00Z"}`)
+	}, func(o *Options) { o.RetryWaitMin, o.RetryWaitMax = 20*time.Millisecond, 80*time.Millisecond })
+	hs.client.rand = func() float64 { return 0.5 }
+	began := time.Now()
+	_, cost, err := hs.client.Get(context.Background(), backstop.Contacts, "ct_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Full jitter at one half: 10 ms after the first 503 (ceiling 20 ms),
+	// 20 ms after the second (ceiling 40 ms); the governor's pacing of the
+	// three attempts adds a little.
+	if least := 30 * time.Millisecond; cost.Requests != 3 || cost.ThrottleWait < least || cost.ThrottleWait > least+10*time.Millisecond {
+		t.Errorf("cost = %+v, want 3 requests and 30-40 ms throttled", cost)
+	}
+	if took := time.Since(began); took < cost.ThrottleWait {
+		t.Errorf("the call took %v, less than the %v it says it waited", took, cost.ThrottleWait)
+	}
+}
+
 func TestNetworkErrorsExhaustRetries(t *testing.T) {
 	hs := newHarness(t, func(w http.ResponseWriter, r *http.Request) {
 		// Hijack and drop the connection: no answer at all.

@@ -22,6 +22,10 @@ type retryPolicy struct {
 
 	failures    int // 5xx answers and network errors so far
 	consecutive int // 429 answers since the last other answer
+
+	// stats, when set, counts each backoff as throttle wait: the waits
+	// between a call's attempts, besides the governor's own.
+	stats *callStats
 }
 
 // checkRetry is the call's retryablehttp.CheckRetry.
@@ -61,6 +65,11 @@ func (p *retryPolicy) backoff(lo, hi time.Duration, _ int, resp *http.Response) 
 		if ra, ok := backstop.ParseRetryAfter(resp.Header.Get("Retry-After"), p.now()); ok {
 			d = max(d, min(ra, hi))
 		}
+	}
+	if p.stats != nil {
+		p.stats.mu.Lock()
+		p.stats.throttleWait += d
+		p.stats.mu.Unlock()
 	}
 	return d
 }
