@@ -1,14 +1,19 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/backstop-sync/backstop/sinks/intake"
 	"github.com/backstop-sync/backstop/sources/sim"
 	"github.com/backstop-sync/backstop/store"
 )
@@ -173,5 +178,111 @@ dashboard:
 				t.Fatalf("exit %d, want 2 with %q\n%s", code, want, stderr)
 			}
 		})
+	}
+}
+
+// serveProc is a running serve binary with its address and webhook secret.
+type serveProc struct {
+	*procHandle
+	e    *env
+	addr string
+}
+
+// startServe runs serve on a fresh env and waits until it listens.
+func startServe(t *testing.T) *serveProc {
+	t.Helper()
+	addr := freeAddr(t)
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
+	p, lines := e.startBinaryEnv(append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret), "serve")
+	waitLines(t, lines, "serving", 1, 30*time.Second)
+	go func() {
+		for range lines { // keep the process's stderr flowing
+		}
+	}()
+	return &serveProc{procHandle: p, e: e, addr: addr}
+}
+
+// webhookHead is the head of a signed webhook request for body.
+func webhookHead(body []byte) string {
+	return fmt.Sprintf("POST /webhooks/botix HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Botix-Signature: %s\r\nContent-Length: %d\r\n",
+		intake.SignBotix(webhookSecret, body), len(body))
+}
+
+func paymentWebhook(id, payID string) []byte {
+	return []byte(fmt.Sprintf(`{"event_id":%q,"event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","data":{"id":%q,"contact_id":"ct_1","amount":100,"currency":"EUR","status":"succeeded","created_at":"2026-03-01T10:00:00Z","updated_at":"2026-03-01T10:00:00Z"}}`, id, payID))
+}
+
+// readJSONAnswer reads one response from br and decodes its JSON body.
+func readJSONAnswer(t *testing.T, br *bufio.Reader) (*http.Response, map[string]any) {
+	t.Helper()
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	var v map[string]any
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%d answer is not JSON: %q", res.StatusCode, b)
+	}
+	return res, v
+}
+
+// errorCode is the code of a {"error":{"code":…}} answer.
+func errorCode(v map[string]any) string {
+	e, _ := v["error"].(map[string]any)
+	c, _ := e["code"].(string)
+	return c
+}
+
+// A webhook whose body is sent one byte a second gets its 408 JSON answer
+// within serve's body timeout, rather than a connection closed without a
+// word when serve's read and write timeouts pass together; nothing is
+// stored and serve stays up.
+func TestServeAnswersASlowBody408(t *testing.T) {
+	s := startServe(t)
+	body := paymentWebhook("evt_slow", "pay_slow")
+	conn, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, webhookHead(body)+"\r\n")
+	answered := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(time.Second) // the sender's pace, not a wait for serve
+		defer tick.Stop()
+		for i := 0; i < len(body)-1; i++ {
+			if _, err := conn.Write(body[i : i+1]); err != nil {
+				return
+			}
+			select {
+			case <-answered:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	// Well before serve's 30 s read and write timeouts.
+	conn.SetReadDeadline(time.Now().Add(intake.DefaultBodyTimeout + 10*time.Second))
+	res, v := readJSONAnswer(t, bufio.NewReader(conn))
+	close(answered)
+	if res.StatusCode != http.StatusRequestTimeout || errorCode(v) != "body_timeout" {
+		t.Errorf("slow body answered %d %v, want 408 body_timeout", res.StatusCode, v)
+	}
+
+	db := s.e.openStore()
+	defer db.Close()
+	if n, err := db.CountProcessed(context.Background()); err != nil || n != 0 {
+		t.Errorf("%d events stored (%v), want none", n, err)
+	}
+	c2, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatalf("serve is not up after a slow sender: %v", err)
+	}
+	defer c2.Close()
+	fmt.Fprint(c2, webhookHead(body)+"\r\n"+string(body))
+	if res, v := readJSONAnswer(t, bufio.NewReader(c2)); res.StatusCode != 200 {
+		t.Errorf("the whole body, at once, answered %d %v", res.StatusCode, v)
 	}
 }

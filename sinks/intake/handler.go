@@ -24,8 +24,19 @@ type Handler struct {
 	logger   *slog.Logger
 	now      func() time.Time
 	notify   func(backstop.Event) // told about accepted truncated events
-	draining atomic.Bool
+	// bodyTimeout is how long a request's body may take to arrive.
+	bodyTimeout time.Duration
+	draining    atomic.Bool
 }
+
+// DefaultBodyTimeout is how long a webhook's body may take to arrive after
+// its headers, unless HandlerOptions.BodyTimeout says otherwise: 64 KiB in
+// 10 s is 6.5 KB/s, far slower than any platform sends.
+const DefaultBodyTimeout = 10 * time.Second
+
+// answerTimeout is how long the 408 answer to a body that did not arrive
+// in time may take to write.
+const answerTimeout = 5 * time.Second
 
 // HandlerOptions configure a Handler.
 type HandlerOptions struct {
@@ -35,6 +46,15 @@ type HandlerOptions struct {
 	// OnTruncated, when set, is called after a truncated event is committed
 	// (to wake the fetcher).
 	OnTruncated func(backstop.Event)
+	// BodyTimeout is how long the body may take to arrive once the handler
+	// has the request's headers, default DefaultBodyTimeout. A body that
+	// is not complete in time (a stalled or trickling sender) is answered
+	// 408 body_timeout and nothing is stored. It holds whatever the
+	// server's ReadTimeout and WriteTimeout: the handler moves the
+	// connection's read deadline to it, and gives the 408 its own time to
+	// be written, so the sender gets an answer rather than a closed
+	// connection.
+	BodyTimeout time.Duration
 }
 
 // NewHandler returns the webhook endpoint.
@@ -45,7 +65,11 @@ func NewHandler(v Verifier, w *Batcher, opts HandlerOptions) *Handler {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Handler{verifier: v, writer: w, metrics: opts.Metrics, logger: opts.Logger, now: opts.Now, notify: opts.OnTruncated}
+	if opts.BodyTimeout <= 0 {
+		opts.BodyTimeout = DefaultBodyTimeout
+	}
+	return &Handler{verifier: v, writer: w, metrics: opts.Metrics, logger: opts.Logger, now: opts.Now, notify: opts.OnTruncated,
+		bodyTimeout: opts.BodyTimeout}
 }
 
 // Drain makes the handler answer 503 to every new request; requests already
@@ -95,14 +119,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, refuseTooLarge, fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, MaxBody))
 		return
 	}
-	body, err := readBody(http.MaxBytesReader(w, r.Body, MaxBody), r.ContentLength)
+	body, err := h.readBody(w, r)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooLarge):
 			h.refuse(w, refuseTooLarge, fmt.Sprintf("body is over the %d-byte limit", MaxBody))
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			h.refuse(w, refuseTimeout, "the request body was not received in time")
+			// The server's own deadlines may have passed with the read
+			// one: the answer gets its own time, and the connection,
+			// its body unread, is closed after it.
+			rc := http.NewResponseController(w)
+			rc.SetWriteDeadline(time.Now().Add(answerTimeout))
+			w.Header().Set("Connection", "close")
+			h.refuse(w, refuseTimeout, fmt.Sprintf("the request body was not received within %s", h.bodyTimeout))
 		default:
 			h.refuse(w, refuseBadBody, "the request body could not be read: "+err.Error())
 		}
@@ -147,9 +177,24 @@ func isJSONMediaType(ct string) bool {
 	return err == nil && mt == "application/json"
 }
 
-// readBody is io.ReadAll that starts with room for the declared length, so
+// readBody reads the body of r, at most MaxBody bytes, within
+// h.bodyTimeout. Once it is read the deadline is lifted, so that a slow
+// commit does not end the connection under the answer (net/http watches a
+// connection whose body is read, and cancels the request when that read
+// fails).
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	rc := http.NewResponseController(w)
+	deadline := rc.SetReadDeadline(time.Now().Add(h.bodyTimeout)) == nil
+	body, err := readAll(http.MaxBytesReader(w, r.Body, MaxBody), r.ContentLength)
+	if err == nil && deadline {
+		rc.SetReadDeadline(time.Time{})
+	}
+	return body, err
+}
+
+// readAll is io.ReadAll that starts with room for the declared length, so
 // that a body is read without growing its buffer.
-func readBody(r io.Reader, contentLength int64) ([]byte, error) {
+func readAll(r io.Reader, contentLength int64) ([]byte, error) {
 	size := int64(512)
 	if contentLength > 0 && contentLength < MaxBody {
 		size = contentLength + 1 // + 1: room to see EOF without growing
