@@ -25,7 +25,8 @@ const (
 	// JobReconcile compares a window with the mirror and re-emits (Reconcile).
 	JobReconcile JobKind = "reconcile"
 	// JobBackfill reads each resource's feed from scratch (Backfill, or
-	// BackfillEmit with Emit).
+	// BackfillEmit with Emit). Without Emit, a run that would lose events
+	// (CheckBackfill) fails before reading anything.
 	JobBackfill JobKind = "backfill"
 	// JobMaintenance prunes processed events and job runs older than the
 	// retention.
@@ -508,6 +509,21 @@ func (s *Scheduler) work(ctx context.Context, j Job) (backstop.JobCounts, error)
 		return c, s.maintain(ctx, &c)
 	}
 	var errs []error
+	if j.Kind == JobBackfill && !j.Emit {
+		// A backfill that would lose events fails the run before it reads
+		// anything (CheckBackfill).
+		for _, r := range j.resources() {
+			if err := e.CheckBackfill(ctx, r, false, s.opts.Routes); err != nil {
+				if errors.Is(err, ErrSilentBackfill) {
+					err = fmt.Errorf("%w; set emit: true on job %s to emit them", err, j.Name)
+				}
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) > 0 {
+			return c, errors.Join(errs...)
+		}
+	}
 	for _, r := range j.resources() {
 		if err := ctx.Err(); err != nil {
 			errs = append(errs, err)

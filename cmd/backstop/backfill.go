@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/spf13/cobra"
 
 	"github.com/backstop-sync/backstop"
+	bsync "github.com/backstop-sync/backstop/sync"
 )
 
 func (m *Main) backfillCommand(g *globals) *cobra.Command {
@@ -31,22 +34,33 @@ With --emit it also emits, as sync does, the event of every object that is
 new to the mirror or newer than its mirrored version (origin backfill), to
 the targets whose events match; without it, a backfill fills the mirror only.
 
+Without --emit, a backfill is refused (exit 2, nothing read) for a resource
+whose events some target subscribes to, unless it is that resource's first
+fill (no sync cursor yet, and an empty mirror or an unfinished backfill to
+resume): on a resource that is already syncing, the changes it wrote into
+the mirror would look unchanged to sync and reconcile and never reach the
+targets. Use --emit there; it emits only what is new or newer than the
+mirror, so what was already emitted is not sent again.
+
 RESOURCE is contacts, chats, messages or payments; all four by default.
 Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
 		Example: "  backstop backfill\n  backstop backfill payments --restart\n  backstop backfill contacts --emit",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return m.runFeed(cmd, g, "backfill", args, asJSON, func(a *app, emits *emitCounts) runFunc {
+			return m.runFeed(cmd, g, "backfill", args, asJSON, func(ctx context.Context, a *app, resources []backstop.Resource, emits *emitCounts) (runFunc, error) {
+				routes := routesOf(a.cfg)
 				if !emit {
+					if err := checkSilentBackfill(ctx, a, resources, restart, routes); err != nil {
+						return nil, err
+					}
 					return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
 						return a.engine.Backfill(ctx, r, restart)
-					}
+					}, nil
 				}
-				routes := routesOf(a.cfg)
 				return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
 					st, em, err := a.engine.BackfillEmit(ctx, r, restart, routes)
 					emits.add(r, em)
 					return st, err
-				}
+				}, nil
 			})
 		},
 	}
@@ -54,4 +68,21 @@ Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
 	cmd.Flags().BoolVar(&restart, "restart", false, "start from the beginning, whatever the checkpoint says")
 	cmd.Flags().BoolVar(&emit, "emit", false, "also emit the events of new and newer objects to the targets")
 	return cmd
+}
+
+// checkSilentBackfill refuses, as a usage error naming every refused
+// resource, a backfill without --emit that would lose events
+// (bsync.Engine.CheckBackfill).
+func checkSilentBackfill(ctx context.Context, a *app, resources []backstop.Resource, restart bool, routes []backstop.Route) error {
+	var errs []error
+	for _, r := range resources {
+		err := a.engine.CheckBackfill(ctx, r, restart, routes)
+		switch {
+		case errors.Is(err, bsync.ErrSilentBackfill):
+			errs = append(errs, usageError{fmt.Errorf("%w; run `backstop backfill %s --emit` to emit them", err, r)})
+		case err != nil:
+			return err
+		}
+	}
+	return errors.Join(errs...)
 }

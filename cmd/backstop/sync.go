@@ -36,13 +36,13 @@ at once under one shared rate-limit governor.
 Ctrl-C finishes the page being written, saves the cursor and exits 130.`,
 		Example: "  backstop sync\n  backstop sync payments --json",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return m.runFeed(cmd, g, "sync", args, asJSON, func(a *app, emits *emitCounts) runFunc {
+			return m.runFeed(cmd, g, "sync", args, asJSON, func(_ context.Context, a *app, _ []backstop.Resource, emits *emitCounts) (runFunc, error) {
 				routes := routesOf(a.cfg)
 				return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
 					st, em, err := a.engine.SyncEmit(ctx, r, routes)
 					emits.add(r, em)
 					return st, err
-				}
+				}, nil
 			})
 		},
 	}
@@ -52,9 +52,11 @@ Ctrl-C finishes the page being written, saves the cursor and exits 130.`,
 
 // runFeed is the body shared by sync and backfill: open everything, run the
 // operation over the resources with progress, print the summary. pick
-// makes the operation; one that emits counts what it emitted in emits, and
-// the summary then shows those counts.
-func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string, asJSON bool, pick func(*app, *emitCounts) runFunc) error {
+// makes the operation for the resources, or refuses it (nothing runs); one
+// that emits counts what it emitted in emits, and the summary then shows
+// those counts.
+func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string, asJSON bool,
+	pick func(context.Context, *app, []backstop.Resource, *emitCounts) (runFunc, error)) error {
 	resources, err := backstop.ParseResources(args)
 	if err != nil {
 		return usageError{err}
@@ -70,7 +72,12 @@ func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string,
 	prog.log = a.log
 	a.engine.OnPage = prog.page
 	emits := &emitCounts{}
-	stats, runErr := runResources(ctx, resources, prog, pick(a, emits))
+	fn, err := pick(ctx, a, resources, emits)
+	if err != nil {
+		prog.abort()
+		return err
+	}
+	stats, runErr := runResources(ctx, resources, prog, fn)
 	prog.wait()
 	if err := printStats(m.Stdout, op, stats, emits.byResource(), asJSON); err != nil {
 		return err

@@ -1,0 +1,99 @@
+package sync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// ErrSilentBackfill is wrapped by CheckBackfill's refusal: a backfill that
+// does not emit would write changes targets subscribe to into the mirror
+// without their events, and they would then never be emitted.
+var ErrSilentBackfill = errors.New("a backfill without emitting would lose events")
+
+// objectCounter is a Mirror that counts its objects (store.DB is one).
+type objectCounter interface {
+	Count(ctx context.Context, r backstop.Resource) (int, error)
+}
+
+// CheckBackfill says whether a backfill of r that does not emit (Backfill,
+// as opposed to BackfillEmit) may run without losing events, given the
+// routes of the configured targets.
+//
+// Such a backfill writes every object newer than the mirror's version into
+// the mirror without an event. Sync and reconcile then find those objects
+// unchanged, so on a resource whose changes are already being emitted the
+// changes it writes never reach the targets. It is therefore allowed only
+// where that cannot happen:
+//
+//   - no route subscribes to any of r's event types;
+//   - the backfill already finished and restart is false (it reads nothing);
+//   - it is r's first fill: r has no sync cursor, and its mirror is empty or
+//     an unfinished backfill checkpoint is being resumed.
+//
+// Otherwise (r has a sync cursor, or objects in the mirror that no backfill
+// of this store is filling, as after `cursors reset` or when only the
+// webhooks have filled it) it returns an error wrapping ErrSilentBackfill
+// that names the subscribed targets and says why. Other errors are the
+// store's.
+func (e *Engine) CheckBackfill(ctx context.Context, r backstop.Resource, restart bool, routes []backstop.Route) error {
+	subs := subscribers(r, routes)
+	if len(subs) == 0 {
+		return nil
+	}
+	chk, hasChk, err := e.Mirror.Cursor(ctx, r, backstop.CursorBackfill)
+	if err != nil {
+		return fmt.Errorf("backfill %s: %w", r, err)
+	}
+	if hasChk && chk.Done && !restart {
+		return nil
+	}
+	_, syncing, err := e.Mirror.Cursor(ctx, r, backstop.CursorSync)
+	if err != nil {
+		return fmt.Errorf("backfill %s: %w", r, err)
+	}
+	var why string
+	switch {
+	case syncing:
+		why = fmt.Sprintf("%s is already being synced (it has a sync cursor)", r)
+	case hasChk && !chk.Done:
+		return nil // resuming the first fill
+	default:
+		c, ok := e.Mirror.(objectCounter)
+		if !ok {
+			return nil
+		}
+		n, err := c.Count(ctx, r)
+		if err != nil {
+			return fmt.Errorf("backfill %s: %w", r, err)
+		}
+		if n == 0 {
+			return nil
+		}
+		why = fmt.Sprintf("the mirror already holds %d %s that no backfill is filling", n, r)
+	}
+	return fmt.Errorf("backfill %s: %w: %s and %s; the newer versions it would write to the mirror "+
+		"would never be emitted, since sync and reconcile would then find them unchanged",
+		r, ErrSilentBackfill, why, strings.Join(subs, ", "))
+}
+
+// subscribers describes the routes that subscribe to some event type of
+// r: "target crm (contact.created, contact.updated)".
+func subscribers(r backstop.Resource, routes []backstop.Route) []string {
+	var out []string
+	for _, rt := range routes {
+		var types []string
+		for _, typ := range backstop.KnownEventTypes {
+			if res, ok := backstop.ResourceOfEventType(typ); ok && res == r && backstop.MatchEvents(rt.Events, typ) {
+				types = append(types, typ)
+			}
+		}
+		if len(types) > 0 {
+			out = append(out, fmt.Sprintf("target %s subscribes to its events (%s)", rt.Target, strings.Join(types, ", ")))
+		}
+	}
+	return out
+}

@@ -1,0 +1,121 @@
+package sync_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+	bsync "github.com/backstop-sync/backstop/sync"
+)
+
+// A backfill that does not emit is allowed only where it cannot swallow
+// changes a target subscribes to: no subscriber, nothing left to read, or
+// the resource's first fill.
+func TestCheckBackfillRefusesWhereEventsWouldBeLost(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, 60)
+	r := backstop.Contacts
+	crm := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}}
+	billing := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	check := func(step string, restart bool, routes []backstop.Route, refused bool) {
+		t.Helper()
+		err := w.engine.CheckBackfill(ctx, r, restart, routes)
+		if got := errors.Is(err, bsync.ErrSilentBackfill); got != refused || (err != nil && !got) {
+			t.Fatalf("%s: CheckBackfill = %v, want refused=%v", step, err, refused)
+		}
+		if refused && (!strings.Contains(err.Error(), "crm") || !strings.Contains(err.Error(), "contact.updated")) {
+			t.Errorf("%s: the refusal does not name the target and its events: %v", step, err)
+		}
+	}
+
+	// First fill, resumed, finished.
+	check("fresh store", false, crm, false)
+	bctx, cancel := context.WithCancel(ctx)
+	w.engine.OnPage = func(st backstop.RunStats) {
+		if st.Pages == 2 {
+			cancel()
+		}
+	}
+	if _, err := w.engine.Backfill(bctx, r, false); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	w.engine.OnPage = nil
+	check("an unfinished first fill", false, crm, false)
+	check("an unfinished first fill, restarted", true, crm, false)
+	if _, err := w.engine.Backfill(ctx, r, false); err != nil {
+		t.Fatal(err)
+	}
+	// The finished backfill handed its position to the sync cursor.
+	check("a finished backfill (reads nothing)", false, crm, false)
+	check("a finished backfill, restarted", true, crm, true)
+	check("no target subscribes", true, billing, false)
+	check("no target", true, nil, false)
+
+	// Syncing, the platform changes: a plain backfill would swallow them.
+	w.sim.Mutate(30)
+	if err := w.db.ResetCursor(ctx, r, backstop.CursorBackfill); err != nil {
+		t.Fatal(err)
+	}
+	check("syncing, no checkpoint", false, crm, true)
+	// After `cursors reset` the mirror still holds what was emitted.
+	if err := w.db.ResetCursors(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	check("after cursors reset", false, crm, true)
+}
+
+// A scheduled backfill without emit on a resource that is already syncing
+// fails its run, with the reason, before reading anything; with emit it
+// runs and emits the changes.
+func TestScheduledSilentBackfillFailsInsteadOfLosingEvents(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, 40)
+	r := backstop.Contacts
+	routes := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}}
+	if _, _, err := w.engine.SyncEmit(ctx, r, routes); err != nil {
+		t.Fatal(err)
+	}
+	w.sim.Mutate(40)
+	s, err := bsync.NewScheduler([]bsync.Job{
+		{Name: "refill", Kind: bsync.JobBackfill, Resources: []backstop.Resource{r}, Every: time.Hour},
+		{Name: "refill-emit", Kind: bsync.JobBackfill, Resources: []backstop.Resource{r}, Every: time.Hour, Emit: true},
+	}, bsync.SchedulerOptions{Engine: w.engine, Store: jobStore{w.db}, Routes: routes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	before, err := w.db.Objects(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := s.RunJob(ctx, "refill")
+	if !errors.Is(err, bsync.ErrSilentBackfill) || run.Status != bsync.JobFailed || run.Counts.Pages != 0 {
+		t.Fatalf("silent backfill job: status %s, %d pages, err %v; want failed before reading, with ErrSilentBackfill", run.Status, run.Counts.Pages, err)
+	}
+	if !strings.Contains(err.Error(), "emit: true") {
+		t.Errorf("the failure does not say how to fix it: %v", err)
+	}
+	stored, err := w.db.JobRuns(ctx, "refill", 1)
+	if err != nil || len(stored) != 1 || stored[0].Status != "failed" || !strings.Contains(stored[0].Error, "would lose events") {
+		t.Errorf("stored run %+v, %v; want failed with the reason", stored, err)
+	}
+	after, err := w.db.Objects(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) {
+		t.Fatalf("the refused job wrote to the mirror: %d objects, were %d", len(after), len(before))
+	}
+	for i := range after {
+		if !after[i].UpdatedAt.Equal(before[i].UpdatedAt) {
+			t.Fatalf("the refused job wrote %s to the mirror", after[i].ID)
+		}
+	}
+	run, err = s.RunJob(ctx, "refill-emit")
+	if err != nil || run.Status != bsync.JobOK || run.Counts.Reemitted == 0 {
+		t.Fatalf("emitting backfill job: %+v, %v; want ok with the changes emitted", run, err)
+	}
+}
