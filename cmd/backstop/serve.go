@@ -143,10 +143,10 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		Token: cfg.Intake.ProxyToken.Value(), Targets: targetNames, Logger: log.With("component", "proxy"),
 		OnQueued: dispatcher.Wake,
 	}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle("/healthz", getOnly(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSONStatus(w, http.StatusOK, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	mux.Handle("/readyz", getOnly(func(w http.ResponseWriter, r *http.Request) {
 		if handler.Draining() {
 			writeJSONStatus(w, http.StatusServiceUnavailable, "draining")
 			return
@@ -156,10 +156,10 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 			return
 		}
 		writeJSONStatus(w, http.StatusOK, "ready")
-	})
+	}))
 	mux.Handle("/ui", dash.handler)
 	mux.Handle("/ui/", dash.handler)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/metrics", getOnly(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}).ServeHTTP))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		intake.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s (webhooks go to POST %s)", r.Method, r.URL.Path, cfg.Intake.Path))
 	})
@@ -224,6 +224,20 @@ func routesOf(cfg *config.Config) []backstop.Route {
 		routes = append(routes, backstop.Route{Target: t.Name, Events: t.Events})
 	}
 	return routes
+}
+
+// getOnly serves GET and HEAD with h, and answers any other method 405
+// with an Allow header (serve's catch-all would answer 404 otherwise).
+func getOnly(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			intake.WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+				fmt.Sprintf("%s is read with GET, not %s", r.URL.Path, r.Method))
+			return
+		}
+		h(w, r)
+	})
 }
 
 func writeJSONStatus(w http.ResponseWriter, code int, status string) {

@@ -286,3 +286,37 @@ func TestServeAnswersASlowBody408(t *testing.T) {
 		t.Errorf("the whole body, at once, answered %d %v", res.StatusCode, v)
 	}
 }
+
+// serve's own endpoints answer a method they do not serve 405 with an
+// Allow header, not 404 "no such endpoint".
+func TestServeOwnEndpointsAnswer405ToOtherMethods(t *testing.T) {
+	s := startServe(t)
+	for _, c := range []struct{ method, path string }{
+		{http.MethodPost, "/healthz"}, {http.MethodDelete, "/readyz"}, {http.MethodPost, "/metrics"}, {http.MethodPut, "/healthz"},
+	} {
+		req, _ := http.NewRequest(c.method, "http://"+s.addr+c.path, strings.NewReader("{}"))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		var v map[string]any
+		json.Unmarshal(b, &v)
+		if res.StatusCode != http.StatusMethodNotAllowed || res.Header.Get("Allow") != "GET, HEAD" || errorCode(v) != "method_not_allowed" {
+			t.Errorf("%s %s: %d Allow %q %s, want 405, Allow GET, HEAD and a JSON method_not_allowed error",
+				c.method, c.path, res.StatusCode, res.Header.Get("Allow"), b)
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		res, err := http.Get("http://" + s.addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: %d", path, res.StatusCode)
+		}
+	}
+}
