@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +26,15 @@ import (
 // shutdownTimeout bounds how long serve waits for in-flight requests and
 // commits after SIGTERM.
 const shutdownTimeout = 30 * time.Second
+
+// drainPeriod bounds how long serve, once told to stop, keeps the
+// connections that are already open: a request sent on one of them is
+// answered 503 (Retry-After, Connection: close) rather than cut off, and
+// /readyz tells a load balancer it is draining. The drain ends earlier once
+// every connection has closed; then the requests still in flight are
+// finished (shutdownTimeout) and serve exits. Short, so that Ctrl-C stays
+// quick.
+const drainPeriod = 2 * time.Second
 
 func (m *Main) serveCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
@@ -46,8 +57,10 @@ intake.proxy_token accepts POST /outbox/{target} (webhook-proxy mode).
 Also served: GET /healthz, GET /readyz, GET /metrics (Prometheus) and, with
 dashboard.token set, the dashboard under /ui.
 
-SIGTERM or Ctrl-C: stop accepting, answer 503 to new requests on open
-connections, finish the commits in flight, exit 0.`,
+SIGTERM or Ctrl-C: stop accepting connections; for up to 2 s, until the
+open ones have closed, answer 503 (Retry-After, Connection: close) to new
+requests on them, /readyz included (/healthz stays 200); finish the requests
+and commits in flight, exit 0.`,
 		Args: cobraArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return m.serve(cmd.Context(), g)
@@ -147,10 +160,6 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		writeJSONStatus(w, http.StatusOK, "ok")
 	}))
 	mux.Handle("/readyz", getOnly(func(w http.ResponseWriter, r *http.Request) {
-		if handler.Draining() {
-			writeJSONStatus(w, http.StatusServiceUnavailable, "draining")
-			return
-		}
 		if err := a.db.Ping(r.Context()); err != nil {
 			intake.WriteError(w, http.StatusServiceUnavailable, "store_unavailable", "the store cannot be reached: "+err.Error())
 			return
@@ -164,13 +173,20 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		intake.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s (webhooks go to POST %s)", r.Method, r.URL.Path, cfg.Intake.Path))
 	})
 
+	conns := newOpenConns()
 	srv := &http.Server{
-		Handler:           mux,
+		// While draining, the intake answers its own 503s (counted in
+		// its metrics) and /healthz stays 200; the gate answers the rest.
+		Handler: drainGate(mux, handler.Draining, "/healthz", cfg.Intake.Path),
+		// The intake's body deadline (intake.DefaultBodyTimeout, 10 s) is
+		// well within WriteTimeout, so a body that does not arrive in
+		// time still gets its 408.
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       90 * time.Second,
 		MaxHeaderBytes:    64 << 10,
+		ConnState:         conns.track,
 		ErrorLog:          slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
@@ -185,15 +201,30 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down: draining requests and commits in flight")
+		// No new connection: the listener closes, and Serve returns
+		// (its error is that one) once it has handed over every
+		// connection it accepted.
+		ln.Close()
+		<-serveErr
 	case err := <-serveErr:
 		runErr = fmt.Errorf("serve: %w", err)
 	}
+	// New requests on the open connections are answered 503 and close
+	// them, while the requests in flight finish.
 	handler.Drain()
+	drainEnd := time.NewTimer(drainPeriod)
+	defer drainEnd.Stop()
 	// Running jobs see their context cancelled: a sync finishes its page
 	// and saves its cursor; the stop timeout bounds the wait.
 	if err := stopScheduler(); err != nil {
 		runErr = errors.Join(runErr, fmt.Errorf("stop jobs: %w", err))
 	}
+	select {
+	case <-conns.allClosed():
+	case <-drainEnd.C:
+	}
+	// Shutdown closes the connections that stayed idle, and waits for
+	// those with a request in flight.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -238,6 +269,69 @@ func getOnly(h http.HandlerFunc) http.Handler {
 		}
 		h(w, r)
 	})
+}
+
+// drainGate serves next until draining reports true; from then on every
+// answer closes its connection, and new requests are answered 503 with
+// Retry-After (/readyz: {"status":"draining"}), but those to the paths in
+// own, which answer for themselves.
+func drainGate(next http.Handler, draining func() bool, own ...string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !draining() {
+			next.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Connection", "close")
+		if slices.Contains(own, r.URL.Path) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Retry-After", "5")
+		if r.URL.Path == "/readyz" {
+			writeJSONStatus(w, http.StatusServiceUnavailable, "draining")
+			return
+		}
+		intake.WriteError(w, http.StatusServiceUnavailable, "draining", "the server is shutting down; retry shortly")
+	})
+}
+
+// openConns counts a server's open connections (its ConnState hook), so
+// that the drain at shutdown ends as soon as the last one has closed.
+type openConns struct {
+	mu   sync.Mutex
+	n    int
+	none chan struct{} // closed while n is 0
+}
+
+func newOpenConns() *openConns {
+	c := &openConns{none: make(chan struct{})}
+	close(c.none)
+	return c
+}
+
+// track is the http.Server's ConnState hook.
+func (c *openConns) track(_ net.Conn, state http.ConnState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch state {
+	case http.StateNew:
+		if c.n == 0 {
+			c.none = make(chan struct{})
+		}
+		c.n++
+	case http.StateHijacked, http.StateClosed:
+		c.n--
+		if c.n == 0 {
+			close(c.none)
+		}
+	}
+}
+
+// allClosed is closed once no connection is open.
+func (c *openConns) allClosed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.none
 }
 
 func writeJSONStatus(w http.ResponseWriter, code int, status string) {

@@ -44,11 +44,15 @@ store:
 intake:
   listen: %s
   secret: ${BOTIX_WEBHOOK_SECRET}
+  proxy_token: %s
 targets:
   - {name: billing, url: "http://127.0.0.1:9/hooks", events: ["payment.*"], allow_private: true}
-`, e.srv.URL, e.db, addr))
+`, e.srv.URL, e.db, addr, proxyToken))
 	return e
 }
+
+// proxyToken is the intake.proxy_token of newServeEnv's config.
+const proxyToken = "proxy-token-for-serve"
 
 // While the sim sends 2,000 webhooks as fast as it can, serve is SIGKILLed
 // and restarted; once the sim's retries are over, every event that was ever

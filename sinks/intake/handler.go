@@ -73,7 +73,9 @@ func NewHandler(v Verifier, w *Batcher, opts HandlerOptions) *Handler {
 }
 
 // Drain makes the handler answer 503 to every new request; requests already
-// past that check finish normally.
+// past that check finish normally. Every answer given while draining
+// closes its connection (Connection: close), so that the server's open
+// connections end with their last request.
 func (h *Handler) Drain() { h.draining.Store(true) }
 
 // Draining reports whether Drain was called.
@@ -168,7 +170,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.notify(ev)
 	}
 	h.count(string(res.Status))
+	h.closeIfDraining(w)
 	writeStatus(w, res.Status)
+}
+
+// closeIfDraining makes an answer given while draining the last one on its
+// connection.
+func (h *Handler) closeIfDraining(w http.ResponseWriter) {
+	if h.draining.Load() {
+		w.Header().Set("Connection", "close")
+	}
 }
 
 // isJSONMediaType reports whether ct is application/json, parameters allowed.
@@ -236,6 +247,7 @@ func writeStatus(w http.ResponseWriter, status backstop.EmitStatus) {
 
 func (h *Handler) refuse(w http.ResponseWriter, why refusal, msg string) {
 	h.count(why.outcome)
+	h.closeIfDraining(w)
 	WriteError(w, why.status, why.code, msg)
 }
 

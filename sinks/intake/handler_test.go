@@ -351,8 +351,9 @@ func TestDrainAnswers503(t *testing.T) {
 	req.Header.Set("X-Botix-Signature", intake.SignBotix(secret, body))
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
-	if rec.Code != 503 {
-		t.Fatalf("draining: %d", rec.Code)
+	if rec.Code != 503 || rec.Header().Get("Retry-After") == "" || rec.Header().Get("Connection") != "close" {
+		t.Fatalf("draining: %d, Retry-After %q, Connection %q; want 503, a Retry-After, close",
+			rec.Code, rec.Header().Get("Retry-After"), rec.Header().Get("Connection"))
 	}
 	if n, _ := db.CountProcessed(context.Background()); n != 0 {
 		t.Error("stored while draining")
