@@ -19,7 +19,8 @@ type JobRun struct {
 	Kind       string
 	StartedAt  time.Time
 	FinishedAt time.Time
-	// Status is "ok", "failed" or "skipped".
+	// Status is "ok", "failed", "interrupted" (cancelled before it
+	// finished) or "skipped".
 	Status string
 	Counts backstop.JobCounts
 	// Error is the failed run's error, empty otherwise.
@@ -73,14 +74,14 @@ func (row jobRunRow) jobRun() (JobRun, error) {
 }
 
 // SaveJobRun stores a finished run and returns its id. It fails on an empty
-// job name or a status other than "ok", "failed" and "skipped". A zero
-// StartedAt or FinishedAt is stored as now.
+// job name or a status other than "ok", "failed", "interrupted" and
+// "skipped". A zero StartedAt or FinishedAt is stored as now.
 func (db *DB) SaveJobRun(ctx context.Context, run JobRun) (int64, error) {
 	if run.Job == "" {
 		return 0, errors.New("save job run: empty job name")
 	}
 	switch run.Status {
-	case "ok", "failed", "skipped":
+	case "ok", "failed", "interrupted", "skipped":
 	default:
 		return 0, fmt.Errorf("save job run %s: unknown status %q", run.Job, run.Status)
 	}

@@ -65,9 +65,9 @@ func (db *DB) StartReconcile(ctx context.Context, rep backstop.ReconcileReport) 
 	if started.IsZero() {
 		started = db.now()
 	}
-	res, err := db.w.ExecContext(ctx, `INSERT INTO reconcile_runs (resource, started_at, window_since, full, dry_run)
-		VALUES (?, ?, ?, ?, ?)`, string(rep.Resource), backstop.CanonicalTime(started), nullTime(rep.Since),
-		rep.Full, rep.DryRun)
+	res, err := db.w.ExecContext(ctx, `INSERT INTO reconcile_runs (resource, started_at, window_since, full, dry_run,
+		heartbeat_at) VALUES (?, ?, ?, ?, ?, ?)`, string(rep.Resource), backstop.CanonicalTime(started),
+		nullTime(rep.Since), rep.Full, rep.DryRun, backstop.CanonicalTime(db.now()))
 	if err != nil {
 		return 0, fmt.Errorf("start reconcile %s: %w", rep.Resource, err)
 	}
@@ -143,12 +143,16 @@ func (db *DB) CountOrphans(ctx context.Context, runID int64, r backstop.Resource
 }
 
 // FinishReconcile completes run runID with rep's counts, its cost and
-// duration, and status "ok" when rep.Err is nil or "failed" with the error's
-// text; it deletes the run's remaining seen marks. It returns ErrNotFound
-// when there is no run runID.
+// duration, and status "ok" when rep.Err is nil, "interrupted" when it is
+// a cancellation (context.Canceled) or "failed", with the error's text; it
+// deletes the run's remaining seen marks. It returns ErrNotFound when there
+// is no run runID.
 func (db *DB) FinishReconcile(ctx context.Context, runID int64, rep backstop.ReconcileReport) error {
 	status, errText := "ok", sql.NullString{}
-	if rep.Err != nil {
+	switch {
+	case errors.Is(rep.Err, context.Canceled):
+		status, errText = "interrupted", sql.NullString{String: rep.Err.Error(), Valid: true}
+	case rep.Err != nil:
 		status, errText = "failed", sql.NullString{String: rep.Err.Error(), Valid: true}
 	}
 	tx, err := db.w.BeginTxx(ctx, nil)
@@ -222,7 +226,8 @@ type ReconcileRun struct {
 	backstop.ReconcileReport
 	// FinishedAt is zero while the run is still going (or was killed).
 	FinishedAt time.Time
-	// Status is "running", "ok" or "failed".
+	// Status is "running", "ok", "failed", "interrupted" (cancelled) or
+	// "abandoned" (its process died; see AbandonStaleReconciles).
 	Status string
 	Error  string
 }

@@ -71,9 +71,13 @@ type JobStatus string
 
 // The job run results.
 const (
-	JobOK      JobStatus = "ok"
-	JobFailed  JobStatus = "failed"
-	JobSkipped JobStatus = "skipped" // the job was still running
+	JobOK     JobStatus = "ok"
+	JobFailed JobStatus = "failed"
+	// JobInterrupted: the run was cancelled before it finished (Ctrl-C or
+	// SIGTERM of backstop run, Stop, a lost lease or lock); what it
+	// committed is kept.
+	JobInterrupted JobStatus = "interrupted"
+	JobSkipped     JobStatus = "skipped" // the job was still running
 )
 
 // addRun adds one resource's run and what it emitted to c.
@@ -395,9 +399,9 @@ func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
 // A job already running (in this process, or in another one holding its
 // lock, see SchedulerOptions.Locker) is not started again: the run is
 // stored as skipped and the error is ErrJobRunning. It fails with ErrUnknownJob for
-// a name not configured. Otherwise the error is the run's (ctx.Err() when
-// cancelled) and the run is stored as failed; an error storing the run is
-// joined to it.
+// a name not configured. Otherwise the error is the run's: a run cancelled
+// through ctx returns ctx.Err() and is stored as interrupted, any other
+// error as failed; an error storing the run is joined to it.
 func (s *Scheduler) RunJob(ctx context.Context, job string) (JobRun, error) {
 	st, ok := s.state[job]
 	if !ok {
@@ -462,7 +466,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 			return run, err
 		}
 		if err != nil {
-			run.Status, run.FinishedAt, run.Err = JobFailed, s.opts.Now(), err
+			run.Status, run.FinishedAt, run.Err = runStatus(ctx, err), s.opts.Now(), err
 			id, serr := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)
 			run.ID = id
 			return run, errors.Join(err, serr)
@@ -474,10 +478,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 	var err error
 	run.Counts, err = s.work(ctx, j)
 	run.FinishedAt = s.opts.Now()
-	run.Status, run.Err = JobOK, err
-	if err != nil {
-		run.Status = JobFailed
-	}
+	run.Status, run.Err = runStatus(ctx, err), err
 	id, serr := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)
 	run.ID = id
 	if serr != nil {
@@ -487,6 +488,33 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 		"pages", run.Counts.Pages, "objects", run.Counts.Objects, "reemitted", run.Counts.Reemitted,
 		"suppressed", run.Counts.Suppressed, "pruned", run.Counts.Pruned)
 	return run, err
+}
+
+// runStatus is the status of a run that ended with err under ctx: a run
+// stopped by its context's cancellation (whatever the cause) is
+// interrupted, not failed.
+func runStatus(ctx context.Context, err error) JobStatus {
+	switch {
+	case err == nil:
+		return JobOK
+	case ctx.Err() != nil && onlyCanceled(err):
+		return JobInterrupted
+	}
+	return JobFailed
+}
+
+// onlyCanceled reports whether err is a cancellation and, when it joins
+// several errors (one per resource), whether each of them is.
+func onlyCanceled(err error) bool {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !onlyCanceled(e) {
+				return false
+			}
+		}
+		return true
+	}
+	return errors.Is(err, context.Canceled)
 }
 
 // skip counts, logs and stores a skipped run of st's job.

@@ -319,7 +319,7 @@ func TestReconcileWindow(t *testing.T) {
 	}
 	second := t0.Add(time.Hour)
 
-	// A dry run and a failed run do not move the window.
+	// A dry run and an interrupted run do not move the window.
 	clk.Add(time.Hour)
 	if rep, err = w.engine.Reconcile(ctx, r, bsync.ReconcileOptions{DryRun: true}); err != nil {
 		t.Fatal(err)
@@ -334,8 +334,8 @@ func TestReconcileWindow(t *testing.T) {
 		t.Fatalf("cancelled run: %v, want context.Canceled", err)
 	}
 	runs, err := w.db.ReconcileRuns(ctx, 1)
-	if err != nil || len(runs) != 1 || runs[0].Status != "failed" || runs[0].Error == "" || runs[0].Pages != 1 {
-		t.Fatalf("cancelled run stored as %+v (err %v), want failed after 1 page", runs, err)
+	if err != nil || len(runs) != 1 || runs[0].Status != "interrupted" || runs[0].Error == "" || runs[0].Pages != 1 {
+		t.Fatalf("cancelled run stored as %+v (err %v), want interrupted after 1 page", runs, err)
 	}
 	last, ok, err := w.db.LastReconcile(ctx, r)
 	if err != nil || !ok || !last.Equal(second) {

@@ -23,8 +23,12 @@ func (m *Main) runCommand(g *globals) *cobra.Command {
 schedule, stores the run like backstop serve does, and prints its counts. It is
 for people who schedule with system cron instead of backstop serve.
 
+The run's result is ok, failed, interrupted (Ctrl-C or SIGTERM: a sync
+finishes its current page first, and what was committed is kept) or skipped
+(the job was running already), as backstop jobs and the dashboard show it.
+
 Exit codes: 0 the run succeeded, 1 it failed, 2 unknown job or bad
-configuration, 130 interrupted (a sync finishes its current page first).`,
+configuration, 130 interrupted.`,
 		Example: "  backstop run crm-nightly\n  backstop run payments-hourly --json",
 		Args:    cobraArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {

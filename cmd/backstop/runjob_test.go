@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop/sources/sim"
+)
+
+// `backstop run JOB` stopped with SIGTERM exits 130, prints the result
+// interrupted and stores it so (as sync and backfill report it), not as
+// failed: an interrupted run is not a failure of the job.
+func TestRunJobInterruptedIsStoredAsInterrupted(t *testing.T) {
+	e := newEnv(t, envOpts{
+		sim:       sim.Options{Seed: 13, Objects: 1500, Limit: 60, Window: time.Second},
+		perMinute: 3600, window: "1s", pageSize: 10,
+	})
+	e.withJobs()
+	cmd := exec.Command(binPath, "--config", e.config, "--log-level", "debug", "run", "crm-nightly")
+	cmd.Env = e.environ(e.sim.APIKey())
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	lines := make(chan string, 1024)
+	var tail []string
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	waitLines(t, lines, "page committed", 3, time.Minute)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for l := range lines {
+		tail = append(tail, l)
+	}
+	cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != exitInterrupted {
+		t.Fatalf("run after SIGTERM: exit %d, want 130\n%s", code, strings.Join(tail, "\n"))
+	}
+	if !strings.Contains(stdout.String(), "interrupted") || strings.Contains(stdout.String(), "failed") {
+		t.Errorf("run printed, want result interrupted:\n%s", stdout.String())
+	}
+	db := e.openStore()
+	defer db.Close()
+	runs, err := db.JobRuns(context.Background(), "crm-nightly", 0)
+	if err != nil || len(runs) != 1 || runs[0].Status != "interrupted" || runs[0].Counts.Pages == 0 {
+		t.Fatalf("stored runs %+v (err %v), want one interrupted run with its pages", runs, err)
+	}
+	// The next run completes from the saved cursor.
+	if code, _, stderr := e.run(context.Background(), "run", "crm-nightly"); code != exitOK {
+		t.Fatalf("next run: exit %d\n%s", code, stderr)
+	}
+}

@@ -1,0 +1,103 @@
+package store
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// openAtVersion creates a store at path whose schema stops at version
+// (inclusive), as a binary of that time left it, for upgrade tests; the
+// returned handle is the writer connection, for the caller to fill and close.
+func openAtVersion(t *testing.T, path string, version int) *sqlx.DB {
+	t.Helper()
+	ctx := context.Background()
+	w, err := sqlx.Open(driverName, path+"?_txlock=immediate&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.SetMaxOpenConns(1)
+	old := &DB{w: w, now: time.Now}
+	if _, err := w.ExecContext(ctx, `CREATE TABLE schema_migrations (
+		version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.version <= version {
+			if err := old.apply(ctx, m); err != nil {
+				t.Fatalf("migration %s: %v", m.name, err)
+			}
+		}
+	}
+	return w
+}
+
+// Migration 0010 keeps every job and reconcile run (and their statuses),
+// gives a run left running the heartbeat of its start, and then accepts
+// the statuses interrupted and abandoned.
+func TestMigration10KeepsRunsAndAddsStatuses(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	w := openAtVersion(t, path, 9)
+	for _, q := range []string{
+		`INSERT INTO job_runs (id, job, kind, started_at, finished_at, status, pages, error)
+			VALUES (7, 'crm-nightly', 'sync', '2026-01-01T03:00:00.000000000Z', '2026-01-01T03:00:09.000000000Z', 'failed', 4, 'context canceled')`,
+		`INSERT INTO reconcile_runs (id, resource, started_at, finished_at, status, scanned)
+			VALUES (1, 'payments', '2026-01-01T01:00:00.000000000Z', '2026-01-01T01:00:05.000000000Z', 'ok', 40)`,
+		`INSERT INTO reconcile_runs (id, resource, started_at, full) VALUES (2, 'contacts', '2026-01-01T02:00:00.000000000Z', 1)`,
+		`INSERT INTO reconcile_seen (run_id, id) VALUES (2, 'ct_1')`,
+	} {
+		if _, err := w.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	runs, err := db.JobRuns(ctx, "crm-nightly", 0)
+	if err != nil || len(runs) != 1 || runs[0].ID != 7 || runs[0].Status != "failed" || runs[0].Counts.Pages != 4 {
+		t.Fatalf("job runs after the upgrade: %+v, %v", runs, err)
+	}
+	if _, err := db.SaveJobRun(ctx, JobRun{Job: "crm-nightly", Kind: "sync", Status: "interrupted", Error: "context canceled"}); err != nil {
+		t.Fatalf("an interrupted run cannot be stored: %v", err)
+	}
+	rec, err := db.ReconcileRuns(ctx, 0)
+	if err != nil || len(rec) != 2 || rec[0].ID != 2 || rec[0].Status != "running" || rec[1].Status != "ok" || rec[1].Scanned != 40 {
+		t.Fatalf("reconcile runs after the upgrade: %+v, %v", rec, err)
+	}
+	var beat string
+	if err := db.r.GetContext(ctx, &beat, `SELECT heartbeat_at FROM reconcile_runs WHERE id = 2`); err != nil || beat != "2026-01-01T02:00:00.000000000Z" {
+		t.Errorf("heartbeat of the run left running: %q, %v; want its start", beat, err)
+	}
+	// The tables took their indexes back, and new runs are stored.
+	var idx int
+	if err := db.r.GetContext(ctx, &idx, `SELECT count(*) FROM sqlite_schema WHERE type = 'index'
+		AND name IN ('job_runs_job', 'job_runs_started', 'reconcile_runs_last_ok')`); err != nil || idx != 3 {
+		t.Errorf("%d of 3 indexes after the upgrade (%v)", idx, err)
+	}
+	id, err := db.StartReconcile(ctx, backstop.ReconcileReport{Resource: backstop.Chats})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.FinishReconcile(ctx, id, backstop.ReconcileReport{Resource: backstop.Chats, Err: context.Canceled}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := db.ReconcileRuns(ctx, 1); err != nil || rec[0].Status != "interrupted" {
+		t.Errorf("a cancelled reconcile stored as %+v, %v; want interrupted", rec, err)
+	}
+}
