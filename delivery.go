@@ -5,15 +5,28 @@ import (
 	"time"
 )
 
-// Delivery is one queued delivery (an outbox row): one event for one
-// target, and how far its delivery got.
+// Delivery is one queued delivery (an outbox row): one event, or one
+// payload queued through the webhook proxy, for one target, and how far its
+// delivery got.
 type Delivery struct {
-	ID        int64
-	Target    string
-	EventID   string
+	ID     int64
+	Target string
+	// EventID is the id the target is sent as X-Event-Id and webhook-id:
+	// the event's id or, for a payload queued through the webhook proxy
+	// (Proxied), the caller's key (its X-Event-Id or Idempotency-Key, or
+	// the "evt_px_" id made for a call with neither). The two are kept
+	// apart: an event and a proxied payload with the same id are two
+	// deliveries.
+	EventID string
+	// EventType is the event's type, or a proxied payload's X-Event-Type
+	// ("proxy" when the caller sent none).
 	EventType string
-	// Payload is the envelope to deliver:
-	// {"event_id","event","created_at","origin","data"}.
+	// Proxied marks a payload queued through the webhook proxy (POST
+	// /outbox/{target}) rather than an event.
+	Proxied bool
+	// Payload is what is delivered: for an event the envelope
+	// {"event_id","event","created_at","origin","data"}, for a proxied
+	// payload the caller's JSON body as it came.
 	Payload json.RawMessage
 	// Status is "pending", "retrying", "delivered" or "dead_letter".
 	Status string

@@ -101,6 +101,7 @@ const (
 // targetQueue on the readers.
 type deliveryStmts struct {
 	claimSelect, claimLease, insertAttempt, recordOutcome, lastAttempt *sqlx.Stmt
+	enqueue                                                            *sqlx.Stmt // the webhook proxy's insert
 	targetQueue                                                        *sqlx.Stmt
 
 	// mu guards chunks: the multi-row statements of RecordAttempts by
@@ -126,6 +127,7 @@ func (db *DB) prepareDelivery(ctx context.Context) error {
 		{&st.insertAttempt, insertAttemptSQL},
 		{&st.recordOutcome, recordOutcomeSQL},
 		{&st.lastAttempt, lastAttemptSQL},
+		{&st.enqueue, enqueueSQL},
 	} {
 		s, err := db.w.PreparexContext(ctx, p.sql)
 		if err != nil {
@@ -157,7 +159,7 @@ func (st *deliveryStmts) close() {
 	if st == nil {
 		return
 	}
-	for _, s := range []*sqlx.Stmt{st.claimSelect, st.claimLease, st.insertAttempt, st.recordOutcome, st.lastAttempt, st.targetQueue} {
+	for _, s := range []*sqlx.Stmt{st.claimSelect, st.claimLease, st.insertAttempt, st.recordOutcome, st.lastAttempt, st.enqueue, st.targetQueue} {
 		if s != nil {
 			s.Close()
 		}
@@ -255,7 +257,7 @@ func scanOutbox(rows *sql.Rows, limit int) ([]OutboxRow, error) {
 			out = make([]OutboxRow, 0, min(limit, 16)) // a claim is often of one row
 		}
 		if err := rows.Scan(&r.ID, &r.Target, &r.EventID, &r.EventType, &r.Payload, &r.Status,
-			&r.Attempts, &r.NextAttemptAt, &r.CreatedAt, &r.UpdatedAt, &r.LastStatus, &r.LastError); err != nil {
+			&r.Attempts, &r.NextAttemptAt, &r.CreatedAt, &r.UpdatedAt, &r.LastStatus, &r.LastError, &r.ProxyKey); err != nil {
 			return nil, err
 		}
 		o, err := r.outboxRow()
@@ -936,30 +938,47 @@ func (db *DB) execCount(ctx context.Context, q string, args ...any) (int64, erro
 	return res.RowsAffected()
 }
 
-// Enqueue queues payload, which must be valid JSON, for delivery to target
-// as event eventID of type eventType, pending and due at now, and returns
-// the delivery's id (webhook-proxy mode: payload is delivered as given). A
-// (target, eventID) pair is queued once while its row is kept: a repeat
-// changes nothing and returns the id queued first. (Maintenance prunes a
-// delivered row after 14 days; a repeat after that is queued again.)
-func (db *DB) Enqueue(ctx context.Context, target, eventID, eventType string, payload json.RawMessage, now time.Time) (int64, error) {
-	id, err := db.enqueue(ctx, target, eventID, eventType, payload, now)
+// Enqueue queues payload, which must be valid JSON, for delivery to
+// target as it is (webhook-proxy mode: it is not wrapped in the event
+// envelope), of type eventType, pending and due at now, and returns the
+// delivery's id. key is the caller's idempotency key (its X-Event-Id),
+// which the target is sent as X-Event-Id and webhook-id (the row's EventID;
+// Proxied is true). A (target, key) pair is queued once while its row is
+// kept: a repeat changes nothing and returns the id queued first.
+// (Maintenance prunes a delivered row after 14 days; a repeat after that is
+// queued again.) Keys are a space of their own: an event with the same id,
+// emitted before or after, gets its own row, as does a key equal to an
+// event's id.
+func (db *DB) Enqueue(ctx context.Context, target, key, eventType string, payload json.RawMessage, now time.Time) (int64, error) {
+	id, err := db.enqueue(ctx, target, key, eventType, payload, now)
 	if err != nil {
-		return 0, fmt.Errorf("enqueue %s for %s: %w", eventID, target, err)
+		return 0, fmt.Errorf("enqueue %s for %s: %w", key, target, err)
 	}
 	return id, nil
 }
 
-func (db *DB) enqueue(ctx context.Context, target, eventID, eventType string, payload json.RawMessage, now time.Time) (int64, error) {
+// enqueueSQL queues one proxied payload, due now. ON CONFLICT without a
+// target covers outbox_proxy_key (target, proxy_key), and UNIQUE (target,
+// event_id), which only the same key can meet (proxyEventID).
+const enqueueSQL = `INSERT INTO outbox
+	(target, event_id, proxy_key, event_type, payload, status, attempts, next_attempt_at, created_at, updated_at)
+	VALUES (?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)
+	ON CONFLICT DO NOTHING`
+
+func (db *DB) enqueue(ctx context.Context, target, key, eventType string, payload json.RawMessage, now time.Time) (int64, error) {
 	switch {
 	case target == "":
 		return 0, errors.New("empty target")
-	case eventID == "":
-		return 0, errors.New("empty event id")
+	case key == "":
+		return 0, errors.New("empty key")
 	case eventType == "":
 		return 0, errors.New("empty event type")
 	case !json.Valid(payload):
 		return 0, errors.New("payload is not valid JSON")
+	}
+	st, err := db.deliveryStmts(ctx)
+	if err != nil {
+		return 0, err
 	}
 	stamp := backstop.CanonicalTime(now)
 	tx, err := db.w.BeginTxx(ctx, nil)
@@ -967,8 +986,8 @@ func (db *DB) enqueue(ctx context.Context, target, eventID, eventType string, pa
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback()
-	res, err := tx.StmtxContext(ctx, db.insertOutbox).ExecContext(ctx,
-		target, eventID, eventType, string(payload), stamp, stamp, stamp)
+	res, err := tx.StmtxContext(ctx, st.enqueue).ExecContext(ctx,
+		target, proxyEventID(key), key, eventType, string(payload), stamp, stamp, stamp)
 	if err != nil {
 		return 0, err
 	}
@@ -981,8 +1000,8 @@ func (db *DB) enqueue(ctx context.Context, target, eventID, eventType string, pa
 		if id, err = res.LastInsertId(); err != nil {
 			return 0, err
 		}
-	} else if err := tx.GetContext(ctx, &id, `SELECT id FROM outbox WHERE target = ? AND event_id = ?`, target, eventID); err != nil {
-		return 0, err
+	} else if err := tx.GetContext(ctx, &id, `SELECT id FROM outbox WHERE target = ? AND proxy_key = ?`, target, key); err != nil {
+		return 0, fmt.Errorf("find the row queued first: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("commit: %w", err)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/backstop-sync/backstop"
 )
 
@@ -895,5 +897,184 @@ func TestRecordAttemptsInChunks(t *testing.T) {
 	if id := record(t, db, Attempt{DeliveryID: items[1].Attempt.DeliveryID, Attempt: 3, StatusCode: 200, At: t0},
 		Outcome{Status: StatusDelivered}); id != ids[n-1]+1 {
 		t.Errorf("next attempt id %d, want %d", id, ids[n-1]+1)
+	}
+}
+
+// A payload queued through the webhook proxy and an event never take each
+// other's place, whichever comes first: both get their row, the proxied one
+// under the caller's key (its X-Event-Id), and a repeat of the key is still
+// the row queued first.
+func TestEnqueueKeysNeverMeetEventIDs(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openFull(t)
+	body := json.RawMessage(`{"content":"deploy finished"}`)
+
+	// The proxy call first, then the webhook with the same id: the event
+	// still gets its row for billing (and audit).
+	px, err := db.Enqueue(ctx, "billing", "evt_future", "proxy", body, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := emit(t, db, testRoutes, payment(t, "evt_future", "pay_1", "2024-05-01T10:00:00Z")); got[0] != accepted(true, 2) {
+		t.Fatalf("webhook after a proxy call with its id: %+v, want accepted with 2 outbox rows", got[0])
+	}
+	rows := outboxRows(t, db, "billing")
+	if len(rows) != 2 {
+		t.Fatalf("billing has %d rows, want the proxied payload and the event: %+v", len(rows), rows)
+	}
+	if r := rows[0]; r.ID != px || !r.Proxied || r.EventID != "evt_future" || r.EventType != "proxy" || string(r.Payload) != string(body) {
+		t.Errorf("proxied row = %+v", r)
+	}
+	if r := rows[1]; r.Proxied || r.EventID != "evt_future" || r.EventType != "payment.succeeded" ||
+		!strings.HasPrefix(string(r.Payload), `{"event_id":"evt_future","event":"payment.succeeded",`) {
+		t.Errorf("event row = %+v", r)
+	}
+
+	// The webhook first, then a proxy call with its id: the call gets a
+	// row of its own, with its body, and a repeat gets that row.
+	emit(t, db, testRoutes, payment(t, "evt_past", "pay_2", "2024-05-01T10:00:00Z"))
+	event := outboxRows(t, db, "billing")[2]
+	other := json.RawMessage(`{"content":"another"}`)
+	px2, err := db.Enqueue(ctx, "billing", "evt_past", "proxy", other, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if px2 == event.ID {
+		t.Fatalf("Enqueue of an event's id returned the event's row %d", event.ID)
+	}
+	if r := mustDelivery(t, db, px2); !r.Proxied || r.EventID != "evt_past" || string(r.Payload) != string(other) {
+		t.Errorf("proxied row = %+v, want the caller's body", r)
+	}
+	if r := mustDelivery(t, db, event.ID); r.Proxied || string(r.Payload) != string(event.Payload) {
+		t.Errorf("the event's row changed: %+v", r)
+	}
+	for _, key := range []string{"evt_future", "evt_past"} {
+		first := map[string]int64{"evt_future": px, "evt_past": px2}[key]
+		if again, err := db.Enqueue(ctx, "billing", key, "proxy", json.RawMessage(`{"repeat":true}`), t0.Add(time.Hour)); err != nil || again != first {
+			t.Errorf("repeated Enqueue of %s = %d, %v; want the first id %d", key, again, err, first)
+		}
+	}
+	if n := len(outboxRows(t, db, "billing")); n != 4 {
+		t.Errorf("billing has %d rows, want 4 (two events, two proxied payloads)", n)
+	}
+
+	// An event may not take an id of the proxied payloads' space.
+	if _, err := db.Emit(ctx, []backstop.Event{payment(t, proxyEventID("evt_x"), "pay_3", "2024-05-01T10:00:00Z")}, testRoutes); err == nil {
+		t.Error("Emit of an event whose id is a proxied row's key did not fail")
+	}
+}
+
+// createAtVersion creates a store at path with the schema of the embedded
+// migrations up to version only, as an earlier backstop left it, and
+// returns its writer connection.
+func createAtVersion(t *testing.T, path string, version int) *sqlx.DB {
+	t.Helper()
+	ctx := context.Background()
+	w, err := sqlx.Open(driverName, path+"?_txlock=immediate&_pragma=foreign_keys(1)&_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.SetMaxOpenConns(1)
+	old := &DB{w: w, now: func() time.Time { return t0 }}
+	if _, err := w.ExecContext(ctx, `CREATE TABLE schema_migrations (
+		version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.version <= version {
+			if err := old.apply(ctx, m); err != nil {
+				t.Fatalf("migration %s: %v", m.name, err)
+			}
+		}
+	}
+	return w
+}
+
+// Rows the proxy of earlier versions wrote, under the caller's key as
+// event_id, keep working once migration 0009 has run: they are proxied
+// rows with their key and attempts, a repeat of the key still finds them,
+// and they no longer hold the id of an event that comes later. The rows of
+// events stay as they were.
+func TestMigrationMovesEarlierProxiedRowsApart(t *testing.T) {
+	ctx := context.Background()
+	path := t.TempDir() + "/v8.db"
+	w := createAtVersion(t, path, 8)
+	insert := func(target, eventID, eventType, payload string) int64 {
+		t.Helper()
+		stamp := backstop.CanonicalTime(t0)
+		res, err := w.ExecContext(ctx, `INSERT INTO outbox
+			(target, event_id, event_type, payload, status, attempts, next_attempt_at, created_at, updated_at)
+			VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?)`, target, eventID, eventType, payload, stamp, stamp, stamp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := res.LastInsertId()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	// Events' rows, with the envelope the emit path builds: one whose id
+	// encoding/json writes with escapes (<, &) that json_quote does not.
+	hook := payment(t, "evt_hook", "pay_1", "2024-05-01T10:00:00Z")
+	escaped := payment(t, "evt_<a&b>", "pay_2", "2024-05-01T10:00:00Z")
+	events := map[string]int64{
+		hook.ID:    insert("billing", hook.ID, hook.Type, string(envelope(hook))),
+		escaped.ID: insert("billing", escaped.ID, escaped.Type, string(envelope(escaped))),
+	}
+	// The old proxy's rows: any JSON, even one shaped as an envelope of
+	// another id.
+	proxied := map[string]struct {
+		id      int64
+		payload string
+	}{}
+	for key, payload := range map[string]string{
+		"alert-1":     `{"content":"hi"}`,
+		"evt_collide": `[1,2]`,
+		"px-env":      `{"event_id":"other","event":"proxy","created_at":"2024-05-01T10:00:00Z","origin":"webhook","data":{}}`,
+	} {
+		proxied[key] = struct {
+			id      int64
+			payload string
+		}{insert("billing", key, "proxy", payload), payload}
+	}
+	if _, err := w.ExecContext(ctx, `INSERT INTO delivery_attempts (delivery_id, target, url, attempt, status_code, at)
+		VALUES (?, 'billing', 'https://billing.example.com', 1, 503, ?)`, proxied["alert-1"].id, backstop.CanonicalTime(t0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db, err := Open(ctx, path, Options{Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for id, row := range events {
+		if r := mustDelivery(t, db, row); r.Proxied || r.EventID != id {
+			t.Errorf("event %s's row after the migration: %+v", id, r)
+		}
+	}
+	for key, p := range proxied {
+		if r := mustDelivery(t, db, p.id); !r.Proxied || r.EventID != key || string(r.Payload) != p.payload || r.Status != StatusPending {
+			t.Errorf("old proxied row %s after the migration: %+v", key, r)
+		}
+	}
+	if as, err := db.Attempts(ctx, proxied["alert-1"].id); err != nil || len(as) != 1 || as[0].StatusCode != 503 {
+		t.Errorf("old proxied row's attempts = %+v, %v; want its one attempt", as, err)
+	}
+	if id, err := db.Enqueue(ctx, "billing", "alert-1", "proxy", json.RawMessage(`{"content":"hi"}`), t0); err != nil || id != proxied["alert-1"].id {
+		t.Errorf("repeat of an old proxied key = %d, %v; want its row %d", id, err, proxied["alert-1"].id)
+	}
+	if id, err := db.Enqueue(ctx, "billing", hook.ID, "proxy", json.RawMessage(`{}`), t0); err != nil || id == events[hook.ID] {
+		t.Errorf("Enqueue of an old event's id = %d, %v; want a row of its own", id, err)
+	}
+	if got := emit(t, db, testRoutes, payment(t, "evt_collide", "pay_3", "2024-05-01T10:00:00Z")); got[0] != accepted(true, 2) {
+		t.Errorf("webhook with an old proxied key's id: %+v, want accepted with 2 outbox rows", got[0])
 	}
 }

@@ -22,8 +22,11 @@ const insertEventSQL = `INSERT INTO processed_events
 	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 	ON CONFLICT DO NOTHING`
 
-// insertOutboxSQL queues one delivery, due now. A (target, event) pair is
-// queued at most once.
+// insertOutboxSQL queues one delivery of an event, due now. A (target,
+// event) pair is queued at most once. Payloads queued through the webhook
+// proxy (Enqueue) never conflict here: their event_id is in a space of its
+// own (proxyEventID), and the proxy_key left NULL is outside
+// outbox_proxy_key.
 const insertOutboxSQL = `INSERT INTO outbox
 	(target, event_id, event_type, payload, status, attempts, next_attempt_at, created_at, updated_at)
 	VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?)
@@ -192,6 +195,10 @@ func (db *DB) outboxQueue(tx *sqlx.Tx, stamp string) *outboxQueue {
 func (q *outboxQueue) add(ctx context.Context, ev backstop.Event, routes []backstop.Route) (int, error) {
 	var payload string
 	added := 0
+	if reservedEventID(ev.ID) {
+		// A row under this id would be taken for a proxied payload's.
+		return 0, fmt.Errorf("event id %q is in the space reserved for the webhook proxy's payloads", ev.ID)
+	}
 	for _, rt := range routes {
 		if !backstop.MatchEvents(rt.Events, ev.Type) {
 			continue

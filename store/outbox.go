@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/backstop-sync/backstop"
 )
@@ -26,7 +27,27 @@ type outboxRow struct {
 	UpdatedAt     string         `db:"updated_at"`
 	LastStatus    sql.NullInt64  `db:"last_status"`
 	LastError     sql.NullString `db:"last_error"`
+	// ProxyKey is the caller's key of a payload queued through the webhook
+	// proxy; NULL for an event's row.
+	ProxyKey sql.NullString `db:"proxy_key"`
 }
+
+// proxyPrefix starts the event_id of every row queued through the webhook
+// proxy (see proxyEventID).
+const proxyPrefix = "\x1fproxy:"
+
+// proxyEventID is the event_id under which a payload queued through the
+// webhook proxy with the caller's key is stored. It starts with a control
+// character, which no event's id holds (the intake refuses them, the
+// engine's ids are "evt_bs_" and hex, and the emit path refuses
+// proxyPrefix), so a proxied row never takes the place of an event's row
+// in UNIQUE (target, event_id), nor an event's row that of a proxied one.
+// Migration 0009 moved the rows of earlier versions to this form.
+func proxyEventID(key string) string { return proxyPrefix + key }
+
+// reservedEventID reports whether id is in the proxied rows' key space, and
+// so not an id an event may have.
+func reservedEventID(id string) bool { return strings.HasPrefix(id, proxyPrefix) }
 
 func (row outboxRow) outboxRow() (OutboxRow, error) {
 	o := OutboxRow{
@@ -39,6 +60,9 @@ func (row outboxRow) outboxRow() (OutboxRow, error) {
 		Attempts:   row.Attempts,
 		LastStatus: int(row.LastStatus.Int64),
 		LastError:  row.LastError.String,
+	}
+	if row.ProxyKey.Valid {
+		o.EventID, o.Proxied = row.ProxyKey.String, true
 	}
 	var err error
 	if o.NextAttemptAt, err = backstop.ParseTime(row.NextAttemptAt); err != nil {
@@ -70,7 +94,7 @@ func (db *DB) OutboxRows(ctx context.Context, target string) ([]OutboxRow, error
 
 // outboxColumns are the columns outboxRow reads, for SELECT lists.
 const outboxColumns = `id, target, event_id, event_type, payload, status,
-	attempts, next_attempt_at, created_at, updated_at, last_status, last_error`
+	attempts, next_attempt_at, created_at, updated_at, last_status, last_error, proxy_key`
 
 // convertOutbox converts rows read with outboxColumns.
 func convertOutbox(rows []outboxRow) ([]OutboxRow, error) {

@@ -86,7 +86,7 @@ func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
 			tw := tabwriter.NewWriter(m.Stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tTARGET\tEVENT\tEVENT ID\tSTATUS\tATTEMPTS\tLAST\tNEXT ATTEMPT\tCREATED")
 			for _, r := range rows {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.ID, r.Target, r.EventType, r.EventID, r.Status,
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.ID, r.Target, r.EventType, eventIDOf(r), r.Status,
 					r.Attempts, lastOutcome(r), timeOrDash(r.NextAttemptAt), r.CreatedAt.UTC().Format(time.RFC3339))
 			}
 			return tw.Flush()
@@ -137,8 +137,12 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 				}{deliveryRows([]store.OutboxRow{row})[0], json.RawMessage(row.Payload), attemptRows(attempts)})
 			}
 			w := m.Stdout
-			fmt.Fprintf(w, "delivery %d  target %s  event %s (%s)\nstatus %s  attempts %d  next attempt %s\n\npayload:\n",
-				row.ID, row.Target, row.EventID, row.EventType, row.Status, row.Attempts, timeOrDash(row.NextAttemptAt))
+			what := "event"
+			if row.Proxied {
+				what = "proxied payload" // its event id is the caller's X-Event-Id
+			}
+			fmt.Fprintf(w, "delivery %d  target %s  %s %s (%s)\nstatus %s  attempts %d  next attempt %s\n\npayload:\n",
+				row.ID, row.Target, what, row.EventID, row.EventType, row.Status, row.Attempts, timeOrDash(row.NextAttemptAt))
 			// Indented as stored: the keys keep the order the target gets.
 			var pretty bytes.Buffer
 			if json.Indent(&pretty, row.Payload, "  ", "  ") != nil {
@@ -325,12 +329,23 @@ func (m *Main) targetsCommand(g *globals) *cobra.Command {
 	return cmd
 }
 
+// eventIDOf is the EVENT ID column of deliveries list: the event's id, or
+// a proxied payload's key (the caller's X-Event-Id) marked as such, since
+// an event may have the same id.
+func eventIDOf(r store.OutboxRow) string {
+	if r.Proxied {
+		return r.EventID + " (proxied)"
+	}
+	return r.EventID
+}
+
 // deliveryRow is a delivery as --json prints it.
 type deliveryRow struct {
 	ID            int64      `json:"id"`
 	Target        string     `json:"target"`
 	EventID       string     `json:"event_id"`
 	EventType     string     `json:"event_type"`
+	Proxied       bool       `json:"proxied,omitempty"`
 	Status        string     `json:"status"`
 	Attempts      int        `json:"attempts"`
 	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
@@ -343,7 +358,7 @@ type deliveryRow struct {
 func deliveryRows(rows []store.OutboxRow) []deliveryRow {
 	out := make([]deliveryRow, len(rows))
 	for i, r := range rows {
-		out[i] = deliveryRow{ID: r.ID, Target: r.Target, EventID: r.EventID, EventType: r.EventType, Status: r.Status,
+		out[i] = deliveryRow{ID: r.ID, Target: r.Target, EventID: r.EventID, EventType: r.EventType, Proxied: r.Proxied, Status: r.Status,
 			Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: r.LastError, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC()}
 		if !r.NextAttemptAt.IsZero() {
 			t := r.NextAttemptAt.UTC()

@@ -885,6 +885,8 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	}
 	set(hContentType, "application/json")
 	set(hUserAgent, "backstop")
+	// The event's id, or a proxied payload's key as its caller sent it
+	// (backstop.Delivery.EventID): never the outbox's internal key.
 	set(hWebhookID, row.EventID)
 	ts := strconv.FormatInt(a.At.Unix(), 10)
 	set(hWebhookTimestamp, ts)

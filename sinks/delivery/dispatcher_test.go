@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/sinks/intake"
 )
 
@@ -376,6 +377,75 @@ func TestSignatureAndHeaders(t *testing.T) {
 	uh := unsigned.all()
 	if len(uh) != 1 || uh[0].header.Get(intake.HeaderWebhookSignature) != "" {
 		t.Errorf("target without secret: got a %s header", intake.HeaderWebhookSignature)
+	}
+}
+
+// A payload queued through the webhook proxy reaches its target under the
+// caller's X-Event-Id (X-Event-Id, webhook-id and the signature), as it
+// came; an event with the same id, emitted after it, is a delivery of its
+// own rather than being taken for the proxied one.
+func TestProxiedPayloadIsSentUnderTheCallersID(t *testing.T) {
+	t.Parallel()
+	verifier, err := intake.NewVerifier(intake.SchemeStandardWebhooks, intake.SchemeOptions{Secrets: []string{testSecret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(t, status(http.StatusNoContent))
+	q := newStoreQueue(t)
+	ctx := context.Background()
+	body := `{"content":"deploy finished"}`
+	proxied, err := q.db.Enqueue(ctx, "ops", "alert-1", "proxy", json.RawMessage(body), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := backstop.Event{ID: "alert-1", Type: "alert.fired", Origin: backstop.OriginWebhook, Data: json.RawMessage(`{"level":"high"}`)}
+	res, err := q.db.Emit(ctx, []backstop.Event{ev}, []backstop.Route{{Target: "ops", Events: []string{"*"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Status != backstop.EmitAccepted || res[0].Outbox != 1 {
+		t.Fatalf("emit of alert-1 = %+v, want accepted with its outbox row", res[0])
+	}
+	q.notify()
+	rows, err := q.db.OutboxRows(ctx, "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 {
+		t.Fatalf("ops has %d outbox rows, want the proxied payload's and the event's: %+v", len(rows), rows)
+	}
+	start(t, q, []Target{{Name: "ops", URL: rec.srv.URL, Secret: testSecret, AllowPrivate: true}}, Options{})
+	for _, r := range rows {
+		q.waitFor(t, 10*time.Second, "delivery", q.rowStatus(t, r.ID, StatusDelivered))
+	}
+
+	byType := map[string]hit{}
+	for _, h := range rec.all() {
+		if err := verifier.Verify(h.header, h.body, time.Now()); err != nil {
+			t.Errorf("signature of the %s request: %v", h.header.Get(HeaderEventType), err)
+		}
+		for _, k := range []string{HeaderEventID, intake.HeaderWebhookID} {
+			if got := h.header.Get(k); got != "alert-1" {
+				t.Errorf("the %s request's %s is %q, want alert-1", h.header.Get(HeaderEventType), k, got)
+			}
+		}
+		byType[h.header.Get(HeaderEventType)] = h
+	}
+	if len(rec.all()) != 2 || len(byType) != 2 {
+		t.Fatalf("the target got %d requests of types %v, want one proxy and one alert.fired", len(rec.all()), byType)
+	}
+	if got := string(byType["proxy"].body); got != body {
+		t.Errorf("proxied body %s, want the caller's %s", got, body)
+	}
+	var env struct {
+		EventID string          `json:"event_id"`
+		Data    json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal(byType["alert.fired"].body, &env); err != nil || env.EventID != "alert-1" || string(env.Data) != `{"level":"high"}` {
+		t.Errorf("event body %s (%v), want its envelope", byType["alert.fired"].body, err)
+	}
+	if r := q.row(t, proxied); !r.Proxied || r.EventID != "alert-1" {
+		t.Errorf("proxied row reads %+v, want Proxied with the caller's id", r)
 	}
 }
 

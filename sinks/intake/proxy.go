@@ -17,7 +17,12 @@ import (
 
 // Enqueuer queues a payload for a delivery target (the outbox).
 type Enqueuer interface {
-	Enqueue(ctx context.Context, target, eventID, eventType string, payload json.RawMessage, now time.Time) (int64, error)
+	// Enqueue queues payload for target under the caller's key, once per
+	// (target, key) while the row is kept, and returns the row's id (the
+	// first one's for a repeat). Keys never meet the ids of events: an
+	// event and a payload with the same id are two deliveries. See
+	// store.DB.Enqueue.
+	Enqueue(ctx context.Context, target, key, eventType string, payload json.RawMessage, now time.Time) (int64, error)
 }
 
 // Proxy serves POST /outbox/{target}: webhook-proxy mode. Internal services
@@ -60,9 +65,10 @@ func NewProxy(queue Enqueuer, opts ProxyOptions) *Proxy {
 	return p
 }
 
-// ServeHTTP handles POST /outbox/{target}. The event id is the caller's
-// X-Event-Id (or Idempotency-Key), so a retried call is queued once; without
-// one a new id is made.
+// ServeHTTP handles POST /outbox/{target}. The caller's key is its
+// X-Event-Id (or Idempotency-Key), so a retried call is queued once;
+// without one a new key is made. The key is what the target is sent as
+// X-Event-Id and webhook-id, and what the 202 answer reports as event_id.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.token == "" {
 		WriteError(w, http.StatusNotFound, "proxy_off", "webhook-proxy mode is off: set intake.proxy_token to turn it on")

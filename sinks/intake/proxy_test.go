@@ -3,6 +3,7 @@ package intake_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -79,5 +80,98 @@ func TestProxyQueuesDurablyAndRefusesBadCalls(t *testing.T) {
 	}
 	if rows, _ := db.OutboxRows(context.Background(), ""); len(rows) != 1 {
 		t.Errorf("refused calls stored rows: %d", len(rows))
+	}
+}
+
+// proxyOver serves the webhook proxy over db for targets, and returns a
+// function that posts body to /outbox/{target} with the right token and
+// header, and returns the status and the decoded JSON answer.
+func proxyOver(t *testing.T, db *store.DB, targets ...string) func(target, body string, header map[string]string) (int, map[string]any) {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle("/outbox/{target}", intake.NewProxy(db, intake.ProxyOptions{Token: "proxy-token", Targets: targets}))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return func(target, body string, header map[string]string) (int, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/outbox/"+target, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer proxy-token")
+		for k, v := range header {
+			req.Header[http.CanonicalHeaderKey(k)] = []string{v} // as sent, not checked by the client
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var answer map[string]any
+		if err := json.NewDecoder(res.Body).Decode(&answer); err != nil {
+			t.Fatalf("answer %d is not JSON: %v", res.StatusCode, err)
+		}
+		return res.StatusCode, answer
+	}
+}
+
+// The repro of the audit: the webhook proxy and the intake share no ids. A
+// webhook whose event_id a proxy call used already is still queued for the
+// targets that take it, and a proxy call with the id of a queued event is
+// queued with its own body; repeats of the call are still one row.
+func TestProxyAndWebhooksNeverTakeEachOthersRow(t *testing.T) {
+	e := newIntake(t, nil)
+	post := proxyOver(t, e.db, "billing")
+	ctx := context.Background()
+	rowOf := func(id any) store.OutboxRow {
+		t.Helper()
+		n, ok := id.(float64)
+		if !ok {
+			t.Fatalf("answer id %v", id)
+		}
+		r, ok, err := e.db.Delivery(ctx, int64(n))
+		if err != nil || !ok {
+			t.Fatalf("delivery %v: %v %v", id, ok, err)
+		}
+		return r
+	}
+
+	code, answer := post("billing", `{"note":"first"}`, map[string]string{"X-Event-Id": "evt_future"})
+	if code != http.StatusAccepted || answer["event_id"] != "evt_future" {
+		t.Fatalf("proxy call: %d %v", code, answer)
+	}
+	proxied := rowOf(answer["id"])
+	if code, resp := e.post(paymentEvent("evt_future", "pay_1", "2026-01-01T00:00:00Z", "succeeded"), nil); code != http.StatusOK || !strings.Contains(resp, "accepted") {
+		t.Fatalf("webhook: %d %s", code, resp)
+	}
+	rows, err := e.db.OutboxRows(ctx, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eventRow *store.OutboxRow
+	for i, r := range rows {
+		if r.ID != proxied.ID && r.EventType == "payment.succeeded" {
+			eventRow = &rows[i]
+		}
+	}
+	if len(rows) != 2 || eventRow == nil || eventRow.EventID != "evt_future" ||
+		!strings.HasPrefix(string(eventRow.Payload), `{"event_id":"evt_future",`) {
+		t.Fatalf("billing's outbox after the webhook: %+v, want the proxied payload and the event", rows)
+	}
+
+	if code, _ := e.post(paymentEvent("evt_past", "pay_2", "2026-01-01T00:00:00Z", "succeeded"), nil); code != http.StatusOK {
+		t.Fatalf("webhook: %d", code)
+	}
+	for range 2 { // the call and its repeat
+		code, answer = post("billing", `{"note":"second"}`, map[string]string{"X-Event-Id": "evt_past"})
+		if code != http.StatusAccepted || answer["event_id"] != "evt_past" {
+			t.Fatalf("proxy call with a queued event's id: %d %v", code, answer)
+		}
+		if r := rowOf(answer["id"]); r.EventType != "proxy" || string(r.Payload) != `{"note":"second"}` || r.EventID != "evt_past" {
+			t.Fatalf("proxy call with a queued event's id got row %+v, not its own", r)
+		}
+	}
+	if rows, _ := e.db.OutboxRows(ctx, "billing"); len(rows) != 4 {
+		t.Errorf("billing has %d rows, want 4 (two events, two proxied payloads)", len(rows))
 	}
 }
