@@ -938,7 +938,7 @@ func (db *DB) execCount(ctx context.Context, q string, args ...any) (int64, erro
 	return res.RowsAffected()
 }
 
-// Enqueue queues payload, which must be valid JSON, for delivery to
+// Enqueue queues payload, which must be valid UTF-8 JSON, for delivery to
 // target as it is (webhook-proxy mode: it is not wrapped in the event
 // envelope), of type eventType, pending and due at now, and returns the
 // delivery's id. key is the caller's idempotency key (its X-Event-Id),
@@ -973,6 +973,8 @@ func (db *DB) enqueue(ctx context.Context, target, key, eventType string, payloa
 		return 0, errors.New("empty key")
 	case eventType == "":
 		return 0, errors.New("empty event type")
+	case !utf8.Valid(payload):
+		return 0, errors.New("payload is not valid UTF-8")
 	case !json.Valid(payload):
 		return 0, errors.New("payload is not valid JSON")
 	}

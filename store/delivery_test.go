@@ -964,6 +964,19 @@ func TestEnqueueKeysNeverMeetEventIDs(t *testing.T) {
 	}
 }
 
+// Enqueue refuses a payload that is not UTF-8, which json.Valid alone lets
+// through.
+func TestEnqueueRefusesInvalidUTF8(t *testing.T) {
+	db, _ := openTest(t)
+	if _, err := db.Enqueue(context.Background(), "crm", "k", "proxy", json.RawMessage("{\"a\":\"\xff\xfe\"}"), t0); err == nil ||
+		!strings.Contains(err.Error(), "UTF-8") {
+		t.Errorf("Enqueue of invalid UTF-8 = %v, want an error saying so", err)
+	}
+	if rows := outboxRows(t, db, ""); len(rows) != 0 {
+		t.Errorf("outbox has %d rows", len(rows))
+	}
+}
+
 // createAtVersion creates a store at path with the schema of the embedded
 // migrations up to version only, as an earlier backstop left it, and
 // returns its writer connection.

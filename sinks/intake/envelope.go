@@ -372,19 +372,27 @@ func requiredID(raw json.RawMessage, name string) (string, error) {
 	if err != nil {
 		return "", malformed("%s must be a string", name)
 	}
-	if err := checkID(s); err != nil {
+	if err := CheckID(s); err != nil {
 		return "", malformed("%s %v", name, err)
 	}
 	return s, nil
 }
 
-// checkID says why s is not an acceptable identifier, or returns nil.
-func checkID(s string) error {
+// CheckID is the rule every identifier backstop accepts from outside
+// follows: an event's id and type, an object's id, the webhook proxy's
+// X-Event-Id and X-Event-Type. It returns nil for a non-empty string of
+// valid UTF-8, at most MaxIDBytes bytes, without U+FFFD or control
+// characters (C0, DEL and C1); otherwise an error saying what is wrong, to
+// follow the identifier's name ("is empty", "contains a control character
+// (U+0085)").
+func CheckID(s string) error {
 	switch {
 	case s == "":
 		return errors.New("is empty")
 	case len(s) > MaxIDBytes:
 		return fmt.Errorf("is %d bytes long, more than the %d allowed", len(s), MaxIDBytes)
+	case !utf8.ValidString(s):
+		return errors.New("is not valid UTF-8")
 	case strings.ContainsRune(s, utf8.RuneError):
 		// encoding/json turns invalid escapes such as a lone surrogate
 		// into U+FFFD: two different ids would read as one.

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Enqueuer queues a payload for a delivery target (the outbox).
@@ -65,10 +66,12 @@ func NewProxy(queue Enqueuer, opts ProxyOptions) *Proxy {
 	return p
 }
 
-// ServeHTTP handles POST /outbox/{target}. The caller's key is its
-// X-Event-Id (or Idempotency-Key), so a retried call is queued once;
-// without one a new key is made. The key is what the target is sent as
-// X-Event-Id and webhook-id, and what the 202 answer reports as event_id.
+// ServeHTTP handles POST /outbox/{target}. The body must be JSON in UTF-8.
+// The caller's key is its X-Event-Id (or Idempotency-Key), so a retried
+// call is queued once; without one a new key is made. The key and
+// X-Event-Type follow the intake's rule for ids (CheckID). The key is what
+// the target is sent as X-Event-Id and webhook-id, and what the 202 answer
+// reports as event_id.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.token == "" {
 		WriteError(w, http.StatusNotFound, "proxy_off", "webhook-proxy mode is off: set intake.proxy_token to turn it on")
@@ -103,25 +106,33 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, "bad_body", "the request body could not be read: "+err.Error())
 		return
 	}
+	if i := invalidUTF8(body); i >= 0 {
+		WriteError(w, http.StatusBadRequest, "malformed_json",
+			fmt.Sprintf("the body must be JSON in UTF-8: byte %d (0x%02x) is not valid UTF-8", i, body[i]))
+		return
+	}
 	if !json.Valid(body) {
 		WriteError(w, http.StatusBadRequest, "malformed_json", "the body must be JSON")
 		return
 	}
-	eventID := r.Header.Get("X-Event-Id")
+	eventID, header := r.Header.Get("X-Event-Id"), "X-Event-Id"
 	if eventID == "" {
-		eventID = r.Header.Get("Idempotency-Key")
+		eventID, header = r.Header.Get("Idempotency-Key"), "Idempotency-Key"
 	}
 	if eventID == "" {
 		b := make([]byte, 12)
 		rand.Read(b)
 		eventID = "evt_px_" + hex.EncodeToString(b)
-	} else if len(eventID) > MaxIDBytes || strings.ContainsFunc(eventID, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
-		WriteError(w, http.StatusBadRequest, "bad_event_id", "X-Event-Id must be at most 200 bytes without control characters")
+	} else if err := CheckID(eventID); err != nil {
+		WriteError(w, http.StatusBadRequest, "bad_event_id", fmt.Sprintf("%s %v", header, err))
 		return
 	}
 	eventType := r.Header.Get("X-Event-Type")
 	if eventType == "" {
 		eventType = "proxy"
+	} else if err := CheckID(eventType); err != nil {
+		WriteError(w, http.StatusBadRequest, "bad_event_type", fmt.Sprintf("X-Event-Type %v", err))
+		return
 	}
 	id, err := p.queue.Enqueue(r.Context(), target, eventID, eventType, body, p.now())
 	if err != nil {
@@ -134,4 +145,20 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.wake(target)
 	}
 	writeJSON(w, http.StatusAccepted, map[string]any{"status": "queued", "id": id, "event_id": eventID})
+}
+
+// invalidUTF8 returns the offset of the first byte of b that does not
+// start a valid UTF-8 sequence, or -1 when b is valid UTF-8.
+func invalidUTF8(b []byte) int {
+	if utf8.Valid(b) {
+		return -1
+	}
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return -1
 }

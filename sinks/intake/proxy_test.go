@@ -175,3 +175,44 @@ func TestProxyAndWebhooksNeverTakeEachOthersRow(t *testing.T) {
 		t.Errorf("billing has %d rows, want 4 (two events, two proxied payloads)", len(rows))
 	}
 }
+
+// The proxy refuses what is not UTF-8, in the body and in the ids, and
+// checks ids with the intake's rule (C1 controls included), answering 400
+// with a message that says what is wrong; nothing is queued.
+func TestProxyRefusesInvalidUTF8AndBadIDs(t *testing.T) {
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "p.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	post := proxyOver(t, db, "ok")
+	for _, c := range []struct {
+		name, body string
+		header     map[string]string
+		code, want string // the error's code, and what its message says
+	}{
+		{"body not UTF-8", "{\"a\":\"\xff\xfe\"}", nil, "malformed_json", "byte 6 (0xff) is not valid UTF-8"},
+		{"X-Event-Id not UTF-8", `{}`, map[string]string{"X-Event-Id": "px\xff\xfe"}, "bad_event_id", "X-Event-Id is not valid UTF-8"},
+		{"X-Event-Id with a C1 control", `{}`, map[string]string{"X-Event-Id": "px\u0085"}, "bad_event_id", "X-Event-Id contains a control character (U+0085)"},
+		{"X-Event-Id with U+FFFD", `{}`, map[string]string{"X-Event-Id": "px\ufffd"}, "bad_event_id", "X-Event-Id contains U+FFFD"},
+		{"Idempotency-Key with a C1 control", `{}`, map[string]string{"Idempotency-Key": "k\u009f"}, "bad_event_id", "Idempotency-Key contains a control character (U+009F)"},
+		{"X-Event-Id too long", `{}`, map[string]string{"X-Event-Id": strings.Repeat("a", 201)}, "bad_event_id", "X-Event-Id is 201 bytes long"},
+		{"X-Event-Type not UTF-8", `{}`, map[string]string{"X-Event-Type": "t\xff"}, "bad_event_type", "X-Event-Type is not valid UTF-8"},
+	} {
+		code, answer := post("ok", c.body, c.header)
+		e, _ := answer["error"].(map[string]any)
+		msg, _ := e["message"].(string)
+		if code != http.StatusBadRequest || e["code"] != c.code || !strings.Contains(msg, c.want) {
+			t.Errorf("%s: %d %v, want 400 %s saying %q", c.name, code, answer, c.code, c.want)
+		}
+	}
+	if rows, _ := db.OutboxRows(context.Background(), ""); len(rows) != 0 {
+		t.Errorf("refused calls queued %d rows: %+v", len(rows), rows)
+	}
+	// Ids the intake takes are taken, and reported as sent.
+	for _, id := range []string{"ünïcode-ok ✅", "evt_1 with spaces"} {
+		if code, answer := post("ok", `{"a":"é"}`, map[string]string{"X-Event-Id": id}); code != http.StatusAccepted || answer["event_id"] != id {
+			t.Errorf("X-Event-Id %q: %d %v", id, code, answer)
+		}
+	}
+}
