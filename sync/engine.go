@@ -30,6 +30,14 @@ type Engine struct {
 	// OnPage, when set, is called after each committed page with the run's
 	// totals so far (for progress display). It must not block for long.
 	OnPage func(backstop.RunStats)
+	// OnDone, when set, is called when a Sync, SyncEmit, Backfill or
+	// BackfillEmit of one resource ends, with its final stats (Err set
+	// when it did not finish). It must not block for long.
+	OnDone func(backstop.RunStats)
+	// OnReconcilePage and OnReconcileDone are OnPage and OnDone for
+	// Reconcile (OnReconcilePage is called beside ReconcileOptions.OnPage).
+	OnReconcilePage func(ReconcileReport)
+	OnReconcileDone func(ReconcileReport)
 	// Now defaults to time.Now.
 	Now func() time.Time
 }
@@ -39,6 +47,16 @@ func (e *Engine) now() time.Time {
 		return e.Now()
 	}
 	return time.Now()
+}
+
+// done reports a finished feed run to OnDone and returns its results.
+func (e *Engine) done(st backstop.RunStats, err error) (backstop.RunStats, error) {
+	if e.OnDone != nil {
+		snap := st
+		snap.Err = err
+		e.OnDone(snap)
+	}
+	return st, err
 }
 
 func (e *Engine) logger() *slog.Logger {
@@ -62,13 +80,13 @@ func (e *Engine) logger() *slog.Logger {
 func (e *Engine) Sync(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
 	cur, ok, err := e.Mirror.Cursor(ctx, r, backstop.CursorSync)
 	if err != nil {
-		return backstop.RunStats{Resource: r}, fmt.Errorf("sync %s: %w", r, err)
+		return e.done(backstop.RunStats{Resource: r}, fmt.Errorf("sync %s: %w", r, err))
 	}
 	if !ok {
 		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorSync}
 	}
 	st, _, err := e.pages(ctx, cur, "sync", nil)
-	return st, err
+	return e.done(st, err)
 }
 
 // Backfill reads r's whole change feed from the start into the mirror,
@@ -84,7 +102,7 @@ func (e *Engine) Sync(ctx context.Context, r backstop.Resource) (backstop.RunSta
 // behind (or unset), so a following sync continues from there rather than
 // reading everything again. Cancellation behaves as in Sync.
 func (e *Engine) Backfill(ctx context.Context, r backstop.Resource, restart bool) (backstop.RunStats, error) {
-	return e.backfill(ctx, r, restart, nil)
+	return e.done(e.backfill(ctx, r, restart, nil))
 }
 
 func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool, em *pageEmitter) (backstop.RunStats, error) {
@@ -261,17 +279,20 @@ type EmitStats struct {
 func (e *Engine) SyncEmit(ctx context.Context, r backstop.Resource, routes []backstop.Route) (backstop.RunStats, EmitStats, error) {
 	em, err := e.emitter(r, routes, backstop.OriginSync)
 	if err != nil {
-		return backstop.RunStats{Resource: r, Err: err}, EmitStats{}, err
+		st, err := e.done(backstop.RunStats{Resource: r, Err: err}, err)
+		return st, EmitStats{}, err
 	}
 	cur, ok, err := e.Mirror.Cursor(ctx, r, backstop.CursorSync)
 	if err != nil {
 		err = fmt.Errorf("sync %s: %w", r, err)
-		return backstop.RunStats{Resource: r, Err: err}, EmitStats{}, err
+		st, err := e.done(backstop.RunStats{Resource: r, Err: err}, err)
+		return st, EmitStats{}, err
 	}
 	if !ok {
 		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorSync}
 	}
 	st, _, err := e.pages(ctx, cur, "sync", em)
+	st, err = e.done(st, err)
 	return st, em.stats, err
 }
 
@@ -281,9 +302,10 @@ func (e *Engine) SyncEmit(ctx context.Context, r backstop.Resource, routes []bac
 func (e *Engine) BackfillEmit(ctx context.Context, r backstop.Resource, restart bool, routes []backstop.Route) (backstop.RunStats, EmitStats, error) {
 	em, err := e.emitter(r, routes, backstop.OriginBackfill)
 	if err != nil {
-		return backstop.RunStats{Resource: r, Err: err}, EmitStats{}, err
+		st, err := e.done(backstop.RunStats{Resource: r, Err: err}, err)
+		return st, EmitStats{}, err
 	}
-	st, err := e.backfill(ctx, r, restart, em)
+	st, err := e.done(e.backfill(ctx, r, restart, em))
 	return st, em.stats, err
 }
 

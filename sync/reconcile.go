@@ -85,6 +85,9 @@ type ReconcileReport = backstop.ReconcileReport
 // resource; the report is complete either way.
 func (e *Engine) Reconcile(ctx context.Context, r backstop.Resource, opts ReconcileOptions) (ReconcileReport, error) {
 	rep := ReconcileReport{Resource: r, StartedAt: e.now(), Full: opts.Full, DryRun: opts.DryRun}
+	if e.OnReconcileDone != nil {
+		defer func() { e.OnReconcileDone(rep) }()
+	}
 	st, ok := e.Mirror.(ReconcileStore)
 	if !ok {
 		rep.Err = fmt.Errorf("reconcile %s: the mirror %T keeps no events", r, e.Mirror)
@@ -174,10 +177,15 @@ func (e *Engine) reconcile(ctx context.Context, st ReconcileStore, runID int64, 
 		}
 		log.Debug("page reconciled", "page", rep.Pages, "objects", len(page.Objects),
 			"missing", rep.Missing, "behind", rep.Behind, "has_more", page.HasMore)
-		if opts.OnPage != nil {
+		if opts.OnPage != nil || e.OnReconcilePage != nil {
 			snap := *rep
 			snap.Duration = e.now().Sub(rep.StartedAt)
-			opts.OnPage(snap)
+			if opts.OnPage != nil {
+				opts.OnPage(snap)
+			}
+			if e.OnReconcilePage != nil {
+				e.OnReconcilePage(snap)
+			}
 		}
 		if !page.HasMore {
 			break

@@ -15,8 +15,15 @@ import (
 	"github.com/backstop-sync/backstop"
 )
 
-// progress shows how a long run is going: a bar per resource on a terminal,
-// a log line per resource every few seconds otherwise.
+// defaultProgressInterval is how often a run that draws no bars logs a
+// progress line per resource; BACKSTOP_PROGRESS_INTERVAL (a duration)
+// changes it.
+const defaultProgressInterval = 5 * time.Second
+
+// progress shows how a long run (sync, backfill, reconcile, or a job of
+// one of those kinds under backstop run) is going: a bar per resource on a
+// terminal, a log line per resource every few seconds otherwise, and a
+// line per resource when it ends.
 type progress struct {
 	op       string
 	bars     *mpb.Progress // nil when not on a terminal
@@ -29,15 +36,25 @@ type progress struct {
 }
 
 type resourceProgress struct {
-	stats   backstop.RunStats
+	counts  counts
 	lastLog time.Time
 	bar     *mpb.Bar
+	ended   bool // done was called
+}
+
+// counts is one resource's totals so far, as the bar shows them (line) and
+// as log attributes (attrs), made from a RunStats or a ReconcileReport.
+type counts struct {
+	line  string
+	attrs []any
 }
 
 func newProgress(m *Main, op string, resources []backstop.Resource) *progress {
-	p := &progress{op: op, out: m.Stderr, interval: 5 * time.Second, state: map[backstop.Resource]*resourceProgress{}}
+	p := &progress{op: op, out: m.Stderr, interval: progressInterval(m), state: map[backstop.Resource]*resourceProgress{}}
 	if m.IsTerminal {
-		p.bars = mpb.New(mpb.WithOutput(m.Stderr), mpb.WithWidth(16), mpb.WithRefreshRate(150*time.Millisecond))
+		// Main.IsTerminal decides, not mpb's own look at the writer.
+		p.bars = mpb.New(mpb.WithOutput(m.Stderr), mpb.WithAutoRefresh(), mpb.WithWidth(16),
+			mpb.WithRefreshRate(150*time.Millisecond))
 		p.out = p.bars
 	}
 	for _, r := range resources {
@@ -55,76 +72,143 @@ func newProgress(m *Main, op string, resources []backstop.Resource) *progress {
 	return p
 }
 
+// progressInterval is BACKSTOP_PROGRESS_INTERVAL when it is a positive
+// duration, defaultProgressInterval otherwise.
+func progressInterval(m *Main) time.Duration {
+	if m.LookupEnv != nil {
+		if v, ok := m.LookupEnv("BACKSTOP_PROGRESS_INTERVAL"); ok {
+			if d, err := time.ParseDuration(v); err == nil && d > 0 {
+				return d
+			}
+		}
+	}
+	return defaultProgressInterval
+}
+
+// feedCounts are the counters of a sync or backfill.
+func feedCounts(st backstop.RunStats, elapsed string) counts {
+	return counts{
+		line: fmt.Sprintf("%d pages  %d objects  %d new  %d updated  %d requests  %d×429  throttled %s",
+			st.Pages, st.Objects, st.New, st.Updated, st.Requests, st.RateLimited, round(st.ThrottleWait)),
+		attrs: []any{"resource", st.Resource, "pages", st.Pages, "objects", st.Objects, "new", st.New,
+			"updated", st.Updated, "requests", st.Requests, "rate_limited", st.RateLimited,
+			"throttle_wait", round(st.ThrottleWait), elapsed, round(st.Duration)},
+	}
+}
+
+// reconcileCounts are the counters of a reconcile.
+func reconcileCounts(rep backstop.ReconcileReport, elapsed string) counts {
+	return counts{
+		line: fmt.Sprintf("%d pages  %d scanned  %d missing  %d behind  %d re-emitted  %d requests  %d×429  throttled %s",
+			rep.Pages, rep.Scanned, rep.Missing, rep.Behind, rep.Reemitted, rep.Requests, rep.RateLimited,
+			round(rep.ThrottleWait)),
+		attrs: []any{"resource", rep.Resource, "pages", rep.Pages, "scanned", rep.Scanned, "missing", rep.Missing,
+			"behind", rep.Behind, "reemitted", rep.Reemitted, "suppressed", rep.Suppressed,
+			"requests", rep.Requests, "rate_limited", rep.RateLimited,
+			"throttle_wait", round(rep.ThrottleWait), elapsed, round(rep.Duration)},
+	}
+}
+
 // line renders one resource's counters.
 func (p *progress) line(r backstop.Resource) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := p.state[r].stats
-	return fmt.Sprintf("%d pages  %d objects  %d new  %d updated  %d requests  %d×429  throttled %s",
-		s.Pages, s.Objects, s.New, s.Updated, s.Requests, s.RateLimited, round(s.ThrottleWait))
+	return p.state[r].counts.line
 }
 
-// page records a committed page (Engine.OnPage).
+// page records a committed page of a sync or backfill (Engine.OnPage).
 func (p *progress) page(st backstop.RunStats) {
+	p.update(st.Resource, feedCounts(st, "elapsed"))
+}
+
+// reconcilePage records a reconciled page (ReconcileOptions.OnPage).
+func (p *progress) reconcilePage(rep backstop.ReconcileReport) {
+	p.update(rep.Resource, reconcileCounts(rep, "elapsed"))
+}
+
+// update records r's totals and logs them when a line is due.
+func (p *progress) update(r backstop.Resource, c counts) {
 	p.mu.Lock()
-	rp := p.state[st.Resource]
+	rp := p.state[r]
 	if rp == nil {
 		p.mu.Unlock()
 		return
 	}
-	rp.stats = st
+	rp.counts = c
 	due := p.bars == nil && time.Since(rp.lastLog) >= p.interval
 	if due {
 		rp.lastLog = time.Now()
 	}
 	p.mu.Unlock()
 	if due && p.log != nil {
-		p.log.Info(p.op+" progress", "resource", st.Resource, "pages", st.Pages, "objects", st.Objects,
-			"new", st.New, "updated", st.Updated, "requests", st.Requests, "rate_limited", st.RateLimited,
-			"throttle_wait", round(st.ThrottleWait), "elapsed", round(st.Duration))
+		p.log.Info(p.op+" progress", c.attrs...)
 	}
 }
 
-// finish records a resource's final stats.
+// finish records a sync's or backfill's final stats.
 func (p *progress) finish(st backstop.RunStats) {
+	p.done(st.Resource, feedCounts(st, "duration"), st.Err)
+}
+
+// reconcileFinish records a reconcile's final report.
+func (p *progress) reconcileFinish(rep backstop.ReconcileReport) {
+	p.done(rep.Resource, reconcileCounts(rep, "duration"), rep.Err)
+}
+
+// done closes r's bar and logs how its run ended.
+func (p *progress) done(r backstop.Resource, c counts, err error) {
 	p.mu.Lock()
-	rp := p.state[st.Resource]
+	rp := p.state[r]
 	if rp != nil {
-		rp.stats = st
+		rp.counts = c
+		rp.ended = true
 	}
 	p.mu.Unlock()
 	if rp != nil && rp.bar != nil {
-		if st.Err != nil {
+		if err != nil {
 			rp.bar.Abort(false)
 		} else {
 			rp.bar.SetTotal(-1, true)
 		}
 	}
 	if p.log != nil {
-		attrs := []any{"resource", st.Resource, "pages", st.Pages, "objects", st.Objects, "new", st.New,
-			"updated", st.Updated, "requests", st.Requests, "rate_limited", st.RateLimited,
-			"throttle_wait", round(st.ThrottleWait), "duration", round(st.Duration)}
 		switch {
-		case st.Err == nil && p.bars != nil:
+		case err == nil && p.bars != nil:
 			// The bar already shows it.
-		case st.Err == nil:
-			p.log.Info(p.op+" finished", attrs...)
-		case isCanceled(st.Err):
-			p.log.Warn(p.op+" interrupted", attrs...)
+		case err == nil:
+			p.log.Info(p.op+" finished", c.attrs...)
+		case isCanceled(err):
+			p.log.Warn(p.op+" interrupted", c.attrs...)
 		default:
-			p.log.Error(p.op+" failed", append(attrs, "error", st.Err.Error())...)
+			p.log.Error(p.op+" failed", append(c.attrs, "error", err.Error())...)
 		}
 	}
 }
 
-// wait lets the bars draw their last frame.
+// wait lets the bars draw their last frame. The bars of resources that
+// never ran (a job stopped before it reached them) are removed.
 func (p *progress) wait() {
-	if p.bars != nil {
-		p.bars.Wait()
+	if p.bars == nil {
+		return
 	}
+	p.mu.Lock()
+	for _, rp := range p.state {
+		if !rp.ended {
+			rp.bar.Abort(true)
+		}
+	}
+	p.mu.Unlock()
+	p.bars.Wait()
 }
 
 func isCanceled(err error) bool { return errors.Is(err, context.Canceled) }
+
+// abortIfAny is abort on a progress that may be nil.
+func (p *progress) abortIfAny() {
+	if p != nil {
+		p.abort()
+	}
+}
 
 // abort removes the bars when the run never started.
 func (p *progress) abort() {

@@ -35,7 +35,10 @@ twice between runs, only its current version is re-emitted.
 The window is --since (a duration such as 2h, or an RFC 3339 time), or --full
 for the whole feed (which also counts orphans: mirror objects the platform no
 longer returns), or by default the start of the last successful reconcile of
-that resource minus 10m, or the last 24h on a first run.`,
+that resource minus 10m, or the last 24h on a first run.
+
+On a terminal it draws a progress bar per resource; otherwise it logs a
+progress line per resource every 5 seconds and a line when each ends.`,
 		Example: "  backstop reconcile payments\n  backstop reconcile --since 6h --dry-run --json",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			resources, err := backstop.ParseResources(args)
@@ -52,17 +55,23 @@ that resource minus 10m, or the last 24h on a first run.`,
 				}
 			}
 			ctx := cmd.Context()
-			a, err := m.openApp(ctx, g, m.Stderr)
+			prog := newProgress(m, "reconcile", resources)
+			a, err := m.openApp(ctx, g, prog.out)
 			if err != nil {
+				prog.abort()
 				return err
 			}
 			defer a.Close()
-			opts := bsync.ReconcileOptions{Since: sinceT, Full: full, DryRun: dry, Routes: routesOf(a.cfg)}
+			prog.log = a.log
+			opts := bsync.ReconcileOptions{Since: sinceT, Full: full, DryRun: dry, Routes: routesOf(a.cfg),
+				OnPage: prog.reconcilePage}
 			reports, runErr := eachResource(ctx, resources, func(ctx context.Context, r backstop.Resource) (backstop.ReconcileReport, error) {
 				rep, err := a.engine.Reconcile(ctx, r, opts)
 				rep.Resource, rep.Err = r, err
+				prog.reconcileFinish(rep)
 				return rep, err
 			})
+			prog.wait()
 			if err := printReconcile(m.Stdout, reports, asJ); err != nil {
 				return err
 			}

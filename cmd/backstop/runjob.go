@@ -23,6 +23,10 @@ func (m *Main) runCommand(g *globals) *cobra.Command {
 schedule, stores the run like backstop serve does, and prints its counts. It is
 for people who schedule with system cron instead of backstop serve.
 
+A sync, backfill or reconcile job shows its progress as those commands do:
+a bar per resource on a terminal, otherwise a progress line per resource
+every 5 seconds and a line when each ends.
+
 The run's result is ok, failed, interrupted (Ctrl-C or SIGTERM: a sync
 finishes its current page first, and what was committed is kept) or skipped
 (the job was running already), as backstop jobs and the dashboard show it.
@@ -33,17 +37,35 @@ configuration, 130 interrupted.`,
 		Args:    cobraArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			a, err := m.openApp(ctx, g, m.Stderr)
+			prog, err := m.jobProgress(g, args[0])
 			if err != nil {
+				return err
+			}
+			logw := m.Stderr
+			if prog != nil {
+				logw = prog.out
+			}
+			a, err := m.openApp(ctx, g, logw)
+			if err != nil {
+				prog.abortIfAny()
 				return err
 			}
 			defer a.Close()
 			s, err := a.scheduler()
 			if err != nil {
+				prog.abortIfAny()
 				return err
 			}
 			defer s.Stop()
+			if prog != nil {
+				prog.log = a.log
+				a.engine.OnPage, a.engine.OnDone = prog.page, prog.finish
+				a.engine.OnReconcilePage, a.engine.OnReconcileDone = prog.reconcilePage, prog.reconcileFinish
+			}
 			run, runErr := s.RunJob(ctx, args[0])
+			if prog != nil {
+				prog.wait()
+			}
 			if errors.Is(runErr, bsync.ErrUnknownJob) {
 				return usagef("run %s: no such job in %s (see backstop jobs)", args[0], m.configName(g))
 			}
@@ -55,6 +77,32 @@ configuration, 130 interrupted.`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the run as JSON")
 	return cmd
+}
+
+// jobProgress returns the progress display of the configured job named
+// name when it reads the platform's feeds (sync, backfill, reconcile), or
+// nil: for a maintenance job, or a name not configured (RunJob then says
+// so). It fails as the configuration does.
+func (m *Main) jobProgress(g *globals, name string) (*progress, error) {
+	cfg, err := m.loadConfig(g, false)
+	if err != nil {
+		return nil, err
+	}
+	for _, j := range cfg.Jobs {
+		if j.Name != name {
+			continue
+		}
+		switch bsync.JobKind(j.Kind) {
+		case bsync.JobSync, bsync.JobBackfill, bsync.JobReconcile:
+			resources := j.Resources
+			if len(resources) == 0 {
+				resources = backstop.Resources
+			}
+			return newProgress(m, j.Kind, resources), nil
+		}
+		return nil, nil
+	}
+	return nil, nil
 }
 
 func printJobRun(w io.Writer, run bsync.JobRun, asJSON bool) error {

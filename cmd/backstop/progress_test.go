@@ -1,0 +1,112 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/backstop-sync/backstop/sources/sim"
+)
+
+// countLines counts the lines of out that contain every one of subs.
+func countLines(out string, subs ...string) int {
+	n := 0
+	for l := range strings.SplitSeq(out, "\n") {
+		all := true
+		for _, s := range subs {
+			all = all && strings.Contains(l, s)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+// reconcile and backstop run JOB (sync, backfill and reconcile jobs) show
+// their progress as sync and backfill do: a progress line per resource
+// every interval when no bars are drawn, and a line when each resource
+// ends.
+func TestReconcileAndRunJobShowProgress(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 14, Objects: 120}, pageSize: 10})
+	e.withJobs()
+	base, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(string(base) + `  - {name: chats-refill, kind: backfill, resources: [chats], every: 1h}
+`)
+	// Every page is due for a line (the default is every 5 s).
+	t.Setenv("BACKSTOP_PROGRESS_INTERVAL", "1ns")
+	ctx := context.Background()
+
+	code, _, stderr := e.run(ctx, "reconcile", "--full", "payments", "contacts")
+	if code != exitOK {
+		t.Fatalf("reconcile: exit %d\n%s", code, stderr)
+	}
+	for _, r := range []string{"payments", "contacts"} {
+		if n := countLines(stderr, "reconcile progress", "resource="+r, "scanned="); n < 2 {
+			t.Errorf("reconcile %s: %d progress lines, want one per page:\n%s", r, n, stderr)
+		}
+		if n := countLines(stderr, "reconcile finished", "resource="+r, "scanned=120"); n != 1 {
+			t.Errorf("reconcile %s: %d finished lines with its counts, want 1:\n%s", r, n, stderr)
+		}
+	}
+
+	for _, job := range []struct{ name, op, resource string }{
+		{"crm-nightly", "sync", "contacts"},
+		{"payments-hourly", "reconcile", "payments"},
+		{"chats-refill", "backfill", "chats"},
+	} {
+		code, _, stderr := e.run(ctx, "run", job.name)
+		if code != exitOK {
+			t.Fatalf("run %s: exit %d\n%s", job.name, code, stderr)
+		}
+		if n := countLines(stderr, job.op+" progress", "resource="+job.resource); n < 1 {
+			t.Errorf("run %s: no %s progress line:\n%s", job.name, job.op, stderr)
+		}
+		if n := countLines(stderr, job.op+" finished", "resource="+job.resource); n != 1 {
+			t.Errorf("run %s: %d %s finished lines, want 1:\n%s", job.name, n, job.op, stderr)
+		}
+	}
+}
+
+// On a terminal, reconcile and run JOB draw a bar per resource, and end.
+func TestReconcileAndRunJobDrawBars(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 15, Objects: 40}, pageSize: 10})
+	e.withJobs()
+	for _, args := range [][]string{
+		{"reconcile", "--full", "payments"},
+		{"run", "crm-nightly"},
+		{"run", "payments-hourly"},
+	} {
+		var out, errb bytes.Buffer
+		m := &Main{
+			Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb, IsTerminal: true,
+			LookupEnv: func(k string) (string, bool) {
+				if k == "BOTIX_API_KEY" {
+					return e.sim.APIKey(), true
+				}
+				return "", false
+			},
+		}
+		if code := m.Run(context.Background(), append([]string{"--config", e.config}, args...)); code != exitOK {
+			t.Fatalf("%v: exit %d\n%s", args, code, errb.String())
+		}
+		op, resource := args[0], args[len(args)-1]
+		switch resource {
+		case "crm-nightly":
+			op, resource = "sync", "contacts"
+		case "payments-hourly":
+			op, resource = "reconcile", "payments"
+		}
+		// Off a real terminal mpb cuts lines to the bar's width: the
+		// name's start and the completion mark show.
+		name := (op + " " + resource)[:12]
+		if bar := errb.String(); countLines(bar, name, "✓") != 1 {
+			t.Errorf("%v: no finished bar for %s %s on the terminal:\n%q", args, op, resource, bar)
+		}
+	}
+}
