@@ -62,7 +62,7 @@ func FuzzParseEnvelope(f *testing.F) {
 	})
 }
 
-// fuzzCheckID restates the identifier rule independently of checkID.
+// fuzzCheckID restates the identifier rule independently of CheckID.
 func fuzzCheckID(t *testing.T, name, s string) {
 	t.Helper()
 	if s == "" || len(s) > MaxIDBytes {
