@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -44,15 +45,11 @@ store:
 intake:
   listen: %s
   secret: ${BOTIX_WEBHOOK_SECRET}
-  proxy_token: %s
 targets:
   - {name: billing, url: "http://127.0.0.1:9/hooks", events: ["payment.*"], allow_private: true}
-`, e.srv.URL, e.db, addr, proxyToken))
+`, e.srv.URL, e.db, addr))
 	return e
 }
-
-// proxyToken is the intake.proxy_token of newServeEnv's config.
-const proxyToken = "proxy-token-for-serve"
 
 // While the sim sends 2,000 webhooks as fast as it can, serve is SIGKILLed
 // and restarted; once the sim's retries are over, every event that was ever
@@ -192,11 +189,20 @@ type serveProc struct {
 	addr string
 }
 
-// startServe runs serve on a fresh env and waits until it listens.
+// proxyToken is the intake.proxy_token of startServe's config.
+const proxyToken = "proxy-token-for-serve"
+
+// startServe runs serve, on a fresh newServeEnv with webhook-proxy mode on,
+// and waits until it listens.
 func startServe(t *testing.T) *serveProc {
 	t.Helper()
 	addr := freeAddr(t)
 	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
+	data, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(strings.Replace(string(data), "intake:\n", "intake:\n  proxy_token: "+proxyToken+"\n", 1))
 	p, lines := e.startBinaryEnv(append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret), "serve")
 	waitLines(t, lines, "serving", 1, 30*time.Second)
 	go func() {
