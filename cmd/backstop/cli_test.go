@@ -95,6 +95,10 @@ func TestDeliveriesErrorsSayWhatIsWrong(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, "--dead needs --target") {
 		t.Errorf("retry --dead: exit %d, stderr %q", code, stderr)
 	}
+	code, _, stderr = e.run(context.Background(), "deliveries", "purge", "--dead", "--before", "bogus")
+	if code != 2 || !strings.Contains(stderr, `--before "bogus"`) || strings.Contains(stderr, "--since") {
+		t.Errorf("purge --before bogus: exit %d, stderr %q; want 2 naming --before", code, stderr)
+	}
 	code, stdout, _ := e.run(context.Background(), "deliveries", "list", "--target", "crmm")
 	if code != 0 || strings.TrimSpace(stdout) != `no deliveries match (and the configuration has no target "crmm")` {
 		t.Errorf("list --target crmm: exit %d, stdout %q", code, stdout)

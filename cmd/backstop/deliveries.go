@@ -245,7 +245,7 @@ func (m *Main) deliveriesPurgeCommand(g *globals) *cobra.Command {
 			}
 			t, err := parseSince(before, time.Now())
 			if err != nil {
-				return usageError{err}
+				return usagef("--before %q: want a duration back such as 30d or 12h, or an RFC 3339 time", before)
 			}
 			db, _, err := m.openStore(cmd.Context(), g)
 			if err != nil {
