@@ -143,6 +143,9 @@ func checkEvent(ev backstop.Event) error {
 		return errors.New("missing event type")
 	case ev.Origin == "":
 		return errors.New("missing origin")
+	case reservedEventID(ev.ID):
+		// Its outbox rows would be taken for proxied payloads' (proxyEventID).
+		return errors.New("event id is in the space reserved for the webhook proxy's payloads")
 	}
 	if ev.Resource != "" {
 		if _, err := tableFor(ev.Resource); err != nil {
@@ -195,10 +198,6 @@ func (db *DB) outboxQueue(tx *sqlx.Tx, stamp string) *outboxQueue {
 func (q *outboxQueue) add(ctx context.Context, ev backstop.Event, routes []backstop.Route) (int, error) {
 	var payload string
 	added := 0
-	if reservedEventID(ev.ID) {
-		// A row under this id would be taken for a proxied payload's.
-		return 0, fmt.Errorf("event id %q is in the space reserved for the webhook proxy's payloads", ev.ID)
-	}
 	for _, rt := range routes {
 		if !backstop.MatchEvents(rt.Events, ev.Type) {
 			continue
