@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/backstop-sync/backstop"
 )
 
@@ -53,27 +55,137 @@ func (db *DB) readVersions(ctx context.Context, t *table, args []any, out map[st
 	return rows.Err()
 }
 
+// ReconcileStaleAfter is how long a reconcile run may go without a
+// heartbeat before a "running" row is taken for one whose process died
+// (SIGKILL, a crash, a power loss) and closed as "abandoned".
+//
+// A run that is alive beats at its start and after every page
+// (ReconcileHeartbeat), and a page takes seconds, at worst a few minutes
+// when the rate-limit governor waits for the next window or a 429 pauses
+// the key (capped at a minute) and retries back off: an hour without a
+// beat is far beyond any live run, also one in another process sharing
+// this store, so such a run is never closed under it. Nothing else tells
+// a live run from a dead one: a process does not know whether another
+// process's run is still going.
+const ReconcileStaleAfter = time.Hour
+
+// abandonSQL closes the running runs whose last heartbeat is before the
+// second parameter, of the resource given as the third (all when it is
+// empty); the first is now.
+const abandonSQL = `UPDATE reconcile_runs SET status = 'abandoned', finished_at = ?1,
+		error = 'abandoned: no heartbeat since ' || heartbeat_at || ' (its process was killed or crashed)'
+	WHERE status = 'running' AND heartbeat_at < ?2 AND (?3 = '' OR resource = ?3)`
+
+// abandonStale closes, in tx, the stale running runs of r (of every
+// resource when r is empty), deletes their seen marks and returns how many
+// it closed.
+func (db *DB) abandonStale(ctx context.Context, tx *sqlx.Tx, r backstop.Resource) (int64, error) {
+	now := db.now()
+	res, err := tx.ExecContext(ctx, abandonSQL, backstop.CanonicalTime(now),
+		backstop.CanonicalTime(now.Add(-ReconcileStaleAfter)), string(r))
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n == 0 {
+		return n, err
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM reconcile_seen WHERE run_id IN
+		(SELECT id FROM reconcile_runs WHERE status = 'abandoned')`); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// AbandonStaleReconciles closes as "abandoned" every "running" reconcile
+// run of any resource whose last heartbeat is more than
+// ReconcileStaleAfter old: its process died without finishing it. It
+// deletes their seen marks and returns how many runs it closed.
+// Maintenance runs it; StartReconcile does the same for its resource.
+func (db *DB) AbandonStaleReconciles(ctx context.Context) (int64, error) {
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("abandon stale reconcile runs: begin: %w", err)
+	}
+	defer tx.Rollback()
+	n, err := db.abandonStale(ctx, tx, "")
+	if err != nil {
+		return 0, fmt.Errorf("abandon stale reconcile runs: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("abandon stale reconcile runs: commit: %w", err)
+	}
+	return n, nil
+}
+
+// ReconcileHeartbeat records that run runID is still going, so that it is
+// not taken for abandoned (ReconcileStaleAfter). A run that is no longer
+// running is left alone. It returns ErrNotFound when there is no run runID.
+func (db *DB) ReconcileHeartbeat(ctx context.Context, runID int64) error {
+	res, err := db.w.ExecContext(ctx, `UPDATE reconcile_runs SET heartbeat_at = ?
+		WHERE id = ? AND status = 'running'`, backstop.CanonicalTime(db.now()), runID)
+	if err != nil {
+		return fmt.Errorf("reconcile %d heartbeat: %w", runID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("reconcile %d heartbeat: %w", runID, err)
+	} else if n == 0 {
+		var exists int
+		if err := db.r.GetContext(ctx, &exists, `SELECT count(*) FROM reconcile_runs WHERE id = ?`, runID); err != nil {
+			return fmt.Errorf("reconcile %d heartbeat: %w", runID, err)
+		}
+		if exists == 0 {
+			return fmt.Errorf("reconcile %d heartbeat: %w", runID, backstop.ErrNotFound)
+		}
+	}
+	return nil
+}
+
 // StartReconcile records the start of a reconcile run described by rep
-// (Resource, StartedAt, Since, Full, DryRun) with status "running" and
-// returns its id, which MarkSeen, CountOrphans and FinishReconcile take. A
-// zero StartedAt is stored as now. It fails on an unknown resource.
+// (Resource, StartedAt, Since, Full, DryRun) with status "running" and its
+// first heartbeat, and returns its id, which ReconcileHeartbeat, MarkSeen,
+// CountOrphans and FinishReconcile take. In the same transaction it closes
+// the stale running runs of the resource as AbandonStaleReconciles does, so
+// a run killed with SIGKILL is closed by the next reconcile of its
+// resource. A zero StartedAt is stored as now. It fails on an unknown
+// resource.
 func (db *DB) StartReconcile(ctx context.Context, rep backstop.ReconcileReport) (int64, error) {
-	if _, err := tableFor(rep.Resource); err != nil {
-		return 0, fmt.Errorf("start reconcile: %w", err)
-	}
-	started := rep.StartedAt
-	if started.IsZero() {
-		started = db.now()
-	}
-	res, err := db.w.ExecContext(ctx, `INSERT INTO reconcile_runs (resource, started_at, window_since, full, dry_run,
-		heartbeat_at) VALUES (?, ?, ?, ?, ?, ?)`, string(rep.Resource), backstop.CanonicalTime(started),
-		nullTime(rep.Since), rep.Full, rep.DryRun, backstop.CanonicalTime(db.now()))
+	id, err := db.startReconcile(ctx, rep)
 	if err != nil {
 		return 0, fmt.Errorf("start reconcile %s: %w", rep.Resource, err)
+	}
+	return id, nil
+}
+
+func (db *DB) startReconcile(ctx context.Context, rep backstop.ReconcileReport) (int64, error) {
+	if _, err := tableFor(rep.Resource); err != nil {
+		return 0, err
+	}
+	now := db.now()
+	started := rep.StartedAt
+	if started.IsZero() {
+		started = now
+	}
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := db.abandonStale(ctx, tx, rep.Resource); err != nil {
+		return 0, fmt.Errorf("abandon stale runs: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, `INSERT INTO reconcile_runs (resource, started_at, window_since, full, dry_run,
+		heartbeat_at) VALUES (?, ?, ?, ?, ?, ?)`, string(rep.Resource), backstop.CanonicalTime(started),
+		nullTime(rep.Since), rep.Full, rep.DryRun, backstop.CanonicalTime(now))
+	if err != nil {
+		return 0, err
 	}
 	id, err := res.LastInsertId()
 	if err != nil {
-		return 0, fmt.Errorf("start reconcile %s: %w", rep.Resource, err)
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
 	}
 	return id, nil
 }

@@ -91,6 +91,7 @@ func (*countingStore) PruneDelivered(context.Context, time.Time) (int64, error) 
 func (*countingStore) PruneReconcileRuns(context.Context, time.Time) (int64, error) {
 	return 0, nil
 }
+func (*countingStore) AbandonStaleReconciles(context.Context) (int64, error) { return 0, nil }
 
 // Two schedulers with the same job: only the leader runs it; when the
 // leader stops, the other takes over.

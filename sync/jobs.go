@@ -120,6 +120,9 @@ type JobStore interface {
 	// PruneDelivered deletes the deliveries delivered before before, with
 	// their attempts.
 	PruneDelivered(ctx context.Context, before time.Time) (int64, error)
+	// AbandonStaleReconciles closes the reconcile runs left running by a
+	// process that died (no heartbeat for long) and returns how many.
+	AbandonStaleReconciles(ctx context.Context) (int64, error)
 	// PruneReconcileRuns deletes reconcile runs started before before,
 	// except each resource's last successful one.
 	PruneReconcileRuns(ctx context.Context, before time.Time) (int64, error)
@@ -592,8 +595,9 @@ func (s *Scheduler) work(ctx context.Context, j Job) (backstop.JobCounts, error)
 	return c, errors.Join(errs...)
 }
 
-// maintain prunes processed events, job runs and reconcile runs (but the
-// last successful one of each resource) older than the retention, and
+// maintain closes the reconcile runs left running by a process that died,
+// prunes processed events, job runs and reconcile runs (but the last
+// successful one of each resource) older than the retention, and
 // delivery attempts and delivered deliveries older than AttemptRetention
 // (the delivery log's 14 days).
 func (s *Scheduler) maintain(ctx context.Context, c *backstop.JobCounts) error {
@@ -607,6 +611,13 @@ func (s *Scheduler) maintain(ctx context.Context, c *backstop.JobCounts) error {
 	c.Pruned += n
 	if err != nil {
 		return err
+	}
+	abandoned, err := s.opts.Store.AbandonStaleReconciles(ctx)
+	if err != nil {
+		return err
+	}
+	if abandoned > 0 {
+		s.log.Info("closed reconcile runs whose process died as abandoned", "runs", abandoned)
 	}
 	n, err = s.opts.Store.PruneReconcileRuns(ctx, before)
 	c.Pruned += n
