@@ -128,12 +128,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case errors.As(err, &tooLarge):
 			h.refuse(w, refuseTooLarge, fmt.Sprintf("body is over the %d-byte limit", MaxBody))
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			// The server's own deadlines may have passed with the read
-			// one: the answer gets its own time, and the connection,
-			// its body unread, is closed after it.
-			rc := http.NewResponseController(w)
-			rc.SetWriteDeadline(time.Now().Add(answerTimeout))
-			w.Header().Set("Connection", "close")
+			answerLate(w)
 			h.refuse(w, refuseTimeout, fmt.Sprintf("the request body was not received within %s", h.bodyTimeout))
 		default:
 			h.refuse(w, refuseBadBody, "the request body could not be read: "+err.Error())
@@ -194,13 +189,30 @@ func isJSONMediaType(ct string) bool {
 // connection whose body is read, and cancels the request when that read
 // fails).
 func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	return readBodyWithin(w, r, h.bodyTimeout)
+}
+
+// readBodyWithin reads the body of r, at most MaxBody bytes, within
+// timeout, and lifts the deadline once it is read. A body that does not
+// arrive in time fails with an error wrapping os.ErrDeadlineExceeded: call
+// answerLate before answering it.
+func readBodyWithin(w http.ResponseWriter, r *http.Request, timeout time.Duration) ([]byte, error) {
 	rc := http.NewResponseController(w)
-	deadline := rc.SetReadDeadline(time.Now().Add(h.bodyTimeout)) == nil
+	deadline := rc.SetReadDeadline(time.Now().Add(timeout)) == nil
 	body, err := readAll(http.MaxBytesReader(w, r.Body, MaxBody), r.ContentLength)
 	if err == nil && deadline {
 		rc.SetReadDeadline(time.Time{})
 	}
 	return body, err
+}
+
+// answerLate prepares w for the answer to a request whose body did not
+// arrive in time: the server's own deadlines may have passed with the read
+// one, so the answer gets its own time, and the connection, its body
+// unread, is closed after it.
+func answerLate(w http.ResponseWriter) {
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(answerTimeout))
+	w.Header().Set("Connection", "close")
 }
 
 // readAll is io.ReadAll that starts with room for the declared length, so

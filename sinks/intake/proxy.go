@@ -8,9 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -36,6 +36,8 @@ type Proxy struct {
 	logger  *slog.Logger
 	now     func() time.Time
 	wake    func(target string)
+	// bodyTimeout is how long a body may take to arrive (BodyTimeout).
+	bodyTimeout time.Duration
 }
 
 // ProxyOptions configure a Proxy.
@@ -49,11 +51,19 @@ type ProxyOptions struct {
 	// OnQueued, when set, is told the target of every queued payload (to
 	// wake its delivery worker).
 	OnQueued func(target string)
+	// BodyTimeout is how long the body may take to arrive once the proxy
+	// has the request's headers, default DefaultBodyTimeout; a body that
+	// does not is answered 408 body_timeout and nothing is queued.
+	BodyTimeout time.Duration
 }
 
 // NewProxy returns the webhook-proxy endpoint over queue.
 func NewProxy(queue Enqueuer, opts ProxyOptions) *Proxy {
-	p := &Proxy{queue: queue, token: opts.Token, targets: map[string]bool{}, logger: opts.Logger, now: opts.Now, wake: opts.OnQueued}
+	p := &Proxy{queue: queue, token: opts.Token, targets: map[string]bool{}, logger: opts.Logger, now: opts.Now, wake: opts.OnQueued,
+		bodyTimeout: opts.BodyTimeout}
+	if p.bodyTimeout <= 0 {
+		p.bodyTimeout = DefaultBodyTimeout
+	}
 	for _, t := range opts.Targets {
 		p.targets[t] = true
 	}
@@ -96,11 +106,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, MaxBody))
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+	body, err := readBodyWithin(w, r, p.bodyTimeout)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
 			WriteError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("body is over the %d-byte limit", MaxBody))
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			answerLate(w)
+			WriteError(w, http.StatusRequestTimeout, "body_timeout", fmt.Sprintf("the request body was not received within %s", p.bodyTimeout))
 			return
 		}
 		WriteError(w, http.StatusBadRequest, "bad_body", "the request body could not be read: "+err.Error())

@@ -1,15 +1,19 @@
 package intake_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/backstop-sync/backstop/sinks/intake"
 	"github.com/backstop-sync/backstop/store"
@@ -214,5 +218,63 @@ func TestProxyRefusesInvalidUTF8AndBadIDs(t *testing.T) {
 		if code, answer := post("ok", `{"a":"é"}`, map[string]string{"X-Event-Id": id}); code != http.StatusAccepted || answer["event_id"] != id {
 			t.Errorf("X-Event-Id %q: %d %v", id, code, answer)
 		}
+	}
+}
+
+// A proxied body that arrives too slowly is answered 408 JSON, even once
+// the server's own read and write timeouts have passed, and nothing is
+// queued.
+func TestProxySlowBodyGets408(t *testing.T) {
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "p.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	mux := http.NewServeMux()
+	mux.Handle("/outbox/{target}", intake.NewProxy(db, intake.ProxyOptions{
+		Token: "proxy-token", Targets: []string{"discord"}, BodyTimeout: 2 * time.Second,
+	}))
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.ReadTimeout, srv.Config.WriteTimeout = time.Second, time.Second // as serve's, equal and shorter than the body's
+	srv.Start()
+	defer srv.Close()
+
+	body := []byte(`{"content":"a slow alert"}`)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /outbox/discord HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer proxy-token\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+	answered := make(chan struct{})
+	defer close(answered)
+	go func() {
+		tick := time.NewTicker(100 * time.Millisecond) // the sender's pace, not a wait for the server
+		defer tick.Stop()
+		for i := 0; i < len(body)-1; i++ { // never the whole body
+			select {
+			case <-answered:
+				return
+			case <-tick.C:
+			}
+			if _, err := conn.Write(body[i : i+1]); err != nil {
+				return
+			}
+		}
+	}()
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to a slow body: %v", err)
+	}
+	resp, _ := io.ReadAll(res.Body)
+	var msg struct {
+		Error struct{ Code, Message string }
+	}
+	if res.StatusCode != http.StatusRequestTimeout || json.Unmarshal(resp, &msg) != nil || msg.Error.Code != "body_timeout" || msg.Error.Message == "" {
+		t.Errorf("slow body answered %d %s, want 408 with a JSON body_timeout error", res.StatusCode, resp)
+	}
+	if rows, err := db.OutboxRows(context.Background(), "discord"); err != nil || len(rows) != 0 {
+		t.Errorf("queued from a body that never arrived: %v %+v", err, rows)
 	}
 }
