@@ -16,6 +16,7 @@ func (m *Main) backfillCommand(g *globals) *cobra.Command {
 		asJSON  bool
 		restart bool
 		emit    bool
+		noEmit  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "backfill [RESOURCE...]",
@@ -40,7 +41,9 @@ fill (no sync cursor yet, and an empty mirror or an unfinished backfill to
 resume): on a resource that is already syncing, the changes it wrote into
 the mirror would look unchanged to sync and reconcile and never reach the
 targets. Use --emit there; it emits only what is new or newer than the
-mirror, so what was already emitted is not sent again.
+mirror, so what was already emitted is not sent again. --no-emit fills the
+mirror anyway, without events, for when the targets must not get them (the
+changes it writes then never reach them).
 
 RESOURCE is contacts, chats, messages or payments; all four by default.
 Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
@@ -48,7 +51,15 @@ Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return m.runFeed(cmd, g, "backfill", args, asJSON, func(ctx context.Context, a *app, resources []backstop.Resource, emits *emitCounts) (runFunc, error) {
 				routes := routesOf(a.cfg)
+				if emit && noEmit {
+					return nil, usagef("--emit and --no-emit exclude each other")
+				}
 				if !emit {
+					if noEmit {
+						return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
+							return a.engine.Backfill(ctx, r, restart)
+						}, nil
+					}
 					if err := checkSilentBackfill(ctx, a, resources, restart, routes); err != nil {
 						return nil, err
 					}
@@ -67,6 +78,7 @@ Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as JSON")
 	cmd.Flags().BoolVar(&restart, "restart", false, "start from the beginning, whatever the checkpoint says")
 	cmd.Flags().BoolVar(&emit, "emit", false, "also emit the events of new and newer objects to the targets")
+	cmd.Flags().BoolVar(&noEmit, "no-emit", false, "fill the mirror without events even where targets subscribe (what it writes never reaches them)")
 	return cmd
 }
 
@@ -79,7 +91,7 @@ func checkSilentBackfill(ctx context.Context, a *app, resources []backstop.Resou
 		err := a.engine.CheckBackfill(ctx, r, restart, routes)
 		switch {
 		case errors.Is(err, bsync.ErrSilentBackfill):
-			errs = append(errs, usageError{fmt.Errorf("%w; run `backstop backfill %s --emit` to emit them", err, r)})
+			errs = append(errs, usageError{fmt.Errorf("%w; run `backstop backfill %s --emit` to emit them (or --no-emit to fill the mirror without them)", err, r)})
 		case err != nil:
 			return err
 		}

@@ -49,7 +49,7 @@ func TestPlainBackfillOnASyncingResourceIsRefused(t *testing.T) {
 	if code != exitUsage {
 		t.Fatalf("plain backfill of a syncing resource: exit %d, want 2\n%s%s", code, stdout, stderr)
 	}
-	for _, want := range []string{"would lose events", "sync cursor", "crm", "backstop backfill contacts --emit"} {
+	for _, want := range []string{"would lose events", "sync cursor", "crm", "backstop backfill contacts --emit", "--no-emit"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("the refusal does not say %q:\n%s", want, stderr)
 		}
@@ -85,6 +85,15 @@ func TestPlainBackfillOnASyncingResourceIsRefused(t *testing.T) {
 		t.Errorf("%d of %d contact versions never reached the crm outbox", missing, len(versions))
 	}
 	e.assertMirrorEqualsSim(backstop.Contacts)
+
+	// --no-emit is the way to fill the mirror anyway, knowingly; with
+	// --emit it is a usage error.
+	if code, _, stderr := e.run(ctx, "backfill", "contacts", "--emit", "--no-emit"); code != exitUsage || !strings.Contains(stderr, "exclude each other") {
+		t.Errorf("backfill --emit --no-emit: exit %d, want 2\n%s", code, stderr)
+	}
+	if code, _, stderr := e.run(ctx, "backfill", "contacts", "--no-emit"); code != exitOK {
+		t.Errorf("backfill --no-emit: exit %d, want 0\n%s", code, stderr)
+	}
 
 	code, stdout, _ = e.run(ctx, "backfill", "--help")
 	if code != exitOK || !strings.Contains(stdout, "refused") || !strings.Contains(stdout, "--emit") {
