@@ -43,7 +43,9 @@ type Mirror interface {
 	// ApplyPage writes objs and then saves cur, in one transaction: the saved
 	// cursor is never ahead of the mirror. An object is written only when its
 	// updated_at is newer than the stored version; the mirror never goes back
-	// in time.
+	// in time. Nor does the saved cursor: cur is saved only when its
+	// position is not before the saved one's (two runs that overlap leave
+	// the cursor where the one ahead put it).
 	ApplyPage(ctx context.Context, objs []Object, cur Cursor) (ApplyResult, error)
 	// Cursor returns the saved cursor, or ok=false when none is saved.
 	Cursor(ctx context.Context, r Resource, kind CursorKind) (c Cursor, ok bool, err error)

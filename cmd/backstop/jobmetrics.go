@@ -20,7 +20,7 @@ func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
 	m := &jobMetrics{
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "backstop_job_runs_total",
-			Help: "Job runs by job and status (ok, failed, skipped: still running when due).",
+			Help: "Job runs by job and status (ok, failed, interrupted: stopped by a signal or a lost lease, skipped: still running when due).",
 		}, []string{"job", "status"}),
 		objects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "backstop_job_objects_total",

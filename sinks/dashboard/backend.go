@@ -90,7 +90,7 @@ type Job struct {
 // JobRun is one stored run of a job.
 type JobRun struct {
 	StartedAt, FinishedAt time.Time
-	// Status is "ok", "failed" or "skipped".
+	// Status is "ok", "failed", "interrupted" or "skipped".
 	Status string
 	Counts backstop.JobCounts
 	Error  string
@@ -109,7 +109,8 @@ type ReconcileRun struct {
 	ID int64
 	backstop.ReconcileReport
 	FinishedAt time.Time
-	// Status is "running", "ok" or "failed".
+	// Status is "running", "ok", "failed", "interrupted" or "abandoned"
+	// (its process died while it ran).
 	Status string
 	Error  string
 }
