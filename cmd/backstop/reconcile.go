@@ -23,9 +23,10 @@ func (m *Main) reconcileCommand(g *globals) *cobra.Command {
 		Use:   "reconcile [RESOURCE...]",
 		Short: "Compare the platform with the mirror and re-emit every missed event",
 		Long: `reconcile pages the platform's feed over a window and compares each object with
-the mirror: an object missing locally is emitted as its created/opened event, one
-that is newer upstream as the event for its current state (payment.<status>,
-chat.<status>, contact.updated, ...). Everything goes through the same emit path
+the mirror: an object missing locally or newer upstream is emitted as the event
+of its current state: payment.<status> and chat.<status> (a chat already closed
+is chat.closed), contact.created or message.created when missing and
+contact.updated or message.updated when behind. Everything goes through the same emit path
 as the webhook intake, so the dedup decides once, whoever saw the event first.
 It reads one page at a time and never moves a cursor.
 
