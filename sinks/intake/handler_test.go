@@ -279,44 +279,9 @@ func TestSlowBodyGets408(t *testing.T) {
 				s.ReadTimeout, s.WriteTimeout = c.server, c.server
 			})
 			body := paymentEvent("evt_slow", "pay_1", "2026-03-01T10:00:00Z", "pending")
-			conn, err := net.Dial("tcp", strings.TrimPrefix(e.srv.URL, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Botix-Signature: %s\r\nContent-Length: %d\r\n\r\n",
+			head := fmt.Sprintf("POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Botix-Signature: %s\r\nContent-Length: %d\r\n\r\n",
 				intake.SignBotix(secret, body), len(body))
-			conn.Write(body[:5])
-			answered := make(chan struct{})
-			defer close(answered)
-			if c.trickle {
-				go func() {
-					tick := time.NewTicker(100 * time.Millisecond) // the sender's pace, not a wait for the server
-					defer tick.Stop()
-					for i := 5; i < len(body)-1; i++ { // never the whole body
-						select {
-						case <-answered:
-							return
-						case <-tick.C:
-						}
-						if _, err := conn.Write(body[i : i+1]); err != nil {
-							return
-						}
-					}
-				}()
-			}
-			conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-			res, err := http.ReadResponse(bufio.NewReader(conn), nil)
-			if err != nil {
-				t.Fatalf("no answer to a slow body: %v", err)
-			}
-			resp, _ := io.ReadAll(res.Body)
-			var msg struct {
-				Error struct{ Code, Message string }
-			}
-			if res.StatusCode != http.StatusRequestTimeout || json.Unmarshal(resp, &msg) != nil || msg.Error.Code != "body_timeout" || msg.Error.Message == "" {
-				t.Errorf("slow body answered %d %s, want 408 with a JSON body_timeout error", res.StatusCode, resp)
-			}
+			res := sendSlowly(t, e.srv.URL, head, body, c.trickle)
 			if !res.Close {
 				t.Error("the 408 keeps the connection open, with the body half read")
 			}
@@ -358,4 +323,50 @@ func TestDrainAnswers503(t *testing.T) {
 	if n, _ := db.CountProcessed(context.Background()); n != 0 {
 		t.Error("stored while draining")
 	}
+}
+
+// sendSlowly sends head and the first bytes of body to the server at url,
+// then, when trickle is true, one more byte every 100 ms, never the last
+// one (otherwise nothing more), and returns the answer once it comes,
+// which must be a 408 JSON body_timeout error.
+func sendSlowly(t *testing.T, url, head string, body []byte, trickle bool) *http.Response {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprint(conn, head)
+	conn.Write(body[:5])
+	answered := make(chan struct{})
+	defer close(answered)
+	if trickle {
+		go func() {
+			tick := time.NewTicker(100 * time.Millisecond) // the sender's pace, not a wait for the server
+			defer tick.Stop()
+			for i := 5; i < len(body)-1; i++ { // never the whole body
+				select {
+				case <-answered:
+					return
+				case <-tick.C:
+				}
+				if _, err := conn.Write(body[i : i+1]); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to a slow body: %v", err)
+	}
+	resp, _ := io.ReadAll(res.Body)
+	var msg struct {
+		Error struct{ Code, Message string }
+	}
+	if res.StatusCode != http.StatusRequestTimeout || json.Unmarshal(resp, &msg) != nil || msg.Error.Code != "body_timeout" || msg.Error.Message == "" {
+		t.Errorf("slow body answered %d %s, want 408 with a JSON body_timeout error", res.StatusCode, resp)
+	}
+	return res
 }

@@ -1,13 +1,11 @@
 package intake_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -240,40 +238,7 @@ func TestProxySlowBodyGets408(t *testing.T) {
 	defer srv.Close()
 
 	body := []byte(`{"content":"a slow alert"}`)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "POST /outbox/discord HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer proxy-token\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
-	answered := make(chan struct{})
-	defer close(answered)
-	go func() {
-		tick := time.NewTicker(100 * time.Millisecond) // the sender's pace, not a wait for the server
-		defer tick.Stop()
-		for i := 0; i < len(body)-1; i++ { // never the whole body
-			select {
-			case <-answered:
-				return
-			case <-tick.C:
-			}
-			if _, err := conn.Write(body[i : i+1]); err != nil {
-				return
-			}
-		}
-	}()
-	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("no answer to a slow body: %v", err)
-	}
-	resp, _ := io.ReadAll(res.Body)
-	var msg struct {
-		Error struct{ Code, Message string }
-	}
-	if res.StatusCode != http.StatusRequestTimeout || json.Unmarshal(resp, &msg) != nil || msg.Error.Code != "body_timeout" || msg.Error.Message == "" {
-		t.Errorf("slow body answered %d %s, want 408 with a JSON body_timeout error", res.StatusCode, resp)
-	}
+	sendSlowly(t, srv.URL, fmt.Sprintf("POST /outbox/discord HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer proxy-token\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body)), body, true)
 	if rows, err := db.OutboxRows(context.Background(), "discord"); err != nil || len(rows) != 0 {
 		t.Errorf("queued from a body that never arrived: %v %+v", err, rows)
 	}
