@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 
 	"github.com/backstop-sync/backstop"
 )
@@ -977,36 +976,6 @@ func TestEnqueueRefusesInvalidUTF8(t *testing.T) {
 	}
 }
 
-// createAtVersion creates a store at path with the schema of the embedded
-// migrations up to version only, as an earlier backstop left it, and
-// returns its writer connection.
-func createAtVersion(t *testing.T, path string, version int) *sqlx.DB {
-	t.Helper()
-	ctx := context.Background()
-	w, err := sqlx.Open(driverName, path+"?_txlock=immediate&_pragma=foreign_keys(1)&_pragma=journal_mode(WAL)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.SetMaxOpenConns(1)
-	old := &DB{w: w, now: func() time.Time { return t0 }}
-	if _, err := w.ExecContext(ctx, `CREATE TABLE schema_migrations (
-		version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	ms, err := migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms {
-		if m.version <= version {
-			if err := old.apply(ctx, m); err != nil {
-				t.Fatalf("migration %s: %v", m.name, err)
-			}
-		}
-	}
-	return w
-}
-
 // Rows the proxy of earlier versions wrote, under the caller's key as
 // event_id, keep working once migration 0009 has run: they are proxied
 // rows with their key and attempts, a repeat of the key still finds them,
@@ -1015,7 +984,7 @@ func createAtVersion(t *testing.T, path string, version int) *sqlx.DB {
 func TestMigrationMovesEarlierProxiedRowsApart(t *testing.T) {
 	ctx := context.Background()
 	path := t.TempDir() + "/v8.db"
-	w := createAtVersion(t, path, 8)
+	w := openAtVersion(t, path, 8)
 	insert := func(target, eventID, eventType, payload string) int64 {
 		t.Helper()
 		stamp := backstop.CanonicalTime(t0)
