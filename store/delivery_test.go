@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/backstop-sync/backstop"
 )
 
