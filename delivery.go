@@ -30,8 +30,13 @@ type Delivery struct {
 	Payload json.RawMessage
 	// Status is "pending", "retrying", "delivered" or "dead_letter".
 	Status string
-	// Attempts is the number of attempts made so far.
-	Attempts      int
+	// Attempts is the number of attempts made so far, every one counted:
+	// the next is sent as X-Delivery-Attempt Attempts+1.
+	Attempts int
+	// Failures is how many of those attempts failed (5xx, timeout,
+	// connection error, 3xx): the count the retry schedule and the
+	// dead-letter rule read. A 429 pauses the target and is not a failure.
+	Failures      int
 	NextAttemptAt time.Time
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
@@ -77,6 +82,10 @@ type DeliveryOutcome struct {
 	// NextAttemptAt is when a retrying delivery is due again; ignored for
 	// other statuses.
 	NextAttemptAt time.Time
+	// Failures is the delivery's count of failed attempts after this one
+	// (Delivery.Failures): one more than before for a failure, the same
+	// for a 2xx or a 429.
+	Failures int
 	// Lease, when not zero, is the end of the lease (the claim's now+lease)
 	// under which the attempt was made. The outcome is then applied only
 	// while the delivery still holds that lease and is queued: once a later

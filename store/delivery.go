@@ -78,7 +78,7 @@ const (
 	// recordOutcomeSQL applies an outcome; with a lease (?8 not NULL) only
 	// to a delivery that still holds it (see Outcome.Lease).
 	recordOutcomeSQL = `UPDATE outbox SET status = ?1, attempts = ?2, next_attempt_at = ?3,
-		last_status = ?4, last_error = ?5, updated_at = ?6 WHERE id = ?7
+		last_status = ?4, last_error = ?5, updated_at = ?6, failures = ?9 WHERE id = ?7
 		AND (?8 IS NULL OR (next_attempt_at = ?8 AND (status = 'pending' OR status = 'retrying')))`
 	deliveryExistsSQL = `SELECT count(*) FROM outbox WHERE id = ?`
 	// lastAttemptSQL is the largest attempt id in use, after which
@@ -257,7 +257,7 @@ func scanOutbox(rows *sql.Rows, limit int) ([]OutboxRow, error) {
 			out = make([]OutboxRow, 0, min(limit, 16)) // a claim is often of one row
 		}
 		if err := rows.Scan(&r.ID, &r.Target, &r.EventID, &r.EventType, &r.Payload, &r.Status,
-			&r.Attempts, &r.NextAttemptAt, &r.CreatedAt, &r.UpdatedAt, &r.LastStatus, &r.LastError, &r.ProxyKey); err != nil {
+			&r.Attempts, &r.Failures, &r.NextAttemptAt, &r.CreatedAt, &r.UpdatedAt, &r.LastStatus, &r.LastError, &r.ProxyKey); err != nil {
 			return nil, err
 		}
 		o, err := r.outboxRow()
@@ -303,7 +303,7 @@ type AttemptOutcome struct {
 
 // RecordAttempt logs attempt a and, in the same transaction, applies its
 // outcome to the delivery a.DeliveryID: status out.Status, attempts
-// a.Attempt, next attempt out.NextAttemptAt for a retrying delivery (none
+// a.Attempt, failures out.Failures (0 to a.Attempt), next attempt out.NextAttemptAt for a retrying delivery (none
 // otherwise), the last status code and the last error (a.Error, or the
 // first MaxAttemptBody bytes of the body when a.Error is empty), updated at
 // a.At. A redirect (a.Redirect) is logged only; out is ignored and the
@@ -405,6 +405,9 @@ func (ls *leaseArgs) of(t time.Time) any {
 func checkAttempt(a Attempt, out Outcome, now func() time.Time, leases *leaseArgs) (attemptArgs, error) {
 	if a.Attempt < 1 {
 		return attemptArgs{}, errors.New("attempt numbers start at 1")
+	}
+	if out.Failures < 0 || out.Failures > a.Attempt {
+		return attemptArgs{}, fmt.Errorf("%d failures after attempt %d: want 0 to %d", out.Failures, a.Attempt, a.Attempt)
 	}
 	next := noTimeArg
 	if !a.Redirect {
@@ -554,7 +557,7 @@ func (db *DB) recordMany(ctx context.Context, st *deliveryStmts, items []Attempt
 			return nil, err
 		}
 		c := chunks[k]
-		outs := make([]any, 0, 8*n)
+		outs := make([]any, 0, 9*n)
 		logs := make([]any, 0, 12*n)
 		for i := start; i < start+n; i++ {
 			a, out, arg := items[i].Attempt, items[i].Outcome, args[i]
@@ -563,7 +566,8 @@ func (db *DB) recordMany(ctx context.Context, st *deliveryStmts, items []Attempt
 				lastErr = arg.body
 			}
 			delivery, attempt := any(a.DeliveryID), any(int64(a.Attempt))
-			outs = append(outs, delivery, statusArg(out.Status), attempt, arg.next, nullInt(a.StatusCode), nullString(lastErr), arg.at, arg.lease)
+			outs = append(outs, delivery, statusArg(out.Status), attempt, arg.next, nullInt(a.StatusCode), nullString(lastErr), arg.at, arg.lease,
+				int64(out.Failures))
 			logs = append(logs, ids[i], delivery, a.Target, a.URL, attempt, int64(a.StatusCode), a.Error, arg.body,
 				a.RequestID, float64(a.Duration)/float64(time.Millisecond), arg.at, a.Redirect)
 		}
@@ -599,8 +603,9 @@ func (st *deliveryStmts) chunk(ctx context.Context, w *sqlx.DB, n int) (chunkStm
 		return c, nil
 	}
 	outcomes, err := w.PreparexContext(ctx, `UPDATE OR FAIL outbox SET status = v.column2, attempts = v.column3,
-		next_attempt_at = v.column4, last_status = v.column5, last_error = v.column6, updated_at = v.column7
-		FROM (VALUES `+rowsOf(n, 8)+`) AS v WHERE outbox.id = v.column1
+		next_attempt_at = v.column4, last_status = v.column5, last_error = v.column6, updated_at = v.column7,
+		failures = v.column9
+		FROM (VALUES `+rowsOf(n, 9)+`) AS v WHERE outbox.id = v.column1
 		AND (v.column8 IS NULL OR (outbox.next_attempt_at = v.column8
 			AND (outbox.status = 'pending' OR outbox.status = 'retrying')))`)
 	if err != nil {
@@ -646,7 +651,8 @@ func recordOne(ctx context.Context, tx *sqlx.Tx, outcome, insert *sqlx.Stmt, it 
 			lastErr = args.body
 		}
 		res, err := outcome.ExecContext(ctx,
-			statusArg(out.Status), a.Attempt, args.next, nullInt(a.StatusCode), nullString(lastErr), args.at, a.DeliveryID, args.lease)
+			statusArg(out.Status), a.Attempt, args.next, nullInt(a.StatusCode), nullString(lastErr), args.at, a.DeliveryID, args.lease,
+			int64(out.Failures))
 		if err != nil {
 			return 0, err
 		}
@@ -804,11 +810,13 @@ func (db *DB) Delivery(ctx context.Context, id int64) (row OutboxRow, ok bool, e
 }
 
 // requeueSQL puts outbox rows back in their queue, due at once, with their
-// attempts counted from zero again; the last status and error are kept.
-const requeueSQL = `UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = ?, updated_at = ?`
+// attempts and failures counted from zero again (the whole retry schedule
+// is theirs again); the last status and error are kept.
+const requeueSQL = `UPDATE outbox SET status = 'pending', attempts = 0, failures = 0, next_attempt_at = ?, updated_at = ?`
 
 // RetryDelivery puts the delivery id, whatever its status, back in its
-// target's queue: pending, due at now, attempts counted from zero, last
+// target's queue: pending, due at now, attempts and failures counted from
+// zero (so it has the whole retry schedule again), last
 // status and error kept. It fails with an error wrapping backstop.ErrNotFound
 // when there is no such delivery.
 func (db *DB) RetryDelivery(ctx context.Context, id int64, now time.Time) error {

@@ -292,10 +292,13 @@ func TestRetryDeliveryAndRetryDead(t *testing.T) {
 	delivered := enqueue(t, db, "crm", "evt_3", "payment.succeeded", t0)
 	for _, id := range []int64{deadCRM1, deadCRM2, deadBilling} {
 		record(t, db, Attempt{DeliveryID: id, Attempt: 5, StatusCode: 500, Body: "oops", At: t0.Add(time.Hour)},
-			Outcome{Status: StatusDeadLetter})
+			Outcome{Status: StatusDeadLetter, Failures: 5})
+		if row := mustDelivery(t, db, id); row.Failures != 5 {
+			t.Fatalf("dead letter %d: %d failures recorded, want 5", id, row.Failures)
+		}
 	}
-	record(t, db, Attempt{DeliveryID: delivered, Attempt: 1, StatusCode: 204, At: t0.Add(time.Minute)},
-		Outcome{Status: StatusDelivered})
+	record(t, db, Attempt{DeliveryID: delivered, Attempt: 3, StatusCode: 204, At: t0.Add(time.Minute)},
+		Outcome{Status: StatusDelivered, Failures: 2})
 
 	now := t0.Add(24 * time.Hour)
 	n, err := db.RetryDead(ctx, "crm", now)
@@ -304,9 +307,9 @@ func TestRetryDeliveryAndRetryDead(t *testing.T) {
 	}
 	for _, id := range []int64{deadCRM1, deadCRM2} {
 		row := mustDelivery(t, db, id)
-		if row.Status != StatusPending || row.Attempts != 0 || !row.NextAttemptAt.Equal(now) ||
+		if row.Status != StatusPending || row.Attempts != 0 || row.Failures != 0 || !row.NextAttemptAt.Equal(now) ||
 			row.LastStatus != 500 || row.LastError != "oops" || !row.UpdatedAt.Equal(now) {
-			t.Errorf("retried dead letter %d = %+v; want pending, 0 attempts, due %v, last 500 oops kept", id, row, now)
+			t.Errorf("retried dead letter %d = %+v; want pending, 0 attempts and failures, due %v, last 500 oops kept", id, row, now)
 		}
 	}
 	if row := mustDelivery(t, db, deadBilling); row.Status != StatusDeadLetter {
@@ -323,7 +326,7 @@ func TestRetryDeliveryAndRetryDead(t *testing.T) {
 	if err := db.RetryDelivery(ctx, delivered, now); err != nil {
 		t.Fatal(err)
 	}
-	if row := mustDelivery(t, db, delivered); row.Status != StatusPending || row.Attempts != 0 ||
+	if row := mustDelivery(t, db, delivered); row.Status != StatusPending || row.Attempts != 0 || row.Failures != 0 ||
 		!row.NextAttemptAt.Equal(now) || row.LastStatus != 204 {
 		t.Errorf("retried delivered row = %+v", row)
 	}
@@ -857,7 +860,7 @@ func TestRecordAttemptsInChunks(t *testing.T) {
 			a.StatusCode, out = 200, Outcome{Status: StatusDelivered}
 		case 1:
 			a.StatusCode, a.Body = 503, fmt.Sprint("busy ", i)
-			out = Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(time.Hour)}
+			out = Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(time.Hour), Failures: 1 + i%2}
 		case 2:
 			a.Error, out = "connection refused", Outcome{Status: StatusDeadLetter}
 		}
@@ -877,7 +880,7 @@ func TestRecordAttemptsInChunks(t *testing.T) {
 		if wantErr == "" {
 			wantErr = a.Body
 		}
-		if r.Status != out.Status || r.Attempts != a.Attempt || r.LastStatus != a.StatusCode ||
+		if r.Status != out.Status || r.Attempts != a.Attempt || r.Failures != out.Failures || r.LastStatus != a.StatusCode ||
 			r.LastError != wantErr || !r.UpdatedAt.Equal(a.At) || !r.NextAttemptAt.Equal(out.NextAttemptAt) {
 			t.Errorf("item %d: delivery %+v after %+v, %+v", i, r, a, out)
 		}
@@ -1057,5 +1060,55 @@ func TestMigrationMovesEarlierProxiedRowsApart(t *testing.T) {
 	}
 	if got := emit(t, db, testRoutes, payment(t, "evt_collide", "pay_3", "2024-05-01T10:00:00Z")); got[0] != accepted(true, 2) {
 		t.Errorf("webhook with an old proxied key's id: %+v, want accepted with 2 outbox rows", got[0])
+	}
+}
+
+// Migration 0011 gives each queued or dead-lettered row of an earlier
+// version the failures its attempts made: its attempts less the 429s
+// logged for it (a 429 is not a failure), never below 0.
+func TestMigration11CountsFailuresWithout429s(t *testing.T) {
+	ctx := context.Background()
+	path := t.TempDir() + "/v10.db"
+	w := openAtVersion(t, path, 10)
+	stamp := backstop.CanonicalTime(t0)
+	insert := func(eventID, status string, attempts int, logged ...int) int64 {
+		t.Helper()
+		res, err := w.ExecContext(ctx, `INSERT INTO outbox
+			(target, event_id, event_type, payload, status, attempts, next_attempt_at, created_at, updated_at)
+			VALUES ('crm', ?, 'contact.created', '{}', ?, ?, ?, ?, ?)`, eventID, status, attempts, stamp, stamp, stamp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := res.LastInsertId()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, code := range logged {
+			if _, err := w.ExecContext(ctx, `INSERT INTO delivery_attempts (delivery_id, target, url, attempt, status_code, at)
+				VALUES (?, 'crm', 'https://crm.example', ?, ?, ?)`, id, i+1, code, stamp); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return id
+	}
+	want := map[int64]int{
+		insert("evt_new", StatusPending, 0):                                   0,
+		insert("evt_limited", StatusRetrying, 5, 429, 429, 429, 429, 429):     0,
+		insert("evt_mixed", StatusRetrying, 4, 429, 503, 429, 503):            2,
+		insert("evt_pruned", StatusRetrying, 3):                               3, // its log pruned
+		insert("evt_dead", StatusDeadLetter, 6, 429, 500, 500, 500, 500, 500): 5,
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := Open(ctx, path, Options{Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for id, failures := range want {
+		if r := mustDelivery(t, db, id); r.Failures != failures {
+			t.Errorf("row %s after the migration: %d attempts, %d failures; want %d failures", r.EventID, r.Attempts, r.Failures, failures)
+		}
 	}
 }

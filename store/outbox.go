@@ -22,6 +22,7 @@ type outboxRow struct {
 	Payload       string         `db:"payload"`
 	Status        string         `db:"status"`
 	Attempts      int            `db:"attempts"`
+	Failures      int            `db:"failures"`
 	NextAttemptAt string         `db:"next_attempt_at"`
 	CreatedAt     string         `db:"created_at"`
 	UpdatedAt     string         `db:"updated_at"`
@@ -58,6 +59,7 @@ func (row outboxRow) outboxRow() (OutboxRow, error) {
 		Payload:    json.RawMessage(row.Payload),
 		Status:     row.Status,
 		Attempts:   row.Attempts,
+		Failures:   row.Failures,
 		LastStatus: int(row.LastStatus.Int64),
 		LastError:  row.LastError.String,
 	}
@@ -94,7 +96,7 @@ func (db *DB) OutboxRows(ctx context.Context, target string) ([]OutboxRow, error
 
 // outboxColumns are the columns outboxRow reads, for SELECT lists.
 const outboxColumns = `id, target, event_id, event_type, payload, status,
-	attempts, next_attempt_at, created_at, updated_at, last_status, last_error, proxy_key`
+	attempts, failures, next_attempt_at, created_at, updated_at, last_status, last_error, proxy_key`
 
 // convertOutbox converts rows read with outboxColumns.
 func convertOutbox(rows []outboxRow) ([]OutboxRow, error) {

@@ -696,7 +696,7 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 		return true // cut short by the end of the stop grace
 	}
 	now := d.now()
-	dec := Next(w.t.RetrySchedule, a.Attempt, a.StatusCode, retryAfter, err, now, d.rand())
+	dec := Next(w.t.RetrySchedule, a.Attempt, row.Failures, a.StatusCode, retryAfter, err, now, d.rand())
 	w.mu.Lock()
 	if err == nil && stops(a.StatusCode) {
 		w.stopping-- // counted by send; pauseUntil or gone set below
@@ -751,7 +751,7 @@ func (d *Dispatcher) stopTarget(ctx context.Context, w *worker, a Attempt, dec D
 func (d *Dispatcher) record(w *worker, row Row, a Attempt, dec Decision, now, lease, by time.Time) {
 	w.unrecorded <- struct{}{}
 	d.batcher.add(handedOver{w: w, row: row, a: a, dec: dec, now: now, by: by,
-		out: Outcome{Status: dec.Status, NextAttemptAt: dec.NextAttemptAt, Lease: lease}})
+		out: Outcome{Status: dec.Status, NextAttemptAt: dec.NextAttemptAt, Failures: dec.Failures, Lease: lease}})
 }
 
 // attemptLog is logger with attempt a of row and its outcome.

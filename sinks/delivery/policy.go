@@ -11,6 +11,8 @@ import (
 
 // DefaultRetrySchedule is the delay before each retry: after the first,
 // second, third and fourth failed attempt. The fifth failure dead-letters.
+// 429 answers are not failures: they pause the target and leave the
+// schedule where it was.
 var DefaultRetrySchedule = []time.Duration{time.Minute, 10 * time.Minute, time.Hour, 24 * time.Hour}
 
 const (
@@ -35,32 +37,38 @@ type Decision struct {
 	Disable bool
 	// Reason says in a few words why, for logs and the disable reason.
 	Reason string
+	// Failures is the row's count of failed attempts after this one: one
+	// more than before for a failure (5xx, 3xx, timeout, connection error,
+	// a 4xx that dead-letters), the same for a 2xx or a 429.
+	Failures int
 }
 
 // Next is the retry policy. attempt is the number of the attempt just made
-// (1-based); status its HTTP status (0 when err says no answer came);
-// retryAfter the answer's Retry-After header; rnd a number in [0, 1) that
-// places the jitter.
+// (1-based, every attempt counted); failures how many of the row's earlier
+// attempts failed (Row.Failures); status the attempt's HTTP status (0 when
+// err says no answer came); retryAfter the answer's Retry-After header;
+// rnd a number in [0, 1) that places the jitter.
 //
 //   - 2xx: delivered.
 //   - 429: retrying, and the target pauses for Retry-After (either form,
 //     read by backstop.ParseRetryAfter, kept within 1 s..24 h), or for the
-//     schedule's first step when there is none. The row is due when the
+//     schedule's first step when there is none. NextAttemptAt is when the
 //     pause ends. A 429 is the target's flow control, not a failure: it
-//     never dead-letters the row by itself, however many attempts it has
-//     had. It is still an attempt (it is logged and numbered), so a later
-//     failure past the schedule's end dead-letters at once.
+//     does not count in Failures, so it never moves the row along its
+//     schedule nor towards its dead letter.
 //   - 410: dead-letter, and the target is disabled.
 //   - other 4xx: dead-letter at once.
 //   - 5xx, 3xx (redirects are not followed), any other status, a timeout or
-//     a connection error (err != nil): retrying after schedule[attempt-1]
-//     ±10%, or dead-letter when attempt > len(schedule), so the default
-//     schedule dead-letters on the 5th failed attempt.
-func Next(schedule []time.Duration, attempt int, status int, retryAfter string, err error, now time.Time, rnd float64) Decision {
+//     a connection error (err != nil): a failure, the row's n-th
+//     (n = failures+1): retrying after schedule[n-1] ±10%, or dead-letter
+//     when n > len(schedule), so the default schedule dead-letters on the
+//     5th failed attempt, however many 429s came between them.
+func Next(schedule []time.Duration, attempt, failures int, status int, retryAfter string, err error, now time.Time, rnd float64) Decision {
+	failures = max(failures, 0)
 	if err == nil {
 		switch {
 		case status >= 200 && status <= 299:
-			return Decision{Status: StatusDelivered, Reason: httpReason(status)}
+			return Decision{Status: StatusDelivered, Reason: httpReason(status), Failures: failures}
 		case status == http.StatusTooManyRequests:
 			pause, ok := backstop.ParseRetryAfter(retryAfter, now)
 			if !ok {
@@ -72,22 +80,28 @@ func Next(schedule []time.Duration, attempt int, status int, retryAfter string, 
 				pause = min(max(pause, minPause), maxPause)
 			}
 			return Decision{Status: StatusRetrying, NextAttemptAt: now.Add(pause), Pause: pause,
-				Reason: fmt.Sprintf("HTTP 429, paused for %v", pause)}
+				Reason: pauseReason(pause), Failures: failures}
 		case status == http.StatusGone:
-			return Decision{Status: StatusDeadLetter, Disable: true, Reason: "HTTP 410 Gone"}
+			return Decision{Status: StatusDeadLetter, Disable: true, Reason: "HTTP 410 Gone", Failures: failures + 1}
 		case status >= 400 && status <= 499:
-			return Decision{Status: StatusDeadLetter, Reason: httpReason(status)}
+			return Decision{Status: StatusDeadLetter, Reason: httpReason(status), Failures: failures + 1}
 		}
 	}
 	reason := httpReason(status)
 	if err != nil {
 		reason = "no answer"
 	}
-	attempt = max(attempt, 1)
-	if attempt > len(schedule) {
-		return Decision{Status: StatusDeadLetter, Reason: fmt.Sprintf("%s on attempt %d, the last", reason, attempt)}
+	failures++
+	if failures > len(schedule) {
+		return Decision{Status: StatusDeadLetter, Failures: failures,
+			Reason: fmt.Sprintf("%s on attempt %d, failure %d, the last", reason, max(attempt, 1), failures)}
 	}
-	return Decision{Status: StatusRetrying, NextAttemptAt: now.Add(jittered(schedule[attempt-1], rnd)), Reason: reason}
+	return Decision{Status: StatusRetrying, NextAttemptAt: now.Add(jittered(schedule[failures-1], rnd)), Reason: reason, Failures: failures}
+}
+
+// pauseReason is the Reason of a 429 that pauses the target for pause.
+func pauseReason(pause time.Duration) string {
+	return fmt.Sprintf("HTTP 429, paused for %v", pause)
 }
 
 // httpReason is the Reason of an answer with status: "HTTP 200". Every

@@ -28,7 +28,8 @@ type Queue interface {
 	// RecordAttempts stores each item's attempt, in order and all or
 	// none, and returns their ids in the same order. Unless an attempt is
 	// a Redirect, it also sets its row's status and NextAttemptAt from the
-	// item's Outcome, its attempt count to Attempt.Attempt, and its last
+	// item's Outcome, its attempt count to Attempt.Attempt, its failure
+	// count to Outcome.Failures, and its last
 	// status and error from the attempt. A redirect attempt leaves the row
 	// unchanged, as does an outcome whose Lease the row no longer holds.
 	RecordAttempts(ctx context.Context, items []AttemptRecord) ([]int64, error)
