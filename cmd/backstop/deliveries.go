@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/url"
+	"slices"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -203,7 +205,7 @@ within its poll interval.`,
 			now := time.Now()
 			if dead {
 				if !hasTarget(cfg.Targets, target) {
-					return usagef("--target %q: no such target in the configuration", target)
+					return usagef("--target %q: no such target in the configuration (to delete the deliveries of a removed target: backstop deliveries purge --target %s)", target, target)
 				}
 				n, err := db.RetryDead(cmd.Context(), target, now)
 				if err != nil {
@@ -215,6 +217,20 @@ within its poll interval.`,
 			id, err := parseID(args[0])
 			if err != nil {
 				return err
+			}
+			row, ok, err := db.Delivery(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return noDelivery(id)
+			}
+			if !hasTarget(cfg.Targets, row.Target) {
+				// No worker serves it: "queued again" would be a promise
+				// never kept.
+				return usagef("delivery %d is for target %q, which is not in the configuration: it would never be sent; "+
+					"add the target back to targets, or delete its deliveries with: backstop deliveries purge --target %s",
+					id, row.Target, row.Target)
 			}
 			if err := db.RetryDelivery(cmd.Context(), id, now); errors.Is(err, backstop.ErrNotFound) {
 				return noDelivery(id)
@@ -234,14 +250,31 @@ func (m *Main) deliveriesPurgeCommand(g *globals) *cobra.Command {
 	var (
 		dead   bool
 		before string
+		target string
 	)
 	cmd := &cobra.Command{
-		Use:   "purge --dead --before D",
-		Short: "Delete dead letters older than D (they are otherwise kept until retried)",
-		Args:  cobraArgs(cobra.NoArgs),
+		Use:   "purge (--dead --before D | --target T)",
+		Short: "Delete old dead letters, or every delivery of a target removed from the configuration",
+		Long: `purge --dead --before D deletes the dead letters last changed before D (a
+duration back such as 30d, or an RFC 3339 time), with their attempts; dead
+letters are otherwise kept until retried.
+
+purge --target T deletes every delivery of T, whatever its status (pending,
+retrying, delivered, dead letter), with its attempts, for a target that is no
+longer in the configuration (removed or renamed): no worker sends its queued
+deliveries, and serve warns of them at start. deliveries targets lists such
+targets. For a target still in the configuration it is refused: its queued
+deliveries are still sent; retry or purge --dead its dead letters instead.`,
+		Args: cobraArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if target != "" {
+				if dead || before != "" {
+					return usagef("--target deletes every delivery of a removed target: give it without --dead and --before")
+				}
+				return m.purgeTarget(cmd.Context(), g, target)
+			}
 			if !dead || before == "" {
-				return usagef("purge needs --dead and --before (a duration back such as 30d, or an RFC 3339 time)")
+				return usagef("purge needs --dead and --before (a duration back such as 30d, or an RFC 3339 time), or --target T for a target removed from the configuration")
 			}
 			t, err := parseSince(before, time.Now())
 			if err != nil {
@@ -262,7 +295,28 @@ func (m *Main) deliveriesPurgeCommand(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&dead, "dead", false, "purge dead letters")
 	cmd.Flags().StringVar(&before, "before", "", "only those last changed before this (30d, or an RFC 3339 time)")
+	cmd.Flags().StringVar(&target, "target", "", "delete every delivery of this target, which must not be in the configuration")
 	return cmd
+}
+
+// purgeTarget deletes every delivery of target, refusing a target that is
+// in the configuration.
+func (m *Main) purgeTarget(ctx context.Context, g *globals, target string) error {
+	db, cfg, err := m.openStore(ctx, g)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if hasTarget(cfg.Targets, target) {
+		return usagef("target %q is in the configuration, so its queued deliveries are still sent: purge --target only deletes those of a target removed from it; "+
+			"for its dead letters use deliveries retry --dead --target %s, or purge --dead --before D", target, target)
+	}
+	n, err := db.PurgeTarget(ctx, target)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(m.Stdout, "%d deliveries of %s (not in the configuration) purged, with their attempts\n", n, target)
+	return err
 }
 
 func (m *Main) targetsCommand(g *globals) *cobra.Command {
@@ -285,12 +339,29 @@ func (m *Main) targetsCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Targets removed from (or renamed in) the configuration whose
+			// rows are still kept: no worker sends them.
+			gone, err := db.UnconfiguredTargets(cmd.Context(), names)
+			if err != nil {
+				return err
+			}
 			if asJSON {
-				return writeJSONOut(m.Stdout, states)
+				out := make([]targetRow, 0, len(states)+len(gone))
+				for _, s := range states {
+					out = append(out, targetRow{TargetState: s, Configured: true})
+				}
+				for _, s := range gone {
+					out = append(out, targetRow{TargetState: s})
+				}
+				return writeJSONOut(m.Stdout, out)
 			}
 			tw := tabwriter.NewWriter(m.Stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "TARGET\tPENDING\tRETRYING\tDELIVERED\tDEAD\tPAUSED UNTIL\tDISABLED")
-			for _, s := range states {
+			for _, s := range slices.Concat(states, gone) {
+				name := s.Name
+				if !hasTarget(cfg.Targets, name) {
+					name += " (not in the configuration)"
+				}
 				disabled := "no"
 				if s.Disabled {
 					disabled = "yes: " + s.DisabledReason
@@ -299,9 +370,15 @@ func (m *Main) targetsCommand(g *globals) *cobra.Command {
 				if s.PausedUntil.After(time.Now()) {
 					paused = s.PausedUntil.UTC().Format(time.RFC3339)
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\n", s.Name, s.Pending, s.Retrying, s.Delivered, s.DeadLetter, paused, disabled)
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\n", name, s.Pending, s.Retrying, s.Delivered, s.DeadLetter, paused, disabled)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if len(gone) > 0 {
+				_, err = fmt.Fprintln(m.Stdout, "\nTargets not in the configuration are not sent to: add them back to targets, or delete their deliveries with backstop deliveries purge --target NAME.")
+			}
+			return err
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
@@ -327,6 +404,14 @@ func (m *Main) targetsCommand(g *globals) *cobra.Command {
 	}
 	cmd.AddCommand(enable)
 	return cmd
+}
+
+// targetRow is a target's state as deliveries targets --json prints it.
+// Configured is false for a target removed from (or renamed in) the
+// configuration whose deliveries are still kept: they are never sent.
+type targetRow struct {
+	backstop.TargetState
+	Configured bool
 }
 
 // eventIDOf is the EVENT ID column of deliveries list: the event's id, or

@@ -78,6 +78,9 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration: "+w.Key+" "+w.Msg, "file", w.File, "line", w.Line, "key", w.Key)
 	}
+	if err := warnUnconfiguredTargets(ctx, a.db, cfg.Targets, log); err != nil {
+		return err
+	}
 	secrets := make([]string, 0, 2)
 	for _, s := range cfg.Intake.AllSecrets() {
 		secrets = append(secrets, s.Value())
@@ -365,4 +368,28 @@ func (s wakingStore) Emit(ctx context.Context, events []backstop.Event, routes [
 		backstop.QueuedTargets(events, res, routes, s.wake)
 	}
 	return res, err
+}
+
+// warnUnconfiguredTargets logs a warning for each target that is not in
+// the configuration (removed or renamed) but still has queued or
+// dead-letter deliveries: no worker sends them, and nothing else would say
+// so.
+func warnUnconfiguredTargets(ctx context.Context, db *store.DB, targets []config.Target, log *slog.Logger) error {
+	names := make([]string, len(targets))
+	for i, t := range targets {
+		names[i] = t.Name
+	}
+	gone, err := db.UnconfiguredTargets(ctx, names)
+	if err != nil {
+		return err
+	}
+	for _, s := range gone {
+		if s.Pending+s.Retrying+s.DeadLetter == 0 {
+			continue // only delivered history: nothing is stranded
+		}
+		log.Warn(fmt.Sprintf("target %s is not in the configuration but has %d queued and %d dead-letter deliveries, which are never sent: "+
+			"add it back to targets, or delete them with: backstop deliveries purge --target %s", s.Name, s.Pending+s.Retrying, s.DeadLetter, s.Name),
+			"target", s.Name, "pending", s.Pending, "retrying", s.Retrying, "dead_letter", s.DeadLetter)
+	}
+	return nil
 }

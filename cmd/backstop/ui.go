@@ -120,9 +120,16 @@ func (b *uiBackend) Targets(ctx context.Context) ([]dashboard.Target, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]dashboard.Target, len(states))
+	gone, err := b.db().UnconfiguredTargets(ctx, names)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]dashboard.Target, len(states), len(states)+len(gone))
 	for i, s := range states {
 		out[i] = dashboard.Target{TargetState: s, URL: backstop.RedactURL(cfg.Targets[i].URL)}
+	}
+	for _, s := range gone {
+		out = append(out, dashboard.Target{TargetState: s, Unconfigured: true})
 	}
 	return out, nil
 }

@@ -19,7 +19,9 @@ type Backend interface {
 	// Attempts returns the attempts of a delivery, redirects included,
 	// oldest first.
 	Attempts(ctx context.Context, id int64) ([]delivery.Attempt, error)
-	// Targets returns the configured targets with their queue state.
+	// Targets returns the configured targets with their queue state,
+	// then the targets no longer configured that still have deliveries
+	// (Unconfigured set).
 	Targets(ctx context.Context) ([]Target, error)
 	// Retry requeues the delivery seen, only while its status and
 	// UpdatedAt are still those of seen, and reports whether it did. It
@@ -68,11 +70,16 @@ type DeliveryFilter struct {
 	Offset    int
 }
 
-// Target is a configured delivery target and its queue.
+// Target is a delivery target and its queue.
 type Target struct {
 	delivery.TargetState
-	// URL is the target's URL with any password hidden.
+	// URL is the target's URL with any password hidden; empty when
+	// Unconfigured.
 	URL string
+	// Unconfigured is true for a target removed from (or renamed in) the
+	// configuration whose deliveries are still kept: no worker sends
+	// them, and they cannot be retried.
+	Unconfigured bool
 }
 
 // Job is a configured job, when it runs next and how its last runs went.

@@ -29,6 +29,8 @@ type fakeBackend struct {
 	RetryFunc func(seen delivery.Row) (bool, error)
 	leader    JobsLeader
 	revoked   map[string]bool
+	// targets, when set, is what Targets returns instead of billing alone.
+	targets []Target
 }
 
 func (f *fakeBackend) Deliveries(_ context.Context, flt DeliveryFilter) ([]delivery.Row, error) {
@@ -48,6 +50,9 @@ func (f *fakeBackend) Delivery(_ context.Context, id int64) (delivery.Row, bool,
 func (f *fakeBackend) Attempts(context.Context, int64) ([]delivery.Attempt, error) { return nil, nil }
 
 func (f *fakeBackend) Targets(context.Context) ([]Target, error) {
+	if f.targets != nil {
+		return f.targets, nil
+	}
 	return []Target{{TargetState: delivery.TargetState{Name: "billing", DeadLetter: 1}, URL: "https://billing.example.com/hooks"}}, nil
 }
 
@@ -660,5 +665,42 @@ func TestSignOutRevokesCopiedCookies(t *testing.T) {
 	}
 	if a := do(t, copied, "GET", srv.URL+"/ui/jobs", nil, html); a.status != http.StatusSeeOther || !strings.HasPrefix(a.header.Get("Location"), "/ui/login") {
 		t.Errorf("the copied cookie after sign-out: %d to %q, want 303 to the login page", a.status, a.header.Get("Location"))
+	}
+}
+
+// A target removed from the configuration that still has deliveries is
+// listed, marked as such, in the Targets table and the target filter; its
+// dead letters and its deliveries cannot be retried (they would never be
+// sent).
+func TestUnconfiguredTargetIsListedButNotRetried(t *testing.T) {
+	srv, fb, _ := serve(t)
+	fb.rows = append(fb.rows, delivery.Row{ID: 13, Target: "a1", EventID: "evt_13", EventType: "payment.failed",
+		Payload: json.RawMessage(`{}`), Status: delivery.StatusDeadLetter, CreatedAt: t0.Add(-time.Hour), UpdatedAt: t0.Add(-time.Hour)})
+	fb.targets = []Target{
+		{TargetState: delivery.TargetState{Name: "billing", DeadLetter: 1}, URL: "https://billing.example.com/hooks"},
+		{TargetState: delivery.TargetState{Name: "a1", Pending: 2, DeadLetter: 1}, Unconfigured: true},
+	}
+	c := client(t)
+	token := signIn(t, c, srv.URL)
+	a := do(t, c, "GET", srv.URL+"/ui/dead-letters", nil, html)
+	row := regexp.MustCompile(`(?s)<tr id="target-a1">.*?</tr>`).FindString(a.body)
+	if !strings.Contains(row, "not in the configuration") {
+		t.Errorf("the Targets table does not mark a1 as not in the configuration:\n%s", row)
+	}
+	if strings.Contains(row, "retry-dead") {
+		t.Errorf("the Targets table offers to retry the dead letters of a1, which would never be sent:\n%s", row)
+	}
+	if !strings.Contains(a.body, `<option value="a1">a1 (not in the configuration)</option>`) {
+		t.Errorf("the target filter does not offer a1")
+	}
+	if a := do(t, c, "POST", srv.URL+"/ui/targets/a1/retry-dead", url.Values{"csrf": {token}}, nil); a.status != http.StatusNotFound {
+		t.Errorf("retry-dead of a1: %d %s, want 404", a.status, a.body)
+	}
+	a = do(t, c, "POST", srv.URL+"/ui/deliveries/13/retry", url.Values{"csrf": {token}}, nil)
+	if a.status != http.StatusConflict || !strings.Contains(a.body, "not in the configuration") {
+		t.Errorf("retry of a delivery of a1: %d %s, want 409 saying a1 is not in the configuration", a.status, a.body)
+	}
+	if fb.retries != 0 {
+		t.Errorf("the backend was asked to retry %d times, want none", fb.retries)
 	}
 }

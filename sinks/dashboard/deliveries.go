@@ -174,6 +174,17 @@ func (d *Dashboard) retry(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	targets, err := d.opts.Backend.Targets(r.Context())
+	if err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	if !slices.ContainsFunc(targets, func(t Target) bool { return t.Name == row.Target && !t.Unconfigured }) {
+		d.answer(w, r, http.StatusConflict, fmt.Sprintf("Delivery %d is for target %s, which is not in the configuration: it would never be sent. "+
+			"Add the target back, or delete its deliveries with backstop deliveries purge --target %s.", row.ID, row.Target, row.Target),
+			fmt.Sprintf("%s/deliveries/%d", Prefix, row.ID))
+		return
+	}
 	seen := row
 	if v := r.PostFormValue("version"); v != "" {
 		t, err := backstop.ParseTime(v)
@@ -241,7 +252,7 @@ func (d *Dashboard) retryDead(w http.ResponseWriter, r *http.Request) {
 		d.backendError(w, r, err)
 		return
 	}
-	if !slices.ContainsFunc(targets, func(t Target) bool { return t.Name == name }) {
+	if !slices.ContainsFunc(targets, func(t Target) bool { return t.Name == name && !t.Unconfigured }) {
 		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("There is no target %q in the configuration.", name))
 		return
 	}
