@@ -66,6 +66,9 @@ type handedOver struct {
 	now time.Time // when the answer was decided on
 	out Outcome
 	by  time.Time // when its record is given up (the real clock)
+	// recorded, when not nil, is closed once the record is done
+	// (committed or given up).
+	recorded chan struct{}
 }
 
 // errNoRoom is an attempt's record error once its by has passed.
@@ -234,7 +237,12 @@ func (r *batcher) record(items []AttemptRecord, by time.Time) ([]int64, error) {
 // err, and lets its worker hand over another attempt.
 func (r *batcher) done(h handedOver, id int64, err error) {
 	w, row, a, dec := h.w, h.row, h.a, h.dec
-	defer func() { <-w.unrecorded }()
+	defer func() {
+		<-w.unrecorded
+		if h.recorded != nil {
+			close(h.recorded)
+		}
+	}()
 	if err != nil {
 		w.m.unrecorded.Inc()
 		w.logger.Error("record attempt", "delivery", row.ID, "event_id", row.EventID, "err", err)

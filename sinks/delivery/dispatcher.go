@@ -555,8 +555,11 @@ func (d *Dispatcher) release(ctx context.Context, w *worker, c claim) {
 // at a time, and returns once every attempt it started has its answer
 // (their records may still be committing), with the rows it did not send.
 // Once an answer pauses the target (a 429), no further row is sent until
-// the pause ends; once one disables it (a 410), none is sent at all and
-// deliverAll reports gone. No row is sent once c's lease has less than
+// the pause ends, and then the rows the 429s answered are sent again
+// first, in their order, before the rest: a 429 does not cost a row its
+// place in the queue (with concurrency 1 the target gets the rows in queue
+// order). Once an answer disables the target (a 410), none is sent at all
+// and deliverAll reports gone. No row is sent once c's lease has less than
 // w.room left.
 func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent claim, gone bool) {
 	rows := c.rows
@@ -567,46 +570,76 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 	w.mu.Unlock()
 	next := 0      // the next row to send, guarded by w.mu
 	var held []Row // taken but not sent (the lease ran short), guarded by w.mu
-	// take returns the next row to send, or false once there is none or
-	// the target must not be sent more now.
-	take := func() (Row, bool) {
+	// again holds the rows a 429 answered, by their place in rows, to be
+	// sent before rows[next:]; guarded by w.mu.
+	var again []resend
+	// take returns the next row to send and its place in rows, or false
+	// once there is none or the target must not be sent more now.
+	take := func() (int, Row, bool) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		now := d.now()
-		if next == len(rows) || w.gone || w.stopping > 0 || ctx.Err() != nil || w.pauseUntil.After(now) || now.After(sendBy) {
-			return Row{}, false
+		if (next == len(rows) && len(again) == 0) || w.gone || w.stopping > 0 || ctx.Err() != nil || w.pauseUntil.After(now) || now.After(sendBy) {
+			return 0, Row{}, false
+		}
+		if len(again) > 0 {
+			r := again[0]
+			again = again[1:]
+			return r.at, r.row, true
 		}
 		next++
-		return rows[next-1], true
+		return next - 1, rows[next-1], true
 	}
+	// unsentRows returns the rows not sent, once the records of the 429s
+	// among them are done: releasing a row before its 429's record
+	// commits would leave that record without the lease it checks.
 	unsentRows := func() claim {
 		w.mu.Lock()
-		defer w.mu.Unlock()
-		return claim{rows: append(slices.Clip(held), rows[next:]...), lease: c.lease}
+		out := slices.Clip(held)
+		waits := make([]<-chan struct{}, 0, len(again))
+		for _, r := range again {
+			out = append(out, r.row)
+			waits = append(waits, r.recorded)
+		}
+		out = append(out, rows[next:]...)
+		w.mu.Unlock()
+		for _, ch := range waits {
+			<-ch
+		}
+		return claim{rows: out, lease: c.lease}
 	}
 	for {
 		// Senders, each sending one row after another, until the rows
 		// run out or an answer stops them.
 		var senders sync.WaitGroup
-		for range min(w.concurrency, len(rows)-next) {
+		w.mu.Lock()
+		senderCount := min(w.concurrency, len(rows)-next+len(again))
+		w.mu.Unlock()
+		for range senderCount {
 			senders.Go(func() {
 				for {
 					d.readState(ctx, w)
-					row, ok := take()
+					at, row, ok := take()
 					if !ok {
 						break
 					}
-					if !d.deliver(ctx, w, row, c.lease, sendBy) {
-						w.mu.Lock()
+					sent, re := d.deliver(ctx, w, row, c.lease, sendBy)
+					w.mu.Lock()
+					switch {
+					case !sent:
 						held = append(held, row)
-						w.mu.Unlock()
+					case re != nil:
+						re.at = at
+						i, _ := slices.BinarySearchFunc(again, at, func(r resend, at int) int { return r.at - at })
+						again = slices.Insert(again, i, *re)
 					}
+					w.mu.Unlock()
 				}
 			})
 		}
 		senders.Wait()
 		w.mu.Lock()
-		until, left := w.pauseUntil, len(rows)-next
+		until, left := w.pauseUntil, len(rows)-next+len(again)
 		gone = w.gone
 		w.mu.Unlock()
 		if gone || left == 0 || ctx.Err() != nil || d.now().After(sendBy) || until.After(sendBy) {
@@ -669,6 +702,16 @@ func (d *Dispatcher) readState(ctx context.Context, w *worker) {
 	w.pauseUntil = later(w.pauseUntil, st.PausedUntil)
 }
 
+// resend is a row a 429 answered, to be sent again, first, once the pause
+// ends, under the claim it was sent under (see deliverAll).
+type resend struct {
+	at  int // its place in the claim's rows
+	row Row // as it is after the 429 (Attempts counts it)
+	// recorded is closed once the 429's record is done (committed or
+	// given up).
+	recorded <-chan struct{}
+}
+
 // errLeaseShort is send's when the row's lease has too little left for an
 // attempt (it waited that long for its pacer): it is not sent.
 var errLeaseShort = errors.New("delivery: the lease has too little left to send")
@@ -685,15 +728,20 @@ var errNotSent = errors.New("delivery: stopped before the attempt was sent")
 // releases it. An attempt in flight when ctx ends goes on for the stop
 // grace; one cut short after it is dropped: the row is due again when its
 // lease ends.
-func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sendBy time.Time) (sent bool) {
+//
+// A 429 returns the row to send again once the pause ends (again): its
+// record keeps the row under the claim's lease, in its place in the
+// queue, rather than making it due when the pause ends, after the rows
+// behind it.
+func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sendBy time.Time) (sent bool, again *resend) {
 	a, retryAfter, err := d.send(ctx, w, row, w.t.URL, row.Attempts+1, false, sendBy)
 	// The room the lease keeps for the record starts with the answer.
 	recordBy := time.Now().Add(recordTimeout)
 	if errors.Is(err, errLeaseShort) || errors.Is(err, errNotSent) {
-		return false
+		return false, nil
 	}
 	if err != nil && d.requestContext(ctx, false).Err() != nil {
-		return true // cut short by the end of the stop grace
+		return true, nil // cut short by the end of the stop grace
 	}
 	now := d.now()
 	dec := Next(w.t.RetrySchedule, a.Attempt, row.Failures, a.StatusCode, retryAfter, err, now, d.rand())
@@ -712,7 +760,7 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 	if dec.Disable {
 		w.gone = true
 	}
-	if dec.Status == StatusRetrying {
+	if dec.Status == StatusRetrying && dec.Pause == 0 {
 		w.dues.add(dec.NextAttemptAt)
 	}
 	w.mu.Unlock()
@@ -720,8 +768,19 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 	if dec.Pause > 0 || dec.Disable {
 		d.stopTarget(ctx, w, a, dec, now)
 	}
+	if dec.Pause > 0 {
+		// The row stays claimed (due when the lease ends, should the
+		// process die) and is sent again from memory; released with the
+		// rest if the pause outlasts the claim.
+		recorded := make(chan struct{})
+		d.handOver(handedOver{w: w, row: row, a: a, dec: dec, now: now, by: recordBy, recorded: recorded,
+			out: Outcome{Status: dec.Status, NextAttemptAt: lease, Failures: dec.Failures, Lease: lease}})
+		next := row
+		next.Attempts, next.Failures = a.Attempt, dec.Failures
+		return true, &resend{row: next, recorded: recorded}
+	}
 	d.record(w, row, a, dec, now, lease, recordBy)
-	return true
+	return true, nil
 }
 
 // stopTarget stores the pause or the disabling that attempt a's decision
@@ -749,9 +808,14 @@ func (d *Dispatcher) stopTarget(ctx context.Context, w *worker, a Attempt, dec D
 // logs it in the background, or gives its record up at by (the real
 // clock). It blocks while too many of w's attempts wait for their records.
 func (d *Dispatcher) record(w *worker, row Row, a Attempt, dec Decision, now, lease, by time.Time) {
-	w.unrecorded <- struct{}{}
-	d.batcher.add(handedOver{w: w, row: row, a: a, dec: dec, now: now, by: by,
+	d.handOver(handedOver{w: w, row: row, a: a, dec: dec, now: now, by: by,
 		out: Outcome{Status: dec.Status, NextAttemptAt: dec.NextAttemptAt, Failures: dec.Failures, Lease: lease}})
+}
+
+// handOver hands h over to the batcher (see record).
+func (d *Dispatcher) handOver(h handedOver) {
+	h.w.unrecorded <- struct{}{}
+	d.batcher.add(h)
 }
 
 // attemptLog is logger with attempt a of row and its outcome.

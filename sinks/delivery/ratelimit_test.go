@@ -47,3 +47,62 @@ func TestRateLimitedAttemptsAreNotFailures(t *testing.T) {
 		}
 	}
 }
+
+// With concurrency 1 a target gets its rows in queue order, a 429
+// included: the row it answered is the first sent once the pause ends,
+// whether the rest of the claim is held through the pause or (a pause
+// longer than the claim's lease allows) released and claimed again.
+func TestRateLimitKeepsQueueOrder(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		retryAfter func(now time.Time) string
+		lease      time.Duration // 0: the default, which holds the claim through the pause
+	}{
+		{"delta seconds, claim held", func(time.Time) string { return "1" }, 0},
+		{"HTTP-date, claim held", func(now time.Time) string {
+			return now.Add(2 * time.Second).UTC().Truncate(time.Second).Format(http.TimeFormat)
+		}, 0},
+		// Timeout 100ms + 10s to record: a row may be sent for 400ms
+		// of the claim only, less than the pause.
+		{"delta seconds, claim released", func(time.Time) string { return "1" }, 10*time.Second + 500*time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rec := newRecorder(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+				if n == 1 {
+					w.Header().Set("Retry-After", tt.retryAfter(time.Now()))
+					w.WriteHeader(http.StatusTooManyRequests)
+					return
+				}
+				w.WriteHeader(http.StatusOK)
+			})
+			q := newStoreQueue(t)
+			var ids []int64
+			for i := range 5 {
+				ids = append(ids, q.add(t, "crm", fmt.Sprintf("C_%d", i), "contact.created", `{"id":"ct_1"}`))
+			}
+			start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: 1,
+				Timeout: 100 * time.Millisecond, RetrySchedule: ms(5, 5, 5, 5)}}, Options{Lease: tt.lease})
+			q.waitFor(t, 20*time.Second, "every delivery", func() bool {
+				for _, id := range ids {
+					if q.row(t, id).Status != StatusDelivered {
+						return false
+					}
+				}
+				return true
+			})
+			var got []string
+			for _, h := range rec.all() {
+				got = append(got, h.header.Get(HeaderEventID))
+			}
+			if want := "[C_0 C_0 C_1 C_2 C_3 C_4]"; fmt.Sprint(got) != want {
+				t.Errorf("target got %v, want %s (the 429, then queue order)", got, want)
+			}
+			if r := q.row(t, ids[0]); r.Attempts != 2 || r.Failures != 0 {
+				t.Errorf("C_0 = %d attempts, %d failures; want 2 and 0", r.Attempts, r.Failures)
+			}
+		})
+	}
+}
