@@ -145,6 +145,17 @@ type Pacer interface {
 	Acquire(ctx context.Context) (PaceTicket, error)
 }
 
+// PauseReporter is a Pacer that pauses its target itself after a 429 (the
+// rate-limit governor does, doubling the pauses of consecutive 429s), so
+// that the target is tried again only when that pause ends too.
+// PausedUntil returns the end of its current pause (zero or past when
+// none). After a 429 the dispatcher asks it, so that the pause it stores
+// (the target's paused_until) and logs is when the target will really be
+// tried again, not just the answer's Retry-After.
+type PauseReporter interface {
+	PausedUntil(ctx context.Context) (time.Time, error)
+}
+
 // PaceTicket is one paced request: Done with its answer, or Abort when
 // there was none.
 type PaceTicket interface {
@@ -745,6 +756,9 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 	}
 	now := d.now()
 	dec := Next(w.t.RetrySchedule, a.Attempt, row.Failures, a.StatusCode, retryAfter, err, now, d.rand())
+	if dec.Pause > 0 {
+		d.pacerPause(ctx, w, &dec, now)
+	}
 	w.mu.Lock()
 	if err == nil && stops(a.StatusCode) {
 		w.stopping-- // counted by send; pauseUntil or gone set below
@@ -781,6 +795,26 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 	}
 	d.record(w, row, a, dec, now, lease, recordBy)
 	return true, nil
+}
+
+// pacerPause lengthens the pause of dec, a 429's decision made at now, to
+// the end of the pause w's pacer holds, when it reports a later one (see
+// PauseReporter).
+func (d *Dispatcher) pacerPause(ctx context.Context, w *worker, dec *Decision, now time.Time) {
+	pr, ok := d.pacers[w.t.Name].(PauseReporter)
+	if !ok {
+		return
+	}
+	until, err := pr.PausedUntil(context.WithoutCancel(ctx))
+	if err != nil {
+		w.logger.Error("read the pacer's pause", "err", err)
+		return
+	}
+	if until.After(now.Add(dec.Pause)) {
+		dec.Pause = until.Sub(now)
+		dec.NextAttemptAt = until
+		dec.Reason = pauseReason(dec.Pause)
+	}
 }
 
 // stopTarget stores the pause or the disabling that attempt a's decision

@@ -1,8 +1,14 @@
 package delivery
 
 import (
+	"bufio"
+	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -104,5 +110,113 @@ func TestRateLimitKeepsQueueOrder(t *testing.T) {
 				t.Errorf("C_0 = %d attempts, %d failures; want 2 and 0", r.Attempts, r.Failures)
 			}
 		})
+	}
+}
+
+// doublingPacer pauses its target after a 429 for a second, doubled for
+// each 429 in a row, as the rate-limit governor does, and reports that
+// pause (PauseReporter).
+type doublingPacer struct {
+	mu     sync.Mutex
+	until  time.Time
+	streak int
+}
+
+var _ PauseReporter = (*doublingPacer)(nil)
+
+func (p *doublingPacer) Acquire(ctx context.Context) (PaceTicket, error) {
+	p.mu.Lock()
+	wait := time.Until(p.until)
+	p.mu.Unlock()
+	if wait > 0 && !sleep(ctx, wait) {
+		return nil, ctx.Err()
+	}
+	return p, nil
+}
+
+func (p *doublingPacer) Done(status int, _ http.Header) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if status != http.StatusTooManyRequests {
+		p.streak = 0
+		return
+	}
+	p.until = time.Now().Add(time.Second << p.streak)
+	p.streak++
+}
+
+func (p *doublingPacer) Abort() {}
+
+func (p *doublingPacer) PausedUntil(context.Context) (time.Time, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.until, nil
+}
+
+// After repeated 429s the pacer's pauses double while each answer says
+// Retry-After: 1. What is logged and stored (the target's pause, which
+// deliveries list and show print) is when the target is really tried
+// again, not the answer's second.
+func TestRepeatedRateLimitsReportTheRealPause(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+		if n <= 2 {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	var logs lockedBuffer
+	pacer := &doublingPacer{}
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, RetrySchedule: ms(5, 5, 5, 5)}},
+		Options{Pacers: map[string]Pacer{"crm": pacer}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+
+	var stored []time.Time // the target's pause as stored after each 429
+	q.waitFor(t, 20*time.Second, "delivery", func() bool {
+		if st := q.state(t, "crm"); !st.PausedUntil.IsZero() && (len(stored) == 0 || !stored[len(stored)-1].Equal(st.PausedUntil)) {
+			stored = append(stored, st.PausedUntil)
+		}
+		return q.row(t, id).Status == StatusDelivered
+	})
+	hits := rec.all()
+	if len(hits) != 3 {
+		t.Fatalf("%d requests, want 3 (429, 429, 200)", len(hits))
+	}
+	type line struct {
+		Msg    string    `json:"msg"`
+		Reason string    `json:"reason"`
+		Next   time.Time `json:"next_attempt_at"`
+	}
+	var retries []line
+	sc := bufio.NewScanner(strings.NewReader(logs.String()))
+	for sc.Scan() {
+		var l line
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "will retry" {
+			retries = append(retries, l)
+		}
+	}
+	if len(retries) != 2 {
+		t.Fatalf("%d will-retry lines, want 2:\n%s", len(retries), logs.String())
+	}
+	for i, want := range []time.Duration{time.Second, 2 * time.Second} {
+		l := retries[i]
+		// The time logged is the pause's end: the next request comes
+		// then, not before and (on a loaded machine) within a second.
+		if next := hits[i+1].at; next.Before(l.Next.Add(-10*time.Millisecond)) || next.After(l.Next.Add(time.Second)) {
+			t.Errorf("429 #%d logged next_attempt_at %v (%s); the next request came at %v", i+1, l.Next, l.Reason, next)
+		}
+		if real := l.Next.Sub(hits[i].at); real < want-50*time.Millisecond {
+			t.Errorf("429 #%d: logged a pause of %v after the request, want about %v", i+1, real, want)
+		}
+		if d, err := time.ParseDuration(strings.TrimPrefix(l.Reason, "HTTP 429, paused for ")); err != nil ||
+			d < want-100*time.Millisecond || d > want+100*time.Millisecond {
+			t.Errorf("429 #%d: reason %q, want a pause of about %v", i+1, l.Reason, want)
+		}
+	}
+	if len(stored) == 0 || stored[len(stored)-1].Sub(retries[1].Next).Abs() > time.Millisecond {
+		t.Errorf("target's stored pauses %v, want the last to be the logged %v", stored, retries[1].Next)
 	}
 }
