@@ -704,3 +704,45 @@ func TestUnconfiguredTargetIsListedButNotRetried(t *testing.T) {
 		t.Errorf("the backend was asked to retry %d times, want none", fb.retries)
 	}
 }
+
+// A page number past the end of the delivery list says so and links to
+// the first page (not "No delivery matches.", with no way back).
+func TestDeliveriesPagePastTheEnd(t *testing.T) {
+	srv, fb, _ := serve(t)
+	c := client(t)
+	signIn(t, c, srv.URL)
+	a := do(t, c, "GET", srv.URL+"/ui/deliveries?status=dead_letter&page=9999", nil, html)
+	if a.status != http.StatusOK || !strings.Contains(a.body, "Page 9999 is past the end of this list.") {
+		t.Errorf("page 9999: %d, does not say it is past the end:\n%s", a.status, a.body)
+	}
+	link := regexp.MustCompile(`<a href="([^"]+)" id="first-page">`).FindStringSubmatch(a.body)
+	if link == nil || !strings.Contains(link[1], "page=1") || !strings.Contains(link[1], "status=dead_letter") {
+		t.Errorf("page 9999 has no link to the first page of the same list: %v", link)
+	}
+	if strings.Contains(a.body, "No delivery matches.") || strings.Contains(a.body, `rel="prev"`) {
+		t.Errorf("page 9999 says no delivery matches, or links to page 9998")
+	}
+	fb.rows = nil
+	if a := do(t, c, "GET", srv.URL+"/ui/deliveries", nil, html); !strings.Contains(a.body, "No delivery matches.") {
+		t.Errorf("an empty first page does not say that no delivery matches")
+	}
+}
+
+// A range the quota and intake pages do not offer is refused with 400, as
+// an unknown status filter is, rather than answered with another range.
+func TestUnknownRangeIsRefused(t *testing.T) {
+	srv, _, _ := serve(t)
+	c := client(t)
+	signIn(t, c, srv.URL)
+	for _, path := range []string{"/ui/quota?range=1y", "/ui/intake?range=1y", "/ui/quota?range=24H"} {
+		a := do(t, c, "GET", srv.URL+path, nil, html)
+		if a.status != http.StatusBadRequest || !strings.Contains(a.body, "is not one of 6h, 24h, 7d") {
+			t.Errorf("GET %s: %d, want 400 naming the ranges offered", path, a.status)
+		}
+	}
+	for _, path := range []string{"/ui/quota", "/ui/quota?range=6h", "/ui/intake?range=7d"} {
+		if a := do(t, c, "GET", srv.URL+path, nil, html); a.status != http.StatusOK {
+			t.Errorf("GET %s: %d, want 200", path, a.status)
+		}
+	}
+}

@@ -39,6 +39,9 @@ type deliveriesData struct {
 	Dead bool
 	// Since is the start of the window the log shows.
 	Since time.Time
+	// FirstURL, set when the page asked for is past the end of the list,
+	// links to its first page.
+	FirstURL string
 }
 
 // maxPage is the highest page number of a delivery list: far beyond any
@@ -99,6 +102,11 @@ func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status 
 	}
 	if pageNo > 1 {
 		data.PrevURL = pageURL(r.URL, pageNo-1)
+		if len(rows) == 0 {
+			// Past the end: a link to the previous page would lead to
+			// another empty one.
+			data.PrevURL, data.FirstURL = "", pageURL(r.URL, 1)
+		}
 	}
 	for _, row := range rows {
 		v, err := d.view(r, row)

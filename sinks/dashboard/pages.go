@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/backstop-sync/backstop"
@@ -113,14 +114,22 @@ var spans = []span{
 	{"7d", 7 * 24 * time.Hour, 6 * time.Hour},
 }
 
-// spanOf returns the span the request asks for (default 24h).
-func spanOf(r *http.Request) span {
-	for _, s := range spans {
-		if s.Name == r.URL.Query().Get("range") {
-			return s
-		}
+// spanOf returns the span the request asks for (default 24h); for a range
+// that is not one of spans it answers 400 and returns false.
+func (d *Dashboard) spanOf(w http.ResponseWriter, r *http.Request) (span, bool) {
+	name := r.URL.Query().Get("range")
+	if name == "" {
+		return spans[1], true
 	}
-	return spans[1]
+	names := make([]string, len(spans))
+	for i, s := range spans {
+		if s.Name == name {
+			return s, true
+		}
+		names[i] = s.Name
+	}
+	d.fail(w, r, http.StatusBadRequest, "bad_range", fmt.Sprintf("Range %q is not one of %s.", name, strings.Join(names, ", ")))
+	return span{}, false
 }
 
 // periods returns the starts of the periods of s ending with the one that
@@ -164,7 +173,10 @@ type keyView struct {
 // quotaPage shows each API key's budget now, and its requests, 429s and
 // throttle waits over time.
 func (d *Dashboard) quotaPage(w http.ResponseWriter, r *http.Request) {
-	sp := spanOf(r)
+	sp, ok := d.spanOf(w, r)
+	if !ok {
+		return
+	}
 	now := d.now()
 	periods := sp.periods(now)
 	keys, err := d.opts.Backend.Quota(r.Context(), periods[0])
@@ -228,7 +240,10 @@ var origins = []backstop.Origin{backstop.OriginWebhook, backstop.OriginSync, bac
 // intakePage shows the events processed per period by origin, and the
 // duplicates suppressed and signature failures.
 func (d *Dashboard) intakePage(w http.ResponseWriter, r *http.Request) {
-	sp := spanOf(r)
+	sp, ok := d.spanOf(w, r)
+	if !ok {
+		return
+	}
 	periods := sp.periods(d.now())
 	st, err := d.opts.Backend.Intake(r.Context(), periods[0], sp.Period)
 	if err != nil {
