@@ -59,6 +59,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Requests, m.Duplicates, m.SignatureFailures, m.BatchSize, m.CommitLatency,
 		m.CommitErrors, m.TruncatedFetches, m.TruncatedPending)
+	// The fetch results are exported at zero from the start, so that a
+	// scrape (and a rate() over it) sees every series before the first
+	// truncated event.
+	for _, r := range []string{"ok", "error", "gave_up"} {
+		m.TruncatedFetches.WithLabelValues(r)
+	}
 	return m
 }
 

@@ -197,3 +197,12 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// The truncated-fetch results are exported from the start, at zero, so a
+// fresh serve's /metrics already has every series the README names.
+func TestTruncatedFetchSeriesExistFromTheStart(t *testing.T) {
+	m := intake.NewMetrics(prometheus.NewRegistry())
+	if n := testutil.CollectAndCount(m.TruncatedFetches, "backstop_truncated_fetches_total"); n != 3 {
+		t.Errorf("%d truncated-fetch series before any fetch, want 3 (ok, error, gave_up)", n)
+	}
+}
