@@ -42,7 +42,8 @@ type Policy struct {
 type Budget struct {
 	// Limit and Remaining are the window's size and what is left of it, as
 	// last reported by X-RateLimit-Limit/Remaining (or assumed: seeded from
-	// the tariff, or refilled when a window ended without news).
+	// the tariff, or refilled when a window ended without news, and counted
+	// down by the answers of a server that sends no such headers).
 	Limit     int
 	Remaining int
 	// Reset is when the current window ends (observed or assumed).
@@ -69,7 +70,8 @@ type Budget struct {
 	// rate-limit headers: it does not publish its budget, so the seeded one
 	// is all there is to know, and requests need not wait one at a time
 	// for a response that will never say more (a delivery target without
-	// X-RateLimit-*).
+	// X-RateLimit-*). Until a server sends headers, each of its answers is
+	// counted against Remaining here.
 	Answered time.Time `json:",omitzero"`
 }
 
@@ -142,8 +144,8 @@ func (b *Budget) Observe(now time.Time, obs Observation, p Policy) {
 	b.roll(now, p)
 	if obs.HasBudget {
 		b.observeHeaders(obs, p)
-	} else if b.Observed.IsZero() && b.Answered.IsZero() && !obs.Aborted && obs.Status > 0 && obs.Status < 500 {
-		b.Answered = now
+	} else if b.Observed.IsZero() && !obs.Aborted {
+		b.answeredWithoutHeaders(now, obs, p)
 	}
 	switch {
 	case obs.Aborted:
@@ -166,6 +168,24 @@ func (b *Budget) Observe(now time.Time, obs Observation, p Policy) {
 		}
 	case obs.Status > 0 && obs.Status < 500:
 		b.Consecutive429 = 0
+	}
+}
+
+// answeredWithoutHeaders applies an answer without rate-limit headers from
+// a server that has never sent any (a delivery target without
+// X-RateLimit-*). Its seeded budget is all there is to know, so the
+// one-at-a-time probe ends, and this process is the only one counting: the
+// answer spends one request of the window it was granted in, as an abort
+// does. A request granted in a window already over was counted there (in
+// flight) and is not counted again. Once a server has sent headers, their
+// count stands and an answer without them only releases its slot.
+func (b *Budget) answeredWithoutHeaders(now time.Time, obs Observation, p Policy) {
+	if b.Answered.IsZero() && obs.Status > 0 && obs.Status < 500 {
+		b.Answered = now
+	}
+	start := b.Reset.Add(-b.window(p))
+	if b.Remaining > 0 && (obs.Granted.IsZero() || !obs.Granted.Before(start)) {
+		b.Remaining--
 	}
 }
 

@@ -182,10 +182,34 @@ func TestObserve(t *testing.T) {
 			want: Budget{Limit: 100, Remaining: 100, Reset: at(2000), Observed: at(1000)},
 		},
 		{
-			name: "no headers: only releases",
+			name: "no headers after headers: only releases (their count stands)",
 			b:    known(40, 1, at(0)),
 			now:  at(10), obs: Observation{Status: 200},
 			want: known(40, 0, at(0)),
+		},
+		{
+			name: "no headers from a server that never sent any: the answer is spent",
+			b:    Budget{Limit: 5, Remaining: 5, Reset: at(1000), InFlight: 1, LastGrant: at(0)},
+			now:  at(10), obs: Observation{Status: 200, Granted: at(0)},
+			want: Budget{Limit: 5, Remaining: 4, Reset: at(1000), LastGrant: at(0), Answered: at(10)},
+		},
+		{
+			name: "no headers, 5xx: spent, the probe goes on",
+			b:    Budget{Limit: 5, Remaining: 5, Reset: at(1000), InFlight: 1, LastGrant: at(0)},
+			now:  at(10), obs: Observation{Status: 503, Granted: at(0)},
+			want: Budget{Limit: 5, Remaining: 4, Reset: at(1000), LastGrant: at(0)},
+		},
+		{
+			name: "no headers, granted in a window already over: counted there, not again",
+			b:    Budget{Limit: 5, Remaining: 5, Reset: at(2000), InFlight: 1, LastGrant: at(1100), Answered: at(0)},
+			now:  at(1200), obs: Observation{Status: 200, Granted: at(900)},
+			want: Budget{Limit: 5, Remaining: 5, Reset: at(2000), LastGrant: at(1100), Answered: at(0)},
+		},
+		{
+			name: "no headers, nothing left: stays at zero",
+			b:    Budget{Limit: 5, Remaining: 0, Reset: at(1000), InFlight: 1, LastGrant: at(800), Answered: at(0)},
+			now:  at(900), obs: Observation{Status: 200},
+			want: Budget{Limit: 5, Remaining: 0, Reset: at(1000), LastGrant: at(800), Answered: at(0)},
 		},
 		{
 			name: "429 pauses for Retry-After",

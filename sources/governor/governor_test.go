@@ -210,6 +210,69 @@ func TestConcurrentPacing(t *testing.T) {
 	}
 }
 
+// TestPacedWithoutHeaders runs 4 goroutines on one key seeded at 5 per
+// second against a server that answers 200 without rate-limit headers (a
+// delivery target with only its configured rate_limit). The seed is all
+// there is to go by, so it must hold: at most 5 grants in each of the
+// budget's one-second windows, however fast the server answers.
+func TestPacedWithoutHeaders(t *testing.T) {
+	const workers, limit, n = 4, 5, 40
+	start := time.Unix(1_700_000_000, 250_000_000)
+	clock := newVirtualClock(start, workers)
+	g := New("target", Options{Limit: limit, Window: time.Second, Reserve: -1, Clock: clock})
+	ctx := context.Background()
+	var (
+		mu     sync.Mutex
+		grants []time.Time
+		wg     sync.WaitGroup
+	)
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer clock.leave()
+			for {
+				tk, err := g.Acquire(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				if len(grants) == n {
+					mu.Unlock()
+					tk.Abort()
+					return
+				}
+				grants = append(grants, clock.Now())
+				mu.Unlock()
+				_ = clock.Sleep(ctx, 5*time.Millisecond) // the server answers at once
+				tk.Done(http.StatusOK, http.Header{})
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// The budget's windows are [start+k s, start+(k+1) s), each closed
+	// ResetMargin late (a grant in the margin belongs to the window before).
+	perWindow := map[int]int{}
+	for _, at := range grants {
+		perWindow[int(at.Sub(start.Add(DefaultResetMargin))/time.Second)]++
+	}
+	t.Logf("grants per window: %v; last at +%v", perWindow, grants[n-1].Sub(start))
+	for w, c := range perWindow {
+		if c > limit {
+			t.Errorf("window %d carried %d grants, want at most %d", w, c, limit)
+		}
+	}
+	if took := grants[n-1].Sub(start); took < (n/limit-1)*time.Second {
+		t.Errorf("%d grants at %d per second took %v, want at least %v", n, limit, took, (n/limit-1)*time.Second)
+	}
+}
+
 // stepClock is a fake clock for one goroutine: Sleep moves time forward at once.
 type stepClock struct {
 	mu     sync.Mutex
