@@ -455,7 +455,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 	j := st.job
 	run := JobRun{Job: j.Name, Kind: j.Kind, StartedAt: s.opts.Now()}
 	if !st.running.CompareAndSwap(false, true) {
-		s.skip(ctx, st)
+		run.ID = s.skip(ctx, st)
 		run.Status, run.FinishedAt, run.Err = JobSkipped, run.StartedAt, ErrJobRunning
 		return run, fmt.Errorf("job %s: %w", j.Name, ErrJobRunning)
 	}
@@ -464,7 +464,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 	if s.opts.Locker != nil {
 		lctx, release, err := s.opts.Locker.LockJob(ctx, j.Name)
 		if errors.Is(err, ErrJobRunning) {
-			s.skip(ctx, st)
+			run.ID = s.skip(ctx, st)
 			run.Status, run.FinishedAt, run.Err = JobSkipped, run.StartedAt, err
 			return run, err
 		}
@@ -481,7 +481,13 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 	var err error
 	run.Counts, err = s.work(ctx, j)
 	run.FinishedAt = s.opts.Now()
-	run.Status, run.Err = runStatus(ctx, err), err
+	run.Status = runStatus(ctx, err)
+	// A run cancelled for a reason of its own (its lock lost, the jobs
+	// leadership lost) says so, rather than a bare "context canceled".
+	if cause := context.Cause(ctx); err != nil && ctx.Err() != nil && cause != nil && cause != ctx.Err() && !errors.Is(err, cause) {
+		err = fmt.Errorf("%w: %w", cause, err)
+	}
+	run.Err = err
 	id, serr := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)
 	run.ID = id
 	if serr != nil {
@@ -520,15 +526,18 @@ func onlyCanceled(err error) bool {
 	return errors.Is(err, context.Canceled)
 }
 
-// skip counts, logs and stores a skipped run of st's job.
-func (s *Scheduler) skip(ctx context.Context, st *jobState) {
+// skip counts, logs and stores a skipped run of st's job, and returns the
+// stored run's id (0 when it could not be stored).
+func (s *Scheduler) skip(ctx context.Context, st *jobState) int64 {
 	n := st.skipped.Add(1)
 	s.log.Warn("job still running: run skipped", "job", st.job.Name, "kind", st.job.Kind, "skipped", n)
 	now := s.opts.Now()
 	run := JobRun{Job: st.job.Name, Kind: st.job.Kind, StartedAt: now, FinishedAt: now, Status: JobSkipped}
-	if _, err := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run); err != nil {
+	id, err := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)
+	if err != nil {
 		s.log.Error("store skipped run", "job", st.job.Name, "err", err)
 	}
+	return id
 }
 
 // work does j's work over its resources. A failing resource does not stop
@@ -557,7 +566,9 @@ func (s *Scheduler) work(ctx context.Context, j Job) (backstop.JobCounts, error)
 	}
 	for _, r := range j.resources() {
 		if err := ctx.Err(); err != nil {
-			errs = append(errs, err)
+			if len(errs) == 0 { // else the resource cut short said so already
+				errs = append(errs, err)
+			}
 			break
 		}
 		var err error

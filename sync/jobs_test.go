@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -113,8 +114,8 @@ func TestJobLongerThanIntervalNeverOverlaps(t *testing.T) {
 	}
 	// Three intervals pass while the first run is blocked.
 	waitFor(t, "three skipped runs", func() bool { return s.Skipped("slow") >= 3 })
-	if _, err := s.RunJob(t.Context(), "slow"); !errors.Is(err, bsync.ErrJobRunning) {
-		t.Errorf("RunJob while running: err = %v, want ErrJobRunning", err)
+	if run, err := s.RunJob(t.Context(), "slow"); !errors.Is(err, bsync.ErrJobRunning) || run.Status != bsync.JobSkipped || run.ID == 0 {
+		t.Errorf("RunJob while running: %+v, err = %v; want a stored skipped run (its id) and ErrJobRunning", run, err)
 	}
 	close(release)
 	waitFor(t, "a finished run", func() bool {
@@ -312,5 +313,62 @@ func TestNextRunBeforeStart(t *testing.T) {
 		if err != nil || !got.Equal(tc.want) {
 			t.Errorf("%s: next run %v, %v; want %v", tc.job, got, err, tc.want)
 		}
+	}
+}
+
+// losingLocker grants every lock, and cancels the run's context with
+// ErrJobLockLost once lose is closed, as RedisJobLocks does when it cannot
+// renew the lock.
+type losingLocker struct{ lose chan struct{} }
+
+func (l losingLocker) LockJob(ctx context.Context, _ string) (context.Context, func(), error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-l.lose:
+			cancel(bsync.ErrJobLockLost)
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }, nil
+}
+
+// A run stopped because its lock was lost is interrupted, and its error
+// (returned and stored) says the lock was lost, once, rather than a bare
+// "context canceled" twice.
+func TestRunStoppedByALostLockSaysSo(t *testing.T) {
+	db := openStore(t)
+	started := make(chan struct{}, 1)
+	src := funcSource{ListFunc: func(ctx context.Context, req backstop.ListRequest) (backstop.Page, error) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		return backstop.Page{}, ctx.Err()
+	}}
+	lose := make(chan struct{})
+	s, err := bsync.NewScheduler([]bsync.Job{{
+		Name: "locked", Kind: bsync.JobSync, Resources: []backstop.Resource{backstop.Contacts, backstop.Chats}, Every: time.Hour,
+	}}, bsync.SchedulerOptions{
+		Engine: &bsync.Engine{Source: src, Mirror: db},
+		Store:  jobStore{db},
+		Locker: losingLocker{lose: lose},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	go func() { <-started; close(lose) }()
+	run, err := s.RunJob(t.Context(), "locked")
+	if !errors.Is(err, bsync.ErrJobLockLost) || run.Status != bsync.JobInterrupted {
+		t.Fatalf("run %+v, err %v; want interrupted with ErrJobLockLost", run, err)
+	}
+	if n := strings.Count(err.Error(), "context canceled"); n != 1 {
+		t.Errorf("error %q says context canceled %d times, want once", err, n)
+	}
+	runs, err := db.JobRuns(t.Context(), "locked", 0)
+	if err != nil || len(runs) != 1 || !strings.Contains(runs[0].Error, "job lock lost") || runs[0].Status != "interrupted" {
+		t.Fatalf("stored runs %+v (%v): want one interrupted run whose error says the lock was lost", runs, err)
 	}
 }

@@ -11,8 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/redistest"
+	"github.com/backstop-sync/backstop/sources/governor"
 	"github.com/backstop-sync/backstop/sources/sim"
+	bsync "github.com/backstop-sync/backstop/sync"
 )
 
 // withJobs rewrites e's configuration with a target subscribed to contact
@@ -253,4 +258,49 @@ func TestServeRunsScheduledJobs(t *testing.T) {
 		t.Fatal("serve did not stop")
 	}
 	e.assertMirrorEqualsSim(backstop.Contacts)
+}
+
+// `backstop run` of a job that is running in another process (its Redis
+// lock held) is stored as skipped, prints the stored run's id, and exits
+// 0: under system cron a run skipped for that reason is not a failure.
+func TestRunJobSkippedWhileRunningElsewhere(t *testing.T) {
+	rds := redistest.Start(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 3, Objects: 5}})
+	e.withJobs()
+	base, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(string(base) + "governor:\n  redis: " + rds.URL() + "\n")
+	rdb := redis.NewClient(&redis.Options{Addr: rds.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	// The lock's key, as the scheduler names it (see schedulerWith).
+	key := bsync.DefaultJobLockPrefix + governor.KeyID(e.sim.APIKey()) + ":crm-nightly"
+	if err := rdb.Set(ctx, key, "another-process", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := e.run(ctx, "run", "crm-nightly", "--json")
+	if code != exitOK {
+		t.Fatalf("run while running elsewhere: exit %d, want 0\n%s%s", code, stdout, stderr)
+	}
+	var run struct {
+		ID     int64  `json:"id"`
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &run); err != nil {
+		t.Fatalf("--json: %v\n%s", err, stdout)
+	}
+	db := e.openStore()
+	defer db.Close()
+	runs, err := db.JobRuns(ctx, "crm-nightly", 0)
+	if err != nil || len(runs) != 1 || runs[0].Status != "skipped" {
+		t.Fatalf("stored runs %+v (%v), want one skipped", runs, err)
+	}
+	if run.Status != "skipped" || run.ID != runs[0].ID {
+		t.Errorf("printed %+v, want status skipped and the stored id %d", run, runs[0].ID)
+	}
+	if !strings.Contains(stderr, "running already") {
+		t.Errorf("stderr does not say why the run was skipped:\n%s", stderr)
+	}
 }

@@ -31,8 +31,10 @@ The run's result is ok, failed, interrupted (Ctrl-C or SIGTERM: a sync
 finishes its current page first, and what was committed is kept) or skipped
 (the job was running already), as backstop jobs and the dashboard show it.
 
-Exit codes: 0 the run succeeded, 1 it failed, 2 unknown job or bad
-configuration, 130 interrupted.`,
+Exit codes: 0 the run succeeded, or was skipped because the job was running
+already (here or, with governor.redis, in another process: under system cron
+that is not a failure); 1 it failed; 2 unknown job or bad configuration; 130
+interrupted.`,
 		Example: "  backstop run crm-nightly\n  backstop run payments-hourly --json",
 		Args:    cobraArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -71,6 +73,10 @@ configuration, 130 interrupted.`,
 			}
 			if err := printJobRun(m.Stdout, run, asJSON); err != nil {
 				return err
+			}
+			if errors.Is(runErr, bsync.ErrJobRunning) {
+				a.log.Warn("run skipped: the job is running already", "job", run.Job, "err", runErr)
+				return nil
 			}
 			return runErr
 		},
