@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	stdsync "sync"
 	"testing"
 	"time"
@@ -27,12 +28,14 @@ type bucketTarget struct {
 	used      int
 	ok, over  int
 	delivered map[string]bool
+	arrivals  []time.Time
 }
 
 func (b *bucketTarget) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
+	b.arrivals = append(b.arrivals, now)
 	if now.Sub(b.start) >= b.window {
 		b.start, b.used = now, 0
 	}
@@ -53,40 +56,115 @@ func (b *bucketTarget) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-// A target that answers with rate-limit headers is paced by the governor:
-// every event delivered, no 429 provoked.
-func TestTargetPacedFromItsHeaders(t *testing.T) {
-	bucket := &bucketTarget{limit: 10, window: 500 * time.Millisecond, start: time.Now(), delivered: map[string]bool{}}
-	srv := httptest.NewServer(bucket)
-	defer srv.Close()
+// plainTarget answers 200 to every delivery without rate-limit headers,
+// and keeps when each request arrived.
+type plainTarget struct {
+	mu        stdsync.Mutex
+	delivered map[string]bool
+	arrivals  []time.Time
+}
+
+func (p *plainTarget) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.arrivals = append(p.arrivals, time.Now())
+	p.delivered[r.Header.Get("X-Event-Id")] = true
+	w.WriteHeader(http.StatusOK)
+}
+
+// deliverPaced queues n events for target and runs the real dispatcher,
+// paced by targetPacers, with up to concurrency requests in flight, until
+// delivered reports all n (read under mu).
+func deliverPaced(t *testing.T, target config.Target, url string, concurrency, n int, mu *stdsync.Mutex, delivered map[string]bool) {
+	t.Helper()
 	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "p.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	const n = 40
 	for i := range n {
-		if _, err := db.Enqueue(context.Background(), "discord", fmt.Sprintf("evt_%d", i), "alert", []byte(`{"content":"hi"}`), time.Now()); err != nil {
+		if _, err := db.Enqueue(context.Background(), target.Name, fmt.Sprintf("evt_%d", i), "alert", []byte(`{"content":"hi"}`), time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cfgTargets := []config.Target{{Name: "discord"}}
-	d, err := delivery.New(deliveryQueue{db}, []delivery.Target{{Name: "discord", URL: srv.URL, AllowPrivate: true,
-		RetrySchedule: []time.Duration{time.Second}}},
-		delivery.Options{Poll: 20 * time.Millisecond, Pacers: targetPacers(cfgTargets, slog.New(slog.DiscardHandler))})
+	d, err := delivery.New(deliveryQueue{db}, []delivery.Target{{Name: target.Name, URL: url, AllowPrivate: true,
+		Concurrency: concurrency, RetrySchedule: []time.Duration{time.Second}}},
+		delivery.Options{Poll: 20 * time.Millisecond, Pacers: targetPacers([]config.Target{target}, slog.New(slog.DiscardHandler))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
 	waitFor(t, time.Minute, func() bool {
-		bucket.mu.Lock()
-		defer bucket.mu.Unlock()
-		return len(bucket.delivered) == n
+		mu.Lock()
+		defer mu.Unlock()
+		return len(delivered) == n
 	})
-	cancel()
-	<-done
+}
+
+// checkRate fails t when more requests arrived within some span of k
+// seconds (k = 1..4) than perSecond·(k+1)+1: the governor's windows are
+// fixed, so a span of k seconds overlaps at most k+1 of them, and one more
+// allows for a request that took long to arrive. Going faster than
+// perSecond trips it; a slow, loaded machine never does.
+func checkRate(t *testing.T, arrivals []time.Time, perSecond int) {
+	t.Helper()
+	slices.SortFunc(arrivals, time.Time.Compare)
+	t.Logf("%d requests in %v", len(arrivals), arrivals[len(arrivals)-1].Sub(arrivals[0]))
+	for k := 1; k <= 4; k++ {
+		span := time.Duration(k) * time.Second
+		most, j := 0, 0
+		for i := range arrivals {
+			for arrivals[i].Sub(arrivals[j]) >= span {
+				j++
+			}
+			most = max(most, i-j+1)
+		}
+		if want := perSecond*(k+1) + 1; most > want {
+			t.Errorf("%d requests within %v, want at most %d at %d per second", most, span, want, perSecond)
+		}
+	}
+}
+
+// A target that sends no rate-limit headers is held to its rate_limit:
+// the governor counts its answers against the configured rate.
+func TestTargetRateLimitWithoutHeaders(t *testing.T) {
+	plain := &plainTarget{delivered: map[string]bool{}}
+	srv := httptest.NewServer(plain)
+	defer srv.Close()
+	deliverPaced(t, config.Target{Name: "crm", RateLimit: config.TargetRateLimit{PerSecond: 5}}, srv.URL, 4, 40, &plain.mu, plain.delivered)
+	plain.mu.Lock()
+	defer plain.mu.Unlock()
+	checkRate(t, plain.arrivals, 5)
+}
+
+// A target whose headers allow more than its rate_limit is still held to
+// the rate_limit, and not driven into 429s.
+func TestTargetRateLimitCapsGenerousHeaders(t *testing.T) {
+	bucket := &bucketTarget{limit: 100, window: time.Second, start: time.Now(), delivered: map[string]bool{}}
+	srv := httptest.NewServer(bucket)
+	defer srv.Close()
+	deliverPaced(t, config.Target{Name: "discord", RateLimit: config.TargetRateLimit{PerSecond: 5}}, srv.URL, 4, 25, &bucket.mu, bucket.delivered)
+	bucket.mu.Lock()
+	defer bucket.mu.Unlock()
+	checkRate(t, bucket.arrivals, 5)
+	if bucket.over != 0 {
+		t.Errorf("the target answered 429 %d times", bucket.over)
+	}
+}
+
+// A target that answers with rate-limit headers is paced by the governor:
+// every event delivered, no 429 provoked.
+func TestTargetPacedFromItsHeaders(t *testing.T) {
+	bucket := &bucketTarget{limit: 10, window: 500 * time.Millisecond, start: time.Now(), delivered: map[string]bool{}}
+	srv := httptest.NewServer(bucket)
+	defer srv.Close()
+	deliverPaced(t, config.Target{Name: "discord"}, srv.URL, 0, 40, &bucket.mu, bucket.delivered)
 	bucket.mu.Lock()
 	defer bucket.mu.Unlock()
 	t.Logf("%d delivered, %d answered 429", bucket.ok, bucket.over)
