@@ -131,13 +131,25 @@ func (db *DB) JobRuns(ctx context.Context, job string, limit int) ([]JobRun, err
 	return out, nil
 }
 
-// LastJobRun returns the newest stored run of job, ok=false when it never ran.
+// LastJobRun returns the newest stored run of job that did run (any status
+// but skipped), or, when every stored run was skipped, the newest skipped
+// one; ok=false when none is stored. A job longer than its interval is
+// skipped at every tick while it runs: the newest row would hide the
+// outcome of the run that matters.
 func (db *DB) LastJobRun(ctx context.Context, job string) (JobRun, bool, error) {
-	runs, err := db.JobRuns(ctx, job, 1)
-	if err != nil || len(runs) == 0 {
-		return JobRun{}, false, err
+	var rows []jobRunRow
+	if err := db.r.SelectContext(ctx, &rows, `SELECT `+jobRunColumns+` FROM job_runs
+		WHERE job = ? ORDER BY status = 'skipped', started_at DESC, id DESC LIMIT 1`, job); err != nil {
+		return JobRun{}, false, fmt.Errorf("last run of job %s: %w", job, err)
 	}
-	return runs[0], true, nil
+	if len(rows) == 0 {
+		return JobRun{}, false, nil
+	}
+	run, err := rows[0].jobRun()
+	if err != nil {
+		return JobRun{}, false, fmt.Errorf("last run of job %s: %w", job, err)
+	}
+	return run, true, nil
 }
 
 // PruneJobRuns deletes the job runs started before before and returns how

@@ -49,18 +49,26 @@ func TestJobRunsSaveListPrune(t *testing.T) {
 		t.Errorf("last run %+v, want %+v", got, want)
 	}
 	b, _, _ := db.LastJobRun(ctx, "b")
-	if !b.StartedAt.Equal(t0.Add(time.Minute)) {
-		t.Errorf("zero StartedAt stored as %v, want now", b.StartedAt)
+	if !b.StartedAt.Equal(t0.Add(time.Minute)) || b.Status != "skipped" {
+		t.Errorf("zero StartedAt stored as %v, want now; a job only ever skipped shows its skip (%s)", b.StartedAt, b.Status)
+	}
+	// Ticks skipped while a long run went on do not hide its outcome.
+	clk.Set(t0.Add(2 * time.Minute))
+	if _, err := db.SaveJobRun(ctx, JobRun{Job: "a", Kind: "sync", Status: "skipped"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := db.LastJobRun(ctx, "a"); err != nil || got.ID != id || got.Status != "ok" {
+		t.Errorf("LastJobRun after a skipped tick = %+v, %v; want the ok run %d", got, err, id)
 	}
 	runs, err := db.JobRuns(ctx, "a", 0)
-	if err != nil || len(runs) != 2 || runs[1].Error != "boom" {
+	if err != nil || len(runs) != 3 || runs[2].Error != "boom" {
 		t.Fatalf("JobRuns = %+v, %v; want newest first, the old failed one last", runs, err)
 	}
 	n, err := db.PruneJobRuns(ctx, t0.Add(-30*24*time.Hour))
 	if err != nil || n != 1 {
 		t.Fatalf("PruneJobRuns = %d, %v; want 1", n, err)
 	}
-	if runs, _ := db.JobRuns(ctx, "a", 0); len(runs) != 1 || runs[0].ID != id {
+	if runs, _ := db.JobRuns(ctx, "a", 0); len(runs) != 2 || runs[1].ID != id {
 		t.Errorf("after prune: %+v", runs)
 	}
 }
