@@ -22,6 +22,30 @@ type governorPacer struct {
 	limit *governor.Governor // nil without a rate_limit
 }
 
+var _ delivery.PauseReporter = governorPacer{}
+
+// PausedUntil implements delivery.PauseReporter: the end of the later of
+// the two governors' 429 pauses (each doubles after consecutive 429s), so
+// that what the dispatcher stores and logs after a 429 is when the target
+// will really be tried again.
+func (p governorPacer) PausedUntil(ctx context.Context) (time.Time, error) {
+	st, err := p.g.State(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	until := st.PausedUntil
+	if p.limit != nil {
+		ls, err := p.limit.State(ctx)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if ls.PausedUntil.After(until) {
+			until = ls.PausedUntil
+		}
+	}
+	return until, nil
+}
+
 // Acquire implements delivery.Pacer. The cap is taken last, right before
 // the request is sent, so that a wait on the target's own budget is not
 // spent holding it.

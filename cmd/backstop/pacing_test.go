@@ -172,3 +172,30 @@ func TestTargetPacedFromItsHeaders(t *testing.T) {
 		t.Errorf("the target answered 429 %d times: pacing from its headers failed", bucket.over)
 	}
 }
+
+// After 429s a target's pacer reports the pause it really holds, which
+// doubles on consecutive 429s, so the dispatcher stores and logs when the
+// target will be tried again rather than the answer's Retry-After alone.
+func TestTargetPacerReportsItsPause(t *testing.T) {
+	target := config.Target{Name: "paced", RateLimit: config.TargetRateLimit{PerSecond: 100}}
+	p := targetPacers([]config.Target{target}, slog.New(slog.DiscardHandler))["paced"].(delivery.PauseReporter)
+	ctx := context.Background()
+	rateLimited := func() {
+		t.Helper()
+		tk, err := p.(delivery.Pacer).Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.Done(http.StatusTooManyRequests, http.Header{"Retry-After": {"2"}})
+	}
+	rateLimited()
+	first, err := p.PausedUntil(ctx)
+	if err != nil || time.Until(first) < time.Second {
+		t.Fatalf("after a 429 with Retry-After 2: paused until %v (%v), want about 2 s from now", first, err)
+	}
+	rateLimited()
+	second, err := p.PausedUntil(ctx)
+	if err != nil || !second.After(first) {
+		t.Errorf("after a second 429: paused until %v (%v), want later than %v", second, err, first)
+	}
+}
