@@ -200,7 +200,11 @@ type jobState struct {
 	job     Job
 	running atomic.Bool
 	skipped atomic.Int64
-	handle  gocron.Job
+	// skippedRun counts the ticks skipped during the current run: the
+	// first is logged as a warning, the rest at debug level (a job far
+	// longer than its interval would otherwise log every tick).
+	skippedRun atomic.Int64
+	handle     gocron.Job
 }
 
 // NewScheduler validates jobs and registers them with a new gocron
@@ -460,6 +464,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 		return run, fmt.Errorf("job %s: %w", j.Name, ErrJobRunning)
 	}
 	defer st.running.Store(false)
+	st.skippedRun.Store(0)
 	log := s.log.With("job", j.Name, "kind", j.Kind)
 	if s.opts.Locker != nil {
 		lctx, release, err := s.opts.Locker.LockJob(ctx, j.Name)
@@ -530,7 +535,11 @@ func onlyCanceled(err error) bool {
 // stored run's id (0 when it could not be stored).
 func (s *Scheduler) skip(ctx context.Context, st *jobState) int64 {
 	n := st.skipped.Add(1)
-	s.log.Warn("job still running: run skipped", "job", st.job.Name, "kind", st.job.Kind, "skipped", n)
+	level := slog.LevelWarn
+	if st.skippedRun.Add(1) > 1 {
+		level = slog.LevelDebug
+	}
+	s.log.Log(ctx, level, "job still running: run skipped", "job", st.job.Name, "kind", st.job.Kind, "skipped", n)
 	now := s.opts.Now()
 	run := JobRun{Job: st.job.Name, Kind: st.job.Kind, StartedAt: now, FinishedAt: now, Status: JobSkipped}
 	id, err := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)

@@ -1,11 +1,14 @@
 package sync_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"strings"
+	stdsync "sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -70,6 +73,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // the scheduled runs that come meanwhile are skipped, counted and stored.
 func TestJobLongerThanIntervalNeverOverlaps(t *testing.T) {
 	db := openStore(t)
+	var warnings lockedBuffer
 	var running, maxRunning, calls atomic.Int32
 	release := make(chan struct{})
 	started := make(chan struct{}, 100)
@@ -96,6 +100,7 @@ func TestJobLongerThanIntervalNeverOverlaps(t *testing.T) {
 	}}, bsync.SchedulerOptions{
 		Engine: &bsync.Engine{Source: src, Mirror: db},
 		Store:  jobStore{db},
+		Logger: slog.New(slog.NewTextHandler(&warnings, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -150,6 +155,28 @@ func TestJobLongerThanIntervalNeverOverlaps(t *testing.T) {
 	if skipped < 3 {
 		t.Errorf("%d skipped runs stored, want at least 3 (counted %d)", skipped, s.Skipped("slow"))
 	}
+	// Only the first tick skipped during the run is a warning.
+	if n := strings.Count(warnings.String(), "run skipped"); n != 1 {
+		t.Errorf("%d warnings of skipped runs during one run, want 1:\n%s", n, warnings.String())
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type lockedBuffer struct {
+	mu  stdsync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // RunJob runs a job now and stores the run with its counts; a sync job

@@ -203,7 +203,7 @@ func TestServeRunsScheduledJobs(t *testing.T) {
   - name: contacts-often
     kind: sync
     resources: [contacts]
-    every: 100ms
+    every: 1s
 `)
 	t.Setenv("BOTIX_WEBHOOK_SECRET", webhookSecret)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -180,7 +180,9 @@ func TestParseErrors(t *testing.T) {
 		{"no schedule", base + "jobs:\n  - name: a\n    kind: sync\n",
 			nil, `schedules.yaml:5: jobs[0]: needs a schedule: set cron or every`, 5, "jobs[0]"},
 		{"negative every", base + "jobs:\n  - {name: a, kind: sync, every: -1m}\n",
-			nil, `schedules.yaml:5: jobs[0].every: want a duration above 0, got -1m0s`, 5, "jobs[0].every"},
+			nil, `schedules.yaml:5: jobs[0].every: want 1s or more, got -1m0s: a shorter interval only piles up skipped runs`, 5, "jobs[0].every"},
+		{"every below a second", base + "jobs:\n  - {name: a, kind: sync, every: 10ms}\n",
+			nil, `schedules.yaml:5: jobs[0].every: want 1s or more, got 10ms: a shorter interval only piles up skipped runs`, 5, "jobs[0].every"},
 		{"job kind", base + "jobs:\n  - {name: a, kind: mirror, every: 1h}\n",
 			nil, `schedules.yaml:5: jobs[0].kind: want one of sync, reconcile, backfill, maintenance, got "mirror"`, 5, "jobs[0].kind"},
 		{"job kind missing", base + "jobs:\n  - {name: a, every: 1h}\n",
@@ -647,6 +649,9 @@ func TestCheckCron(t *testing.T) {
 		"30 4 * JAN,jul sun", "5/10 * * * *", "0-30/5 0 1 1 0", "59 23 31 12 6",
 		"@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually", "@midnight",
 		"  0   3 * * *  ",
+		"0 3 29 2 *",   // leap years
+		"0 3 31 2 MON", // a restricted weekday adds its own days
+		"0 3 30,31 1-3 *",
 	}
 	for _, expr := range valid {
 		if err := checkCron(expr); err != nil {
@@ -674,6 +679,10 @@ func TestCheckCron(t *testing.T) {
 		"@often":                `unknown descriptor "@often"`,
 		"30-10 * * * *":         `range 30-10 goes backwards`,
 		"CRON_TZ=UTC 0 3 * * *": "want 5 fields",
+		"0 3 31 2 *":            "never fires",
+		"0 3 30,31 2 *":         "never fires",
+		"0 3 31 4,6,9,11 *":     "never fires",
+		"0 3 31 FEB */1":        "never fires",
 	}
 	for expr, want := range invalid {
 		err := checkCron(expr)

@@ -52,43 +52,83 @@ func checkCron(expr string) error {
 	if len(fields) != 5 {
 		return fmt.Errorf("want 5 fields (minute hour day-of-month month day-of-week), got %d in %q", len(fields), expr)
 	}
+	var sets [5][]bool
 	for i, f := range fields {
-		if err := cronFields[i].check(f); err != nil {
+		set, err := cronFields[i].expand(f)
+		if err != nil {
 			return fmt.Errorf("%s field %q: %w", cronFields[i].name, f, err)
+		}
+		sets[i] = set
+	}
+	// With the day of the week unrestricted, the day of the month alone
+	// picks the days (a restricted day of the week would add its own), and
+	// it may name no day that its months have: 31 in February, say, which
+	// the scheduler refuses when it starts.
+	if dow := fields[4]; dow == "*" || dow == "*/1" {
+		if !someDayExists(sets[2], sets[3]) {
+			return fmt.Errorf("%q never fires: no month it names has the days of the month it names", expr)
 		}
 	}
 	return nil
 }
 
-// check validates one field.
-func (cf cronField) check(field string) error {
-	for _, part := range strings.Split(field, ",") {
-		rng, step, hasStep := strings.Cut(part, "/")
-		if hasStep {
-			if n, err := cf.number(step); err != nil || n < 1 {
-				return fmt.Errorf("bad step %q", step)
+// daysIn is the most days each month has (February in a leap year).
+var daysIn = [13]int{1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
+
+// someDayExists reports whether a day in days (by day of the month) falls
+// in one of months.
+func someDayExists(days, months []bool) bool {
+	for m := 1; m <= 12; m++ {
+		if !months[m] {
+			continue
+		}
+		for d := 1; d <= daysIn[m]; d++ {
+			if days[d] {
+				return true
 			}
 		}
-		if rng == "*" {
-			continue
+	}
+	return false
+}
+
+// expand validates one field and returns the values it selects, indexed
+// by value (max+1 long).
+func (cf cronField) expand(field string) ([]bool, error) {
+	set := make([]bool, cf.max+1)
+	for _, part := range strings.Split(field, ",") {
+		rng, stepText, hasStep := strings.Cut(part, "/")
+		step := 1
+		if hasStep {
+			n, err := cf.number(stepText)
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("bad step %q", stepText)
+			}
+			step = n
 		}
-		lo, hi, isRange := strings.Cut(rng, "-")
-		a, err := cf.value(lo)
-		if err != nil {
-			return err
+		a, b := cf.min, cf.max
+		if rng != "*" {
+			lo, hi, isRange := strings.Cut(rng, "-")
+			var err error
+			if a, err = cf.value(lo); err != nil {
+				return nil, err
+			}
+			switch {
+			case isRange:
+				if b, err = cf.value(hi); err != nil {
+					return nil, err
+				}
+				if a > b {
+					return nil, fmt.Errorf("range %s-%s goes backwards", lo, hi)
+				}
+			case !hasStep:
+				b = a // N alone; N/S runs to the field's max
+			}
 		}
-		if !isRange {
-			continue
-		}
-		b, err := cf.value(hi)
-		if err != nil {
-			return err
-		}
-		if a > b {
-			return fmt.Errorf("range %s-%s goes backwards", lo, hi)
+		for v := a; v <= b; v += step {
+			set[v] = true
 		}
 	}
-	return nil
+	return set, nil
 }
 
 // value parses a number or name within the field's range.

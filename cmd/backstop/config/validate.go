@@ -250,8 +250,8 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 		if err := checkCron(j.Cron); err != nil {
 			p.add(c.errorf(k+".cron", "%v", err))
 		}
-	default:
-		p.add(c.positive(k+".every", j.Every))
+	case j.Every < Duration(time.Second):
+		p.add(c.errorf(k+".every", "want 1s or more, got %s: a shorter interval only piles up skipped runs", j.Every))
 	}
 	if j.Lookback < 0 {
 		p.add(c.errorf(k+".lookback", "want 0 or more, got %s", j.Lookback))
