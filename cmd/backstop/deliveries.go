@@ -72,8 +72,12 @@ func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			when, err := queuedTargets(cmd.Context(), db, cfg, rows)
+			if err != nil {
+				return err
+			}
 			if asJSON {
-				return writeJSONOut(m.Stdout, deliveryRows(rows))
+				return writeJSONOut(m.Stdout, when.rows(rows))
 			}
 			if len(rows) == 0 {
 				if f.Target != "" && !hasTarget(cfg.Targets, f.Target) {
@@ -89,7 +93,7 @@ func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
 			fmt.Fprintln(tw, "ID\tTARGET\tEVENT\tEVENT ID\tSTATUS\tATTEMPTS\tLAST\tNEXT ATTEMPT\tCREATED")
 			for _, r := range rows {
 				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.ID, r.Target, r.EventType, eventIDOf(r), r.Status,
-					r.Attempts, lastOutcome(r), timeOrDash(r.NextAttemptAt), r.CreatedAt.UTC().Format(time.RFC3339))
+					r.Attempts, lastOutcome(r), when.next(r), r.CreatedAt.UTC().Format(time.RFC3339))
 			}
 			return tw.Flush()
 		},
@@ -115,7 +119,7 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			db, _, err := m.openStore(cmd.Context(), g)
+			db, cfg, err := m.openStore(cmd.Context(), g)
 			if err != nil {
 				return err
 			}
@@ -127,6 +131,10 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 			if !ok {
 				return noDelivery(id)
 			}
+			when, err := queuedTargets(cmd.Context(), db, cfg, []store.OutboxRow{row})
+			if err != nil {
+				return err
+			}
 			attempts, err := db.Attempts(cmd.Context(), id)
 			if err != nil {
 				return err
@@ -136,7 +144,7 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 					Delivery deliveryRow  `json:"delivery"`
 					Payload  any          `json:"payload"`
 					Attempts []attemptRow `json:"attempts"`
-				}{deliveryRows([]store.OutboxRow{row})[0], json.RawMessage(row.Payload), attemptRows(attempts)})
+				}{when.rows([]store.OutboxRow{row})[0], json.RawMessage(row.Payload), attemptRows(attempts)})
 			}
 			w := m.Stdout
 			what := "event"
@@ -144,7 +152,7 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 				what = "proxied payload" // its event id is the caller's X-Event-Id
 			}
 			fmt.Fprintf(w, "delivery %d  target %s  %s %s (%s)\nstatus %s  attempts %d  next attempt %s\n\npayload:\n",
-				row.ID, row.Target, what, row.EventID, row.EventType, row.Status, row.Attempts, timeOrDash(row.NextAttemptAt))
+				row.ID, row.Target, what, row.EventID, row.EventType, row.Status, row.Attempts, when.next(row))
 			// Indented as stored: the keys keep the order the target gets.
 			var pretty bytes.Buffer
 			if json.Indent(&pretty, row.Payload, "  ", "  ") != nil {
@@ -434,10 +442,93 @@ type deliveryRow struct {
 	Status        string     `json:"status"`
 	Attempts      int        `json:"attempts"`
 	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
-	LastStatus    int        `json:"last_status,omitempty"`
-	LastError     string     `json:"last_error,omitempty"`
-	CreatedAt     time.Time  `json:"created_at"`
-	UpdatedAt     time.Time  `json:"updated_at"`
+	// TargetPausedUntil is set on a queued row whose target is paused
+	// (after a 429) past the row's own next attempt: it is sent then.
+	TargetPausedUntil *time.Time `json:"target_paused_until,omitempty"`
+	// TargetDisabled and TargetNotConfigured mark a queued row that is not
+	// sent at all until its target is enabled or configured again.
+	TargetDisabled      bool      `json:"target_disabled,omitempty"`
+	TargetNotConfigured bool      `json:"target_not_configured,omitempty"`
+	LastStatus          int       `json:"last_status,omitempty"`
+	LastError           string    `json:"last_error,omitempty"`
+	CreatedAt           time.Time `json:"created_at"`
+	UpdatedAt           time.Time `json:"updated_at"`
+}
+
+// targetsNow is what the targets of listed rows are doing now, for saying
+// when a queued row is really attempted.
+type targetsNow struct {
+	now        time.Time
+	states     map[string]store.TargetState
+	configured map[string]bool
+}
+
+// queuedTargets reads the pause and disabled state of the targets of rows'
+// queued rows (pending or retrying).
+func queuedTargets(ctx context.Context, db *store.DB, cfg *config.Config, rows []store.OutboxRow) (targetsNow, error) {
+	t := targetsNow{now: time.Now(), states: map[string]store.TargetState{}, configured: map[string]bool{}}
+	for _, c := range cfg.Targets {
+		t.configured[c.Name] = true
+	}
+	for _, r := range rows {
+		if !queued(r) {
+			continue
+		}
+		if _, ok := t.states[r.Target]; ok {
+			continue
+		}
+		st, err := db.TargetQueue(ctx, r.Target, false)
+		if err != nil {
+			return t, err
+		}
+		t.states[r.Target] = st
+	}
+	return t, nil
+}
+
+func queued(r store.OutboxRow) bool { return r.Status == "pending" || r.Status == "retrying" }
+
+// pausedPast returns the end of r's target's pause when r is queued and
+// the pause ends after r's own next attempt (and after now).
+func (t targetsNow) pausedPast(r store.OutboxRow) (time.Time, bool) {
+	if !queued(r) {
+		return time.Time{}, false
+	}
+	until := t.states[r.Target].PausedUntil
+	return until, until.After(t.now) && until.After(r.NextAttemptAt)
+}
+
+// next says when r is attempted next: its own time, the end of its
+// target's pause when that is later, or not at all while its target is
+// disabled or not configured.
+func (t targetsNow) next(r store.OutboxRow) string {
+	switch {
+	case queued(r) && !t.configured[r.Target]:
+		return "never (target not configured)"
+	case queued(r) && t.states[r.Target].Disabled:
+		return "when its target is enabled"
+	}
+	if until, ok := t.pausedPast(r); ok {
+		return until.UTC().Format(time.RFC3339) + " (target paused)"
+	}
+	return timeOrDash(r.NextAttemptAt)
+}
+
+// rows is deliveryRows with the targets' state of the queued rows.
+func (t targetsNow) rows(rows []store.OutboxRow) []deliveryRow {
+	out := deliveryRows(rows)
+	for i, r := range rows {
+		if !queued(r) {
+			continue
+		}
+		out[i].TargetNotConfigured = !t.configured[r.Target]
+		out[i].TargetDisabled = t.states[r.Target].Disabled
+		if until, ok := t.pausedPast(r); ok {
+			u := until.UTC()
+			out[i].TargetPausedUntil = &u
+		}
+	}
+	return out
 }
 
 func deliveryRows(rows []store.OutboxRow) []deliveryRow {

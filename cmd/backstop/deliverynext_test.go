@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop/sources/sim"
+)
+
+// deliveries list and show say when a queued row is really attempted: at
+// the end of its target's pause when that is later than the row's own
+// time, and not at all while the target is disabled or not configured.
+func TestDeliveriesSayWhenAQueuedRowIsSent(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	base, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(string(base) + `targets:
+  - {name: paused, url: "http://127.0.0.1:9/hook", allow_private: true}
+  - {name: off, url: "http://127.0.0.1:9/hook", allow_private: true}
+`)
+	ctx := context.Background()
+	db := e.openStore()
+	now := time.Now()
+	ids := map[string]int64{}
+	for _, target := range []string{"paused", "off", "gone"} {
+		id, err := db.Enqueue(ctx, target, "evt_"+target, "proxy", []byte(`{"n":1}`), now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[target] = id
+	}
+	until := now.Add(time.Hour).UTC().Truncate(time.Second)
+	if err := db.PauseTarget(ctx, "paused", until); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.DisableTarget(ctx, "off", "410 from the test", now); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	code, stdout, stderr := e.run(ctx, "deliveries", "list")
+	if code != exitOK {
+		t.Fatalf("list: exit %d\n%s", code, stderr)
+	}
+	for _, want := range []string{until.Format(time.RFC3339) + " (target paused)", "when its target is enabled", "never (target not configured)"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("list does not say %q:\n%s", want, stdout)
+		}
+	}
+	code, stdout, stderr = e.run(ctx, "deliveries", "list", "--json")
+	if code != exitOK {
+		t.Fatalf("list --json: exit %d\n%s", code, stderr)
+	}
+	var rows []struct {
+		Target              string     `json:"target"`
+		TargetPausedUntil   *time.Time `json:"target_paused_until"`
+		TargetDisabled      bool       `json:"target_disabled"`
+		TargetNotConfigured bool       `json:"target_not_configured"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil || len(rows) != 3 {
+		t.Fatalf("list --json: %v\n%s", err, stdout)
+	}
+	for _, r := range rows {
+		ok := false
+		switch r.Target {
+		case "paused":
+			ok = r.TargetPausedUntil != nil && r.TargetPausedUntil.Equal(until) && !r.TargetDisabled && !r.TargetNotConfigured
+		case "off":
+			ok = r.TargetPausedUntil == nil && r.TargetDisabled && !r.TargetNotConfigured
+		case "gone":
+			ok = r.TargetNotConfigured
+		}
+		if !ok {
+			t.Errorf("--json row of %s: %+v", r.Target, r)
+		}
+	}
+	code, stdout, stderr = e.run(ctx, "deliveries", "show", strconv.FormatInt(ids["paused"], 10))
+	if code != exitOK || !strings.Contains(stdout, "next attempt "+until.Format(time.RFC3339)+" (target paused)") {
+		t.Errorf("show: exit %d, does not give the pause's end\n%s%s", code, stdout, stderr)
+	}
+}
