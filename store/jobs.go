@@ -137,10 +137,19 @@ func (db *DB) JobRuns(ctx context.Context, job string, limit int) ([]JobRun, err
 // skipped at every tick while it runs: the newest row would hide the
 // outcome of the run that matters.
 func (db *DB) LastJobRun(ctx context.Context, job string) (JobRun, bool, error) {
+	// Two walks of job_runs_job backwards, rather than one sort of every
+	// kept run of the job: the newest that ran, else the newest at all.
 	var rows []jobRunRow
-	if err := db.r.SelectContext(ctx, &rows, `SELECT `+jobRunColumns+` FROM job_runs
-		WHERE job = ? ORDER BY status = 'skipped', started_at DESC, id DESC LIMIT 1`, job); err != nil {
-		return JobRun{}, false, fmt.Errorf("last run of job %s: %w", job, err)
+	for _, q := range []string{
+		`SELECT ` + jobRunColumns + ` FROM job_runs WHERE job = ? AND status <> 'skipped' ORDER BY started_at DESC, id DESC LIMIT 1`,
+		`SELECT ` + jobRunColumns + ` FROM job_runs WHERE job = ? ORDER BY started_at DESC, id DESC LIMIT 1`,
+	} {
+		if err := db.r.SelectContext(ctx, &rows, q, job); err != nil {
+			return JobRun{}, false, fmt.Errorf("last run of job %s: %w", job, err)
+		}
+		if len(rows) > 0 {
+			break
+		}
 	}
 	if len(rows) == 0 {
 		return JobRun{}, false, nil

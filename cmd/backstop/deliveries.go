@@ -495,7 +495,9 @@ func (t targetsNow) pausedPast(r store.OutboxRow) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	until := t.states[r.Target].PausedUntil
-	return until, until.After(t.now) && until.After(r.NextAttemptAt)
+	// A row answered 429 is held under its claim until the pause ends (its
+	// own time is the claim's end), then sent first.
+	return until, until.After(t.now) && (until.After(r.NextAttemptAt) || r.LastStatus == 429)
 }
 
 // next says when r is attempted next: its own time, the end of its

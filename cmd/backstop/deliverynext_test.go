@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
 )
 
 // deliveries list and show say when a queued row is really attempted: at
@@ -24,12 +25,13 @@ func TestDeliveriesSayWhenAQueuedRowIsSent(t *testing.T) {
 	e.writeConfig(string(base) + `targets:
   - {name: paused, url: "http://127.0.0.1:9/hook", allow_private: true}
   - {name: off, url: "http://127.0.0.1:9/hook", allow_private: true}
+  - {name: held, url: "http://127.0.0.1:9/hook", allow_private: true}
 `)
 	ctx := context.Background()
 	db := e.openStore()
 	now := time.Now()
 	ids := map[string]int64{}
-	for _, target := range []string{"paused", "off", "gone"} {
+	for _, target := range []string{"paused", "off", "gone", "held"} {
 		id, err := db.Enqueue(ctx, target, "evt_"+target, "proxy", []byte(`{"n":1}`), now)
 		if err != nil {
 			t.Fatal(err)
@@ -43,13 +45,25 @@ func TestDeliveriesSayWhenAQueuedRowIsSent(t *testing.T) {
 	if err := db.DisableTarget(ctx, "off", "410 from the test", now); err != nil {
 		t.Fatal(err)
 	}
+	// A row answered 429 is held under its claim (its own time the claim's
+	// end) until its target's shorter pause ends.
+	if _, err := db.RecordAttempt(ctx, store.Attempt{DeliveryID: ids["held"], Target: "held", URL: "http://127.0.0.1:9/hook",
+		Attempt: 1, StatusCode: 429, RequestID: "req_1", At: now},
+		store.Outcome{Status: "retrying", NextAttemptAt: now.Add(70 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	heldUntil := now.Add(10 * time.Second).UTC().Truncate(time.Second)
+	if err := db.PauseTarget(ctx, "held", heldUntil); err != nil {
+		t.Fatal(err)
+	}
 	db.Close()
 
 	code, stdout, stderr := e.run(ctx, "deliveries", "list")
 	if code != exitOK {
 		t.Fatalf("list: exit %d\n%s", code, stderr)
 	}
-	for _, want := range []string{until.Format(time.RFC3339) + " (target paused)", "when its target is enabled", "never (target not configured)"} {
+	for _, want := range []string{until.Format(time.RFC3339) + " (target paused)", "when its target is enabled", "never (target not configured)",
+		heldUntil.Format(time.RFC3339) + " (target paused)"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("list does not say %q:\n%s", want, stdout)
 		}
@@ -64,7 +78,7 @@ func TestDeliveriesSayWhenAQueuedRowIsSent(t *testing.T) {
 		TargetDisabled      bool       `json:"target_disabled"`
 		TargetNotConfigured bool       `json:"target_not_configured"`
 	}
-	if err := json.Unmarshal([]byte(stdout), &rows); err != nil || len(rows) != 3 {
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil || len(rows) != 4 {
 		t.Fatalf("list --json: %v\n%s", err, stdout)
 	}
 	for _, r := range rows {
@@ -76,6 +90,8 @@ func TestDeliveriesSayWhenAQueuedRowIsSent(t *testing.T) {
 			ok = r.TargetPausedUntil == nil && r.TargetDisabled && !r.TargetNotConfigured
 		case "gone":
 			ok = r.TargetNotConfigured
+		case "held":
+			ok = r.TargetPausedUntil != nil && r.TargetPausedUntil.Equal(heldUntil)
 		}
 		if !ok {
 			t.Errorf("--json row of %s: %+v", r.Target, r)
