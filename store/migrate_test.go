@@ -100,4 +100,9 @@ func TestMigration10KeepsRunsAndAddsStatuses(t *testing.T) {
 	if rec, err := db.ReconcileRuns(ctx, 1); err != nil || rec[0].Status != "interrupted" {
 		t.Errorf("a cancelled reconcile stored as %+v, %v; want interrupted", rec, err)
 	}
+	// A binary from before the migration, still running on the store (a
+	// rolling upgrade), starts reconcile runs without a heartbeat.
+	if _, err := db.w.ExecContext(ctx, `INSERT INTO reconcile_runs (resource, started_at) VALUES ('chats', '2026-01-01T03:00:00.000000000Z')`); err != nil {
+		t.Errorf("a reconcile run started by an older binary cannot be stored: %v", err)
+	}
 }

@@ -161,13 +161,18 @@ func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event) {
 		return
 	}
 	if missing && f.now().Sub(ev.CreatedAt) >= f.grace {
+		// Counted and logged once stored: a failed write leaves the
+		// event to be fetched (and given up) again.
+		if aerr := f.store.AbandonTruncated(ctx, ev.ID, "given up: "+err.Error()); aerr != nil {
+			if ctx.Err() == nil {
+				f.logger.Error("record truncated event given up", "event_id", ev.ID, "error", aerr)
+			}
+			return
+		}
 		delete(f.attempts, ev.ID)
 		f.result("gave_up")
 		f.logger.Error("truncated event given up: the platform has no such object", "event_id", ev.ID,
 			"resource", ev.Resource, "object_id", ev.ObjectID, "event_created_at", ev.CreatedAt, "error", err)
-		if aerr := f.store.AbandonTruncated(ctx, ev.ID, "given up: "+err.Error()); aerr != nil && ctx.Err() == nil {
-			f.logger.Error("record truncated event given up", "event_id", ev.ID, "error", aerr)
-		}
 		return
 	}
 	f.result("error")

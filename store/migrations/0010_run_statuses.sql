@@ -68,7 +68,10 @@ CREATE TABLE reconcile_runs_new (
     status       TEXT NOT NULL DEFAULT 'running'
                  CHECK (status IN ('running', 'ok', 'failed', 'interrupted', 'abandoned')),
     error        TEXT,
-    heartbeat_at TEXT NOT NULL
+    -- The default is for a run started by a binary from before this
+    -- migration on the same store (a rolling upgrade), which sets none: its
+    -- start counts as its heartbeat.
+    heartbeat_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 );
 INSERT INTO reconcile_runs_new (id, resource, started_at, finished_at, window_since, full, dry_run, pages,
     scanned, missing, behind, reemitted, suppressed, orphans, requests, rate_limited, duration_ms, status,
