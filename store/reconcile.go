@@ -119,8 +119,11 @@ func (db *DB) AbandonStaleReconciles(ctx context.Context) (int64, error) {
 }
 
 // ReconcileHeartbeat records that run runID is still going, so that it is
-// not taken for abandoned (ReconcileStaleAfter). A run that is no longer
-// running is left alone. It returns ErrNotFound when there is no run runID.
+// not taken for abandoned (ReconcileStaleAfter). A run no longer running
+// (closed as abandoned while it went on, a page having taken over
+// ReconcileStaleAfter) is left alone and an error says so: the run must
+// stop, since its seen marks are gone and its orphan count would be
+// wrong. It returns ErrNotFound when there is no run runID.
 func (db *DB) ReconcileHeartbeat(ctx context.Context, runID int64) error {
 	res, err := db.w.ExecContext(ctx, `UPDATE reconcile_runs SET heartbeat_at = ?
 		WHERE id = ? AND status = 'running'`, backstop.CanonicalTime(db.now()), runID)
@@ -130,13 +133,14 @@ func (db *DB) ReconcileHeartbeat(ctx context.Context, runID int64) error {
 	if n, err := res.RowsAffected(); err != nil {
 		return fmt.Errorf("reconcile %d heartbeat: %w", runID, err)
 	} else if n == 0 {
-		var exists int
-		if err := db.r.GetContext(ctx, &exists, `SELECT count(*) FROM reconcile_runs WHERE id = ?`, runID); err != nil {
+		var status []string
+		if err := db.r.SelectContext(ctx, &status, `SELECT status FROM reconcile_runs WHERE id = ?`, runID); err != nil {
 			return fmt.Errorf("reconcile %d heartbeat: %w", runID, err)
 		}
-		if exists == 0 {
+		if len(status) == 0 {
 			return fmt.Errorf("reconcile %d heartbeat: %w", runID, backstop.ErrNotFound)
 		}
+		return fmt.Errorf("reconcile run %d was closed as %s while it went on (no heartbeat for %s): stopping it", runID, status[0], ReconcileStaleAfter)
 	}
 	return nil
 }
