@@ -36,6 +36,20 @@ const shutdownTimeout = 30 * time.Second
 // quick.
 const drainPeriod = 2 * time.Second
 
+// drainPeriod is BACKSTOP_DRAIN_PERIOD when it is a duration of 0 or more
+// (a load balancer that takes longer to stop sending may need more), the
+// drainPeriod constant otherwise.
+func (m *Main) drainPeriod() time.Duration {
+	if m.LookupEnv != nil {
+		if v, ok := m.LookupEnv("BACKSTOP_DRAIN_PERIOD"); ok {
+			if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+				return d
+			}
+		}
+	}
+	return drainPeriod
+}
+
 func (m *Main) serveCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "serve",
@@ -57,8 +71,8 @@ intake.proxy_token accepts POST /outbox/{target} (webhook-proxy mode).
 Also served: GET /healthz, GET /readyz, GET /metrics (Prometheus) and, with
 dashboard.token set, the dashboard under /ui.
 
-SIGTERM or Ctrl-C: stop accepting connections; for up to 2 s, until the
-open ones have closed, answer 503 (Retry-After, Connection: close) to new
+SIGTERM or Ctrl-C: stop accepting connections; for up to 2 s
+(BACKSTOP_DRAIN_PERIOD changes it), until the open ones have closed, answer 503 (Retry-After, Connection: close) to new
 requests on them, /readyz included (/healthz stays 200); finish the requests
 and commits in flight, exit 0.`,
 		Args: cobraArgs(cobra.NoArgs),
@@ -215,7 +229,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	// New requests on the open connections are answered 503 and close
 	// them, while the requests in flight finish.
 	handler.Drain()
-	drainEnd := time.NewTimer(drainPeriod)
+	drainEnd := time.NewTimer(m.drainPeriod())
 	defer drainEnd.Stop()
 	// Running jobs see their context cancelled: a sync finishes its page
 	// and saves its cursor; the stop timeout bounds the wait.

@@ -194,7 +194,7 @@ const proxyToken = "proxy-token-for-serve"
 
 // startServe runs serve, on a fresh newServeEnv with webhook-proxy mode on,
 // and waits until it listens.
-func startServe(t *testing.T) *serveProc {
+func startServe(t *testing.T, env ...string) *serveProc {
 	t.Helper()
 	addr := freeAddr(t)
 	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
@@ -203,7 +203,7 @@ func startServe(t *testing.T) *serveProc {
 		t.Fatal(err)
 	}
 	e.writeConfig(strings.Replace(string(data), "intake:\n", "intake:\n  proxy_token: "+proxyToken+"\n", 1))
-	p, lines := e.startBinaryEnv(append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret), "serve")
+	p, lines := e.startBinaryEnv(append(append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret), env...), "serve")
 	waitLines(t, lines, "serving", 1, 30*time.Second)
 	go func() {
 		for range lines { // keep the process's stderr flowing
