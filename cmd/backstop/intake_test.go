@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/backstop-sync/backstop"
-	"github.com/backstop-sync/backstop/sinks/delivery"
 	"github.com/backstop-sync/backstop/sinks/intake"
 	"github.com/backstop-sync/backstop/store"
 )
@@ -32,22 +31,8 @@ func TestAcceptedWebhookIsDeliveredWithoutWaitingForThePoll(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	got := make(chan string, 10)
-	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got <- r.Header.Get("X-Event-Id")
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	defer target.Close()
+	dispatcher, got := hourlyDispatcher(t, db)
 	log := slog.New(slog.DiscardHandler)
-	dispatcher, err := delivery.New(newDeliveryQueue(db), []delivery.Target{{
-		Name: "billing", URL: target.URL, Secret: "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", AllowPrivate: true,
-	}}, delivery.Options{Logger: log, Poll: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dispatchDone := make(chan struct{})
-	go func() { defer close(dispatchDone); dispatcher.Run(ctx) }()
-	defer func() { cancel(); <-dispatchDone }()
 
 	const secret = "wake-secret"
 	verifier, err := intake.NewVerifier(intake.SchemeBotix, intake.SchemeOptions{Secrets: []string{secret}})

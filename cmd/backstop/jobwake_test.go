@@ -31,22 +31,7 @@ func TestJobEmitsAreDeliveredWithoutWaitingForThePoll(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	got := make(chan string, 1000)
-	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got <- r.Header.Get("X-Event-Id")
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	defer target.Close()
-	log := slog.New(slog.DiscardHandler)
-	dispatcher, err := delivery.New(newDeliveryQueue(db), []delivery.Target{{
-		Name: "billing", URL: target.URL, Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", AllowPrivate: true,
-	}}, delivery.Options{Logger: log, Poll: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dispatchDone := make(chan struct{})
-	go func() { defer close(dispatchDone); dispatcher.Run(ctx) }()
-	defer func() { cancel(); <-dispatchDone }()
+	dispatcher, got := hourlyDispatcher(t, db)
 
 	platform := sim.New(sim.Options{Seed: 7, Objects: 30})
 	api := httptest.NewServer(platform.Handler())
@@ -97,4 +82,30 @@ func TestJobEmitsAreDeliveredWithoutWaitingForThePoll(t *testing.T) {
 		t.Fatalf("the reconcile re-emitted nothing: %+v", rep)
 	}
 	want("reconcile", rep.Reemitted, "evt_bs_")
+}
+
+// hourlyDispatcher starts a delivery dispatcher over db that polls only
+// hourly, with one target, billing, a local server that passes on the
+// X-Event-Id of every delivery it gets; both stop at the test's end. What
+// reaches the target within a test's seconds was sent because something
+// woke its worker.
+func hourlyDispatcher(t *testing.T, db *store.DB) (*delivery.Dispatcher, <-chan string) {
+	t.Helper()
+	got := make(chan string, 1000)
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("X-Event-Id")
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(target.Close)
+	dispatcher, err := delivery.New(newDeliveryQueue(db), []delivery.Target{{
+		Name: "billing", URL: target.URL, Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", AllowPrivate: true,
+	}}, delivery.Options{Logger: slog.New(slog.DiscardHandler), Poll: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); dispatcher.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return dispatcher, got
 }

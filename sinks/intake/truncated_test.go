@@ -24,19 +24,7 @@ import (
 // object through the governed client and completes it. A failed fetch is
 // retried, logged and counted.
 func TestTruncatedEventIsCompletedFromTheAPI(t *testing.T) {
-	s := sim.New(sim.Options{Seed: 3, Objects: 200, BigObjects: 2})
-	api := httptest.NewServer(s.Handler())
-	defer api.Close()
-	client, err := sources.New(sources.Options{BaseURL: api.URL, APIKey: s.APIKey(), RetryMax: -1,
-		Governor: governor.New(s.APIKey(), governor.Options{})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	s, client, db := truncatedSetup(t, sim.Options{Seed: 3, Objects: 200, BigObjects: 2})
 
 	// The biggest message: over 64 KiB, so the platform truncates it.
 	var big backstop.Object
@@ -109,19 +97,7 @@ func TestTruncatedEventIsCompletedFromTheAPI(t *testing.T) {
 // and never fetched again, neither mirrored nor queued, and still a
 // duplicate when the platform sends it again.
 func TestTruncatedEventWithoutObjectIsGivenUp(t *testing.T) {
-	s := sim.New(sim.Options{Seed: 3, Objects: 20})
-	api := httptest.NewServer(s.Handler())
-	defer api.Close()
-	client, err := sources.New(sources.Options{BaseURL: api.URL, APIKey: s.APIKey(), RetryMax: -1,
-		Governor: governor.New(s.APIKey(), governor.Options{})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	_, client, db := truncatedSetup(t, sim.Options{Seed: 3, Objects: 20})
 	created := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	body := []byte(`{"event_id":"evt_gone","event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","truncated":true,"data":{"id":"pay_doesnotexist"}}`)
 	ev, err := intake.ParseEnvelope(body)
@@ -205,4 +181,24 @@ func TestTruncatedFetchSeriesExistFromTheStart(t *testing.T) {
 	if n := testutil.CollectAndCount(m.TruncatedFetches, "backstop_truncated_fetches_total"); n != 3 {
 		t.Errorf("%d truncated-fetch series before any fetch, want 3 (ok, error, gave_up)", n)
 	}
+}
+
+// truncatedSetup starts a simulator with o, a client for it that does not
+// retry, and a fresh store, all stopped at the test's end.
+func truncatedSetup(t *testing.T, o sim.Options) (*sim.Sim, *sources.Client, *store.DB) {
+	t.Helper()
+	s := sim.New(o)
+	api := httptest.NewServer(s.Handler())
+	t.Cleanup(api.Close)
+	client, err := sources.New(sources.Options{BaseURL: api.URL, APIKey: s.APIKey(), RetryMax: -1,
+		Governor: governor.New(s.APIKey(), governor.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return s, client, db
 }
