@@ -51,6 +51,23 @@ targets:
 	return e
 }
 
+// writeServeConfig writes a configuration for serve with its intake on
+// addr: the platform and store as newEnv has them, the webhook secret from
+// BOTIX_WEBHOOK_SECRET, and then extra (more top-level YAML: targets,
+// dashboard, ...).
+func (e *env) writeServeConfig(addr, extra string) {
+	e.t.Helper()
+	e.writeConfig(fmt.Sprintf(`source:
+  base_url: %s
+  api_key: ${BOTIX_API_KEY}
+store:
+  path: %s
+intake:
+  listen: %s
+  secret: ${BOTIX_WEBHOOK_SECRET}
+`, e.srv.URL, e.db, addr) + extra)
+}
+
 // While the sim sends 2,000 webhooks as fast as it can, serve is SIGKILLed
 // and restarted; once the sim's retries are over, every event that was ever
 // answered 2xx is stored.

@@ -22,19 +22,11 @@ import (
 func TestDashboardCutsALongLastAnswer(t *testing.T) {
 	addr := freeAddr(t)
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
-	e.writeConfig(fmt.Sprintf(`source:
-  base_url: %s
-  api_key: ${BOTIX_API_KEY}
-store:
-  path: %s
-intake:
-  listen: %s
-  secret: ${BOTIX_WEBHOOK_SECRET}
-targets:
+	e.writeServeConfig(addr, `targets:
   - {name: billing, url: "http://127.0.0.1:9/hooks", events: ["payment.*"], allow_private: true}
 dashboard:
   token: ${BACKSTOP_DASHBOARD_TOKEN}
-`, e.srv.URL, e.db, addr))
+`)
 	const refusal = "refused: 127.0.0.1 is a loopback address (set allow_private on the target to allow it)"
 	ctx := context.Background()
 	db := e.openStore()

@@ -311,15 +311,7 @@ func TestDashboardInBrowser(t *testing.T) {
 
 	addr := freeAddr(t)
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 3, Objects: 20}})
-	e.writeConfig(fmt.Sprintf(`source:
-  base_url: %s
-  api_key: ${BOTIX_API_KEY}
-store:
-  path: %s
-intake:
-  listen: %s
-  secret: ${BOTIX_WEBHOOK_SECRET}
-targets:
+	e.writeServeConfig(addr, fmt.Sprintf(`targets:
   - name: billing
     url: %s
     secret: %s
@@ -332,7 +324,7 @@ jobs:
   - {name: payments-hourly, kind: reconcile, resources: [payments], cron: "0 * * * *", lookback: 10m}
 dashboard:
   token: ${BACKSTOP_DASHBOARD_TOKEN}
-`, e.srv.URL, e.db, addr, targetSrv.URL, uiTargetSecret, uiHeaderSecret))
+`, targetSrv.URL, uiTargetSecret, uiHeaderSecret))
 	apiKey := e.sim.APIKey()
 	seed := seedDashboard(t, e.db, governor.KeyID(apiKey))
 	env := append(e.environ(apiKey), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DASHBOARD_TOKEN="+uiToken)

@@ -47,19 +47,11 @@ func TestDeliveriesOfTargetsNotInTheConfiguration(t *testing.T) {
 	deliver("a2", "evt_1", store.StatusRetrying)
 	deliver("a4", "evt_1", store.StatusDelivered) // history only: nothing stranded
 	db.Close()
-	e.writeConfig(fmt.Sprintf(`source:
-  base_url: %s
-  api_key: ${BOTIX_API_KEY}
-store:
-  path: %s
-intake:
-  listen: %s
-  secret: ${BOTIX_WEBHOOK_SECRET}
-targets:
+	e.writeServeConfig(addr, `targets:
   - {name: a3, url: "http://127.0.0.1:9/hooks", allow_private: true}
 dashboard:
   token: ${BACKSTOP_DASHBOARD_TOKEN}
-`, e.srv.URL, e.db, addr))
+`)
 
 	// serve warns at start, naming each target with its counts.
 	t.Setenv("BACKSTOP_DASHBOARD_TOKEN", uiToken)
