@@ -299,28 +299,47 @@ func (db *DB) FinishReconcile(ctx context.Context, runID int64, rep backstop.Rec
 	return nil
 }
 
+// uncoveredRunsSQL selects, for the resource given as the first parameter
+// (every resource when it is empty), the successful non-dry reconcile runs
+// whose start no later such run of their resource reached back to: no
+// later run's window (window_since, NULL for a full run) starts at or
+// before it. A run compares the feed's objects updated between its
+// window's start and its own start; where a later run's window begins
+// after an earlier run's start, the time between was compared by no run.
+// The last run is always among them.
+const uncoveredRunsSQL = `SELECT id, resource, started_at FROM (
+		SELECT id, resource, started_at, min(coalesce(window_since, '')) OVER (PARTITION BY resource
+			ORDER BY started_at DESC, id DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+		FROM reconcile_runs WHERE status = 'ok' AND dry_run = 0 AND (?1 = '' OR resource = ?1))
+	WHERE reach IS NULL OR reach > started_at`
+
 // PruneReconcileRuns deletes the reconcile runs started before before,
-// except each resource's last successful, non-dry run, which sets the
-// default window of the next (LastReconcile), and returns how many it
+// except the successful, non-dry runs of each resource that no later run's
+// window reached back to (the last one among them), from which the default
+// window of the next starts (LastReconcile), and returns how many it
 // deleted.
 func (db *DB) PruneReconcileRuns(ctx context.Context, before time.Time) (int64, error) {
-	n, err := db.execCount(ctx, `DELETE FROM reconcile_runs WHERE started_at < ? AND id NOT IN (
-		SELECT (SELECT k.id FROM reconcile_runs AS k
-			WHERE k.resource = r.resource AND k.status = 'ok' AND k.dry_run = 0
-			ORDER BY k.started_at DESC, k.id DESC LIMIT 1)
-		FROM (SELECT DISTINCT resource FROM reconcile_runs) AS r)`, backstop.CanonicalTime(before))
+	n, err := db.execCount(ctx, `DELETE FROM reconcile_runs WHERE started_at < ?2 AND id NOT IN (
+		SELECT id FROM (`+uncoveredRunsSQL+`))`, "", backstop.CanonicalTime(before))
 	if err != nil {
 		return n, fmt.Errorf("prune reconcile runs: %w", err)
 	}
 	return n, nil
 }
 
-// LastReconcile returns when the last successful, non-dry reconcile run of
-// r started, or ok=false when there has been none.
+// LastReconcile returns where the default window of r's next reconcile
+// starts from, before its lookback: the start of the last successful,
+// non-dry run of r whose window joined those before it, or ok=false when
+// there has been none. Each run compares the objects updated between its
+// window's start and its own start; a run whose window started after the
+// previous run's start (a narrower --since, or one in the future) left the
+// time between compared by no run and does not count: the earliest start
+// that no later run's window reached back to is returned, so that the next
+// default window covers the gap.
 func (db *DB) LastReconcile(ctx context.Context, r backstop.Resource) (startedAt time.Time, ok bool, err error) {
 	var s string
-	err = db.r.GetContext(ctx, &s, `SELECT started_at FROM reconcile_runs
-		WHERE resource = ? AND status = 'ok' AND dry_run = 0 ORDER BY started_at DESC, id DESC LIMIT 1`, string(r))
+	err = db.r.GetContext(ctx, &s, `SELECT started_at FROM (`+uncoveredRunsSQL+`)
+		ORDER BY started_at, id LIMIT 1`, string(r))
 	if errors.Is(err, sql.ErrNoRows) {
 		return time.Time{}, false, nil
 	}

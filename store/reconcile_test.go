@@ -166,3 +166,65 @@ func TestReconcileRunsAndOrphans(t *testing.T) {
 		t.Error("start a run of an unknown resource: no error")
 	}
 }
+
+// A run whose window began after the previous run's start left time that
+// no run compared: the default window keeps starting from the run before
+// the gap until a run reaches back over it, and pruning keeps that run.
+func TestLastReconcileSkipsRunsThatLeftAGap(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	r := backstop.Payments
+	run := func(since time.Time, full bool) time.Time {
+		t.Helper()
+		start := clk.Now().Add(time.Hour)
+		clk.Set(start)
+		id, err := db.StartReconcile(ctx, backstop.ReconcileReport{Resource: r, StartedAt: start, Since: since, Full: full})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.FinishReconcile(ctx, id, backstop.ReconcileReport{Resource: r, Full: full}); err != nil {
+			t.Fatal(err)
+		}
+		return start
+	}
+	last := func() time.Time {
+		t.Helper()
+		got, ok, err := db.LastReconcile(ctx, r)
+		if err != nil || !ok {
+			t.Fatalf("last reconcile: ok=%v err=%v", ok, err)
+		}
+		return got
+	}
+	first := run(clk.Now().Add(-24*time.Hour), false)
+	chained := run(first.Add(-10*time.Minute), false)
+	if got := last(); !got.Equal(chained) {
+		t.Fatalf("after a chained run: %v, want %v", got, chained)
+	}
+	// Two narrow runs, each reaching back over the other but not to chained.
+	narrow := run(clk.Now().Add(30*time.Minute), false)
+	run(narrow.Add(-time.Minute), false)
+	if got := last(); !got.Equal(chained) {
+		t.Errorf("after narrow runs: %v, want %v (the time after it was never compared)", got, chained)
+	}
+	// A future window compares nothing either.
+	run(clk.Now().Add(48*time.Hour), false)
+	if got := last(); !got.Equal(chained) {
+		t.Errorf("after a run with a future window: %v, want %v", got, chained)
+	}
+	// Pruning everything old keeps the run the gap starts at.
+	if _, err := db.PruneReconcileRuns(ctx, clk.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if got := last(); !got.Equal(chained) {
+		t.Errorf("after pruning: %v, want %v", got, chained)
+	}
+	closing := run(chained.Add(-10*time.Minute), false)
+	if got := last(); !got.Equal(closing) {
+		t.Errorf("after a run over the gap: %v, want %v", got, closing)
+	}
+	run(clk.Now().Add(30*time.Minute), false)
+	full := run(time.Time{}, true)
+	if got := last(); !got.Equal(full) {
+		t.Errorf("after a full run: %v, want %v", got, full)
+	}
+}

@@ -37,7 +37,9 @@ type ReconcileStore interface {
 	CountOrphans(ctx context.Context, runID int64, r backstop.Resource) (int, error)
 	// FinishReconcile stores the run's report, also of a failed run.
 	FinishReconcile(ctx context.Context, runID int64, rep backstop.ReconcileReport) error
-	// LastReconcile returns the start of the last successful non-dry run.
+	// LastReconcile returns the start of the last successful non-dry run
+	// whose window joined the earlier runs' (see store.DB.LastReconcile):
+	// the default window starts from it.
 	LastReconcile(ctx context.Context, r backstop.Resource) (startedAt time.Time, ok bool, err error)
 }
 
@@ -75,7 +77,10 @@ type ReconcileReport = backstop.ReconcileReport
 //
 // The window starts at opts.Since when set; with opts.Full at the start of
 // the feed; otherwise opts.Lookback before the start of the last successful
-// non-dry reconcile of r, or FirstReconcileWindow before Now on a first run.
+// non-dry reconcile of r whose window joined the earlier runs' (a run with
+// a narrower Since, which left time unread, does not move it: see
+// ReconcileStore.LastReconcile), or FirstReconcileWindow before Now on a
+// first run.
 // The feed is read one page at a time and nothing of a page is kept after
 // it, so memory does not grow with the number of objects; with Full the
 // ids seen are marked in the store and orphans counted there at the end.

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	_ "modernc.org/sqlite"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sources/sim"
+)
+
+// auditReconcileJSON runs `reconcile ARGS --json` and returns its one report.
+func (e *env) auditReconcileJSON(args ...string) auditReconcile {
+	e.t.Helper()
+	code, stdout, stderr := e.run(context.Background(), append(append([]string{"reconcile"}, args...), "--json")...)
+	if code != exitOK {
+		e.t.Fatalf("reconcile %v: exit %d\n%s", args, code, stderr)
+	}
+	var rows []auditReconcile
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil || len(rows) != 1 {
+		e.t.Fatalf("reconcile %v: %v\n%s", args, err, stdout)
+	}
+	return rows[0]
+}
+
+// auditReconcile is one report of `reconcile --json`.
+type auditReconcile struct {
+	Resource  string `json:"resource"`
+	Since     string `json:"since"`
+	Scanned   int    `json:"scanned"`
+	Missing   int    `json:"missing"`
+	Behind    int    `json:"behind"`
+	Reemitted int    `json:"reemitted"`
+	Orphans   *int   `json:"orphans"`
+	Result    string `json:"result"`
+}
+
+// An hourly reconcile alongside a narrower one by hand: the hourly run
+// two hours ago, then a payment's webhook lost 90 minutes ago, then
+// someone runs `reconcile payments --since 30m`. That run read only the
+// last 30 minutes, so the next default run must still start from the
+// hourly run's start (minus the lookback) and find the payment; it used
+// to start 10 minutes before the narrow run's start and never look at it.
+func TestReconcileDefaultWindowIsNotNarrowedByASinceRun(t *testing.T) {
+	var clock atomic.Int64
+	now := time.Now()
+	clock.Store(now.Add(-3 * time.Hour).UnixNano())
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 41, Objects: 60,
+		Now: func() time.Time { return time.Unix(0, clock.Load()) }}})
+	ctx := context.Background()
+	if code, _, stderr := e.run(ctx, "backfill", "payments"); code != exitOK {
+		t.Fatalf("backfill: exit %d\n%s", code, stderr)
+	}
+	if rep := e.auditReconcileJSON("payments"); rep.Result != "ok" || rep.Missing+rep.Behind != 0 {
+		t.Fatalf("first reconcile: %+v", rep)
+	}
+	// That was the hourly run of two hours ago.
+	raw, err := sql.Open("sqlite", e.db+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ago := func(d time.Duration) string { return backstop.CanonicalTime(now.Add(-d)) }
+	if _, err := raw.Exec(`UPDATE reconcile_runs SET started_at = ?, window_since = ?`,
+		ago(2*time.Hour), ago(26*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	// A payment changed 90 minutes ago; its webhook was lost.
+	clock.Store(now.Add(-90 * time.Minute).UnixNano())
+	var changed backstop.Object
+	for _, o := range e.sim.Objects(backstop.Payments) {
+		if c, ok := e.sim.Update(backstop.Payments, o.ID); ok {
+			changed = c
+			break
+		}
+	}
+	if changed.ID == "" {
+		t.Fatal("no payment could change")
+	}
+	clock.Store(now.UnixNano())
+
+	narrow := e.auditReconcileJSON("payments", "--since", now.Add(-30*time.Minute).UTC().Format(time.RFC3339))
+	if narrow.Result != "ok" || narrow.Behind != 0 {
+		t.Fatalf("reconcile --since 30m: %+v, want ok with nothing behind (the change is older)", narrow)
+	}
+	next := e.auditReconcileJSON("payments")
+	if next.Behind != 1 || next.Reemitted != 1 {
+		t.Errorf("next default reconcile (since %s): %+v; want the payment %s changed 90 minutes ago behind and re-emitted",
+			next.Since, next, changed.ID)
+	}
+	e.assertMirrorEqualsSim(backstop.Payments)
+	// The gap is closed: the run after that starts from the last one.
+	if again := e.auditReconcileJSON("payments"); again.Missing+again.Behind != 0 {
+		t.Errorf("reconcile after that: %+v, want nothing to do", again)
+	}
+}
