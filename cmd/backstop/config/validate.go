@@ -93,10 +93,10 @@ func (c *Config) validate(p *problems) {
 	s := c.Source
 	switch {
 	case !c.local:
-		p.add(c.required("source.base_url", s.BaseURL), c.url("source.base_url", s.BaseURL, "http", "https"))
+		p.add(c.required("source.base_url", s.BaseURL), c.url("source.base_url", s.BaseURL, "http", "https"), c.baseURL(s.BaseURL))
 		p.add(c.required("source.api_key", string(s.APIKey)))
 	case s.BaseURL != "":
-		p.add(c.url("source.base_url", s.BaseURL, "http", "https"))
+		p.add(c.url("source.base_url", s.BaseURL, "http", "https"), c.baseURL(s.BaseURL))
 	}
 	if s.PageSize < 1 || s.PageSize > 200 {
 		p.add(c.errorf("source.page_size", "want 1..200, got %d", s.PageSize))
@@ -405,12 +405,37 @@ func (c *Config) url(key, v string, schemes ...string) *Error {
 	if err != nil || u.Host == "" {
 		return c.errorf(key, "want an absolute %s:// URL with a host", schemes[0])
 	}
+	if port := u.Port(); port != "" && !isPort(port) {
+		return c.errorf(key, "want a port number 0..65535, got %q", port)
+	}
 	for _, s := range schemes {
 		if strings.EqualFold(u.Scheme, s) {
 			return nil
 		}
 	}
 	return c.errorf(key, "want a %s URL, got scheme %q", strings.Join(schemes, " or "), u.Scheme)
+}
+
+// baseURL reports a source.base_url that the platform client cannot use:
+// one with credentials (the API key is the only credential it sends), a
+// query or a fragment. The value is not repeated, for its credentials.
+func (c *Config) baseURL(v string) *Error {
+	u, err := url.Parse(v)
+	if err != nil {
+		return nil // reported by url
+	}
+	var what string
+	switch {
+	case u.User != nil:
+		what = "credentials (user:password@): the API key goes in source.api_key"
+	case u.RawQuery != "" || u.ForceQuery:
+		what = "a query (?…)"
+	case u.Fragment != "" || strings.HasSuffix(v, "#"):
+		what = "a fragment (#…)"
+	default:
+		return nil
+	}
+	return c.errorf("source.base_url", "want the API's address alone, such as https://api.botix.pro; this one has %s", what)
 }
 
 // name checks the name of targets[i] or jobs[i] (key): required, usable on a
