@@ -78,7 +78,7 @@ interrupted.`,
 				a.log.Warn("run skipped: the job is running already", "job", run.Job, "err", runErr)
 				return nil
 			}
-			return runErr
+			return withCursorHint(runErr, jobStartOver(s, args[0]))
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the run as JSON")
@@ -109,6 +109,24 @@ func (m *Main) jobProgress(g *globals, name string) (*progress, error) {
 		return nil, nil
 	}
 	return nil, nil
+}
+
+// jobStartOver is withCursorHint's startOver for the job named name: a sync
+// job's cursor is reset, a backfill job's checkpoint is read again with
+// backfill --restart; nil for the other kinds, which save no cursor.
+func jobStartOver(s *bsync.Scheduler, name string) func(backstop.Resource) string {
+	for _, j := range s.Jobs() {
+		if j.Name != name {
+			continue
+		}
+		switch j.Kind {
+		case bsync.JobSync:
+			return resetHint
+		case bsync.JobBackfill:
+			return restartHint(j.Emit, false)
+		}
+	}
+	return nil
 }
 
 func printJobRun(w io.Writer, run bsync.JobRun, asJSON bool) error {

@@ -36,7 +36,7 @@ at once under one shared rate-limit governor.
 Ctrl-C finishes the page being written, saves the cursor and exits 130.`,
 		Example: "  backstop sync\n  backstop sync payments --json",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return m.runFeed(cmd, g, "sync", args, asJSON, func(_ context.Context, a *app, _ []backstop.Resource, emits *emitCounts) (runFunc, error) {
+			return m.runFeed(cmd, g, "sync", args, asJSON, resetHint, func(_ context.Context, a *app, _ []backstop.Resource, emits *emitCounts) (runFunc, error) {
 				routes := routesOf(a.cfg)
 				return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
 					st, em, err := a.engine.SyncEmit(ctx, r, routes)
@@ -54,8 +54,10 @@ Ctrl-C finishes the page being written, saves the cursor and exits 130.`,
 // operation over the resources with progress, print the summary. pick
 // makes the operation for the resources, or refuses it (nothing runs); one
 // that emits counts what it emitted in emits, and the summary then shows
-// those counts.
+// those counts. startOver is the command that starts a resource's feed
+// over, named when the platform can no longer read its saved cursor.
 func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string, asJSON bool,
+	startOver func(backstop.Resource) string,
 	pick func(context.Context, *app, []backstop.Resource, *emitCounts) (runFunc, error)) error {
 	resources, err := backstop.ParseResources(args)
 	if err != nil {
@@ -82,17 +84,38 @@ func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string,
 	if err := printStats(m.Stdout, op, stats, emits.byResource(), asJSON); err != nil {
 		return err
 	}
-	return withCursorHint(runErr)
+	return withCursorHint(runErr, startOver)
 }
 
 // withCursorHint adds to the error of a saved cursor the platform could no
 // longer read what to do about it: nothing resets a cursor on its own.
-func withCursorHint(err error) error {
+// startOver names the command that starts the resource's feed over: a
+// sync's cursor is reset (resetHint), a backfill's checkpoint is read
+// again with --restart (restartHint), which keeps the sync cursor.
+func withCursorHint(err error, startOver func(backstop.Resource) string) error {
 	var ae *backstop.APIError
-	if errors.As(err, &ae) && errors.Is(err, backstop.ErrInvalidCursor) && ae.Resource != "" {
-		return fmt.Errorf("%w; run `backstop cursors reset %s` to start its feed over", err, ae.Resource)
+	if startOver != nil && errors.As(err, &ae) && errors.Is(err, backstop.ErrInvalidCursor) && ae.Resource != "" {
+		return fmt.Errorf("%w; run `%s` to start its feed over", err, startOver(ae.Resource))
 	}
 	return err
+}
+
+// resetHint is the command that starts r's sync over from the beginning.
+func resetHint(r backstop.Resource) string { return "backstop cursors reset " + string(r) }
+
+// restartHint returns the command that reads r's backfill from the start
+// again, keeping the sync cursor, with the backfill's emit flag.
+func restartHint(emit, noEmit bool) func(backstop.Resource) string {
+	return func(r backstop.Resource) string {
+		cmd := "backstop backfill " + string(r) + " --restart"
+		switch {
+		case emit:
+			cmd += " --emit"
+		case noEmit:
+			cmd += " --no-emit"
+		}
+		return cmd
+	}
 }
 
 // emitCounts collects what the resources of one run emitted.
