@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +19,13 @@ import (
 // (BACKSTOP_CONFIG cleared), and returns its exit code and both streams.
 func runBinary(t *testing.T, dir string, env []string, args ...string) (int, string, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	return runBinaryFor(t, 2*time.Minute, dir, env, args...)
+}
+
+// runBinaryFor is runBinary killing the process after d (exit code -1).
+func runBinaryFor(t *testing.T, d time.Duration, dir string, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binPath, args...)
 	cmd.Dir = dir
@@ -65,5 +75,90 @@ func TestBaseURLTheClientCannotUseIsAConfigError(t *testing.T) {
 				t.Errorf("the error repeats the password:\n%s", stderr)
 			}
 		})
+	}
+}
+
+// startSim runs the real binary's sim on a free loopback port with args and
+// returns its base URL; the process is killed when the test ends.
+func startSim(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(binPath, append([]string{"sim", "--listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), "BACKSTOP_CONFIG=")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if u, ok := strings.CutPrefix(sc.Text(), "base_url="); ok {
+			go io.Copy(io.Discard, stdout)
+			return u
+		}
+	}
+	t.Fatalf("sim printed no base_url (%v)", sc.Err())
+	return ""
+}
+
+// simPage returns the objects of the first page of resource from the
+// simulator at base.
+func simPage(t *testing.T, base, resource string) []json.RawMessage {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, base+"/public/v1/"+resource+"?cursor_limit=200", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer sim_test_key")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var page struct{ Data []json.RawMessage }
+	if err := json.NewDecoder(resp.Body).Decode(&page); err != nil {
+		t.Fatal(err)
+	}
+	return page.Data
+}
+
+// TestSimZeroMeansNone: "backstop sim --objects 0" used to serve the
+// default 1000 objects per resource, and "--big-objects 0" three messages
+// over 64 KiB, while its log said objects_per_resource=0. Zero now means
+// none, as the flags read.
+func TestSimZeroMeansNone(t *testing.T) {
+	base := startSim(t, "--objects", "0")
+	for _, r := range []string{"contacts", "messages"} {
+		if got := simPage(t, base, r); len(got) != 0 {
+			t.Errorf("--objects 0: %s has %d objects on its first page, want none", r, len(got))
+		}
+	}
+	base = startSim(t, "--objects", "50", "--big-objects", "0")
+	msgs := simPage(t, base, "messages")
+	if len(msgs) != 50 {
+		t.Fatalf("--objects 50: %d messages, want 50", len(msgs))
+	}
+	for _, m := range msgs {
+		if len(m) > 64<<10 {
+			t.Errorf("--big-objects 0: a message of %d bytes", len(m))
+		}
+	}
+}
+
+// TestSimRefusesWindowsItCannotServe: "--window 1500ms" used to be
+// rounded up to 2s (and logged as 1.5s), and "--window 0s" to be a 1m
+// window (logged as 0s). A window that is not whole seconds, and a
+// negative count of objects, are now refused (exit 2).
+func TestSimRefusesWindowsItCannotServe(t *testing.T) {
+	for _, args := range [][]string{
+		{"--window", "1500ms"}, {"--window", "0s"}, {"--objects", "-1"}, {"--big-objects", "-2"},
+	} {
+		// The old binary served these: 20 s is ample to refuse them.
+		code, _, stderr := runBinaryFor(t, 20*time.Second, t.TempDir(), nil, append([]string{"sim", "--listen", "127.0.0.1:0"}, args...)...)
+		if code != exitUsage || !strings.Contains(stderr, args[0]) {
+			t.Errorf("sim %v: exit %d, want 2 with a message naming %s:\n%s", args, code, args[0], stderr)
+		}
 	}
 }

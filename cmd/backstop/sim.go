@@ -42,6 +42,23 @@ It prints its base URL and API key, then serves until Ctrl-C.`,
 			if opts.WebhookURL != "" && opts.WebhookSecret == "" {
 				return usagef("--webhook-url needs a signing secret: --webhook-secret or BOTIX_WEBHOOK_SECRET")
 			}
+			// The flags say what they mean: 0 objects is an empty
+			// platform and 0 big objects is none, where sim.Options
+			// reads 0 as "the default".
+			switch {
+			case opts.Objects < 0:
+				return usagef("--objects %d: want 0 or more", opts.Objects)
+			case opts.BigObjects < 0:
+				return usagef("--big-objects %d: want 0 or more", opts.BigObjects)
+			case opts.Window < time.Second || opts.Window%time.Second != 0:
+				return usagef("--window %s: want whole seconds, 1s or more (X-RateLimit-Reset is in seconds)", opts.Window)
+			}
+			if opts.Objects == 0 {
+				opts.Objects = -1
+			}
+			if opts.BigObjects == 0 {
+				opts.BigObjects = -1
+			}
 			if err := opts.Validate(); err != nil {
 				return usageError{err}
 			}
@@ -51,7 +68,7 @@ It prints its base URL and API key, then serves until Ctrl-C.`,
 			}
 			s := sim.New(opts)
 			fmt.Fprintf(m.Stdout, "base_url=http://%s\napi_key=%s\n", ln.Addr(), s.APIKey())
-			log.Info("simulator serving", "addr", ln.Addr().String(), "objects_per_resource", opts.Objects,
+			log.Info("simulator serving", "addr", ln.Addr().String(), "objects_per_resource", max(opts.Objects, 0),
 				"limit", opts.Limit, "window", opts.Window, "error_rate", opts.ErrorRate,
 				"latency", opts.Latency, "mutation_rate", opts.MutationRate)
 			if err := s.Serve(cmd.Context(), ln); err != nil {
@@ -65,15 +82,15 @@ It prints its base URL and API key, then serves until Ctrl-C.`,
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:8081", "address to listen on (port 0 picks a free one)")
 	f.Int64Var(&opts.Seed, "seed", 1, "seed for the generated data")
-	f.IntVar(&opts.Objects, "objects", 1000, "objects per resource at start")
+	f.IntVar(&opts.Objects, "objects", 1000, "objects per resource at start (0: none)")
 	f.StringVar(&opts.APIKey, "api-key", "sim_test_key", "the API key the simulator accepts")
 	f.IntVar(&opts.Limit, "limit", 0, "requests per window per API key (0: no limit)")
-	f.DurationVar(&opts.Window, "window", time.Minute, "rate-limit window, whole seconds")
+	f.DurationVar(&opts.Window, "window", time.Minute, "rate-limit window, whole seconds (1s or more)")
 	f.StringVar(&opts.RetryAfter, "retry-after", "seconds", "Retry-After form on 429: seconds, date, rfc850, asctime or mixed (cycles through all)")
 	f.Float64Var(&opts.ErrorRate, "error-rate", 0, "fraction of requests answered with a 5xx")
 	f.DurationVar(&opts.Latency, "latency", 0, "latency added to every response")
 	f.Float64Var(&opts.MutationRate, "mutation-rate", 0, "objects created or updated per second")
-	f.IntVar(&opts.BigObjects, "big-objects", 3, "messages over 64 KiB (sent as truncated webhooks)")
+	f.IntVar(&opts.BigObjects, "big-objects", 3, "messages over 64 KiB (sent as truncated webhooks; 0: none)")
 	f.StringVar(&opts.WebhookURL, "webhook-url", "", "send a signed webhook (botix scheme) for every mutation to this URL")
 	f.StringVar(&opts.WebhookSecret, "webhook-secret", "", "the webhook signing secret (default: env BOTIX_WEBHOOK_SECRET)")
 	f.Float64Var(&opts.DropRate, "drop-rate", 0, "fraction of webhooks never sent (lost by the platform)")
