@@ -162,3 +162,34 @@ func TestSimRefusesWindowsItCannotServe(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoRefusesAnExistingStore: "backstop demo --store FILE" run a second
+// time on the same file used to add to what the first run had stored, so
+// its report counted both runs ("duplicate webhooks suppressed -38",
+// "deliveries recorded 40 (delivered 80 …)"), and it would as well have
+// written the simulator's objects into a real mirror named by mistake. An
+// existing file is now refused (exit 2) and left as it was.
+func TestDemoRefusesAnExistingStore(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "demo.db")
+	args := []string{"demo", "--duration", "1s", "--objects", "50", "--rate", "20", "--store", path}
+	code, stdout, stderr := runBinary(t, dir, nil, args...)
+	if code != 0 || !strings.Contains(stdout, "mirror matches platform: yes") {
+		t.Fatalf("first demo: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr = runBinary(t, dir, nil, args...)
+	if code != exitUsage || !strings.Contains(stderr, "--store "+path+": the file exists") {
+		t.Fatalf("second demo on the same store: exit %d, want 2 naming --store\n%s\n%s", code, stdout, stderr)
+	}
+	after, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before, after) {
+		t.Error("the refused demo changed the existing database")
+	}
+}

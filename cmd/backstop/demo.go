@@ -58,11 +58,20 @@ recording target that the delivery dispatcher sends every queued event to.
 
 It ends with a report and a computed check line, "mirror matches platform:
 yes" or "no", and exits 1 when it is no. The database is a temporary file
-unless --store names one.`,
+unless --store names one, which must not exist yet.`,
 		Args: cobraArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.duration <= 0 || o.objects <= 0 || o.rate <= 0 {
 				return usagef("--duration, --objects and --rate must be positive")
+			}
+			// The report and the check line count what the database
+			// holds, so a database of an earlier run (or a real mirror)
+			// would skew them, and the demo would write the simulator's
+			// objects into it.
+			if o.storePath != "" {
+				if _, err := os.Stat(o.storePath); err == nil {
+					return usagef("--store %s: the file exists; the demo needs a new database (delete it or name another path)", o.storePath)
+				}
 			}
 			if !cmd.Flags().Changed("log-level") {
 				g.logLevel = "warn" // the report is the output; --log-level info shows the steps
@@ -76,7 +85,7 @@ unless --store names one.`,
 	}
 	f := cmd.Flags()
 	f.DurationVar(&o.duration, "duration", 20*time.Second, "how long the simulator makes changes")
-	f.StringVar(&o.storePath, "store", "", "keep the database at this path (default: a temporary file)")
+	f.StringVar(&o.storePath, "store", "", "keep the database at this path, a new file (default: a temporary file)")
 	f.IntVar(&o.objects, "objects", 2000, "objects per resource at the start")
 	f.Float64Var(&o.rate, "rate", 60, "changes per second during the traffic phase")
 	f.Int64Var(&o.seed, "seed", 1, "seed of the simulator's data and losses")
