@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -110,12 +112,12 @@ func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, sync
 		log.Info("governor: sharing the rate-limit budget through Redis",
 			"redis", backstop.RedactURL(cfg.Governor.Redis.Value()), "fallback_share", cfg.Governor.FallbackShare)
 	}
-	db, err := store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: synchronous(cfg)})
+	db, err := openConfiguredStore(ctx, cfg, synchronous(cfg))
 	if err != nil {
 		if rdb != nil {
 			rdb.Close()
 		}
-		return nil, fmt.Errorf("open store: %w", err)
+		return nil, err
 	}
 	window := src.RateLimit.Window.Std()
 	gov := governor.New(src.APIKey.Value(), governor.Options{
@@ -264,11 +266,26 @@ func (m *Main) openStore(ctx context.Context, g *globals) (*store.DB, *config.Co
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err := store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: cfg.Store.Synchronous})
+	db, err := openConfiguredStore(ctx, cfg, cfg.Store.Synchronous)
 	if err != nil {
-		return nil, nil, fmt.Errorf("open store: %w", err)
+		return nil, nil, err
 	}
 	return db, cfg, nil
+}
+
+// openConfiguredStore opens the database of store.path. A directory that
+// is missing (SQLite creates the file, not its directory) is a
+// configuration error naming the file, line and key; the store's own
+// errors name the path.
+func openConfiguredStore(ctx context.Context, cfg *config.Config, synchronous string) (*store.DB, error) {
+	dir := filepath.Dir(cfg.Store.Path)
+	switch fi, err := os.Stat(dir); {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, usageError{cfg.Problem("store.path", "directory %s does not exist: create it, or give a path in an existing directory", dir)}
+	case err == nil && !fi.IsDir():
+		return nil, usageError{cfg.Problem("store.path", "%s is not a directory", dir)}
+	}
+	return store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: synchronous})
 }
 
 // firstError returns the first non-nil error that is not a cancellation, or

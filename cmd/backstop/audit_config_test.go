@@ -193,3 +193,31 @@ func TestDemoRefusesAnExistingStore(t *testing.T) {
 		t.Error("the refused demo changed the existing database")
 	}
 }
+
+// TestStorePathItCannotOpenIsAConfigError: a store.path in a directory
+// that does not exist used to fail with exit 1 and "open store: open store
+// /x/y.db: unable to open database file (14)", naming neither the key nor
+// its line; a path with '?' passed the check and failed the same way.
+// Both are now configuration errors with file, line and key (exit 2), for
+// the commands that call the platform and for those that only read the
+// store.
+func TestStorePathItCannotOpenIsAConfigError(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct{ path, want string }{
+		{filepath.Join(dir, "missing", "b.db"), "directory " + filepath.Join(dir, "missing") + " does not exist"},
+		{"./b?mode=ro.db", "has '?' or '#'"},
+	}
+	for _, c := range cases {
+		cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\nstore:\n  path: \"" + c.path + "\"\n"
+		if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, command := range []string{"sync", "cursors"} {
+			code, _, stderr := runBinaryFor(t, 20*time.Second, dir, nil, command)
+			want := "backstop: ./schedules.yaml:5: store.path: "
+			if code != exitUsage || !strings.Contains(stderr, want) || !strings.Contains(stderr, c.want) {
+				t.Errorf("%s with store.path %s: exit %d, want 2 and %q…%q:\n%s", command, c.path, code, want, c.want, stderr)
+			}
+		}
+	}
+}

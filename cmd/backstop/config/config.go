@@ -258,6 +258,13 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
+// Problem returns an *Error about key, naming the file and line its value
+// was read from (when it was read from a file), for what a command checks
+// after loading: a value it requires, a path it cannot use.
+func (c *Config) Problem(key, format string, args ...any) *Error {
+	return c.errorf(key, format, args...)
+}
+
 // meta records, per key path, the line of its value and the environment
 // variables its value was expanded from.
 type meta struct {

@@ -116,6 +116,8 @@ func (c *Config) validate(p *problems) {
 		p.add(e)
 	} else if path := c.Store.Path; path == ":memory:" || strings.HasPrefix(path, "file:") {
 		p.add(c.errorf("store.path", "%q is not supported: give a file path (the mirror and its cursors must outlive the process)", path))
+	} else if strings.ContainsAny(path, "?#") {
+		p.add(c.errorf("store.path", "%q has '?' or '#', which SQLite would read as URI options: give a plain file path", path))
 	}
 	p.add(c.oneOf("store.synchronous", &c.Store.Synchronous, true, "NORMAL", "FULL"))
 
