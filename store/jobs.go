@@ -161,6 +161,26 @@ func (db *DB) LastJobRun(ctx context.Context, job string) (JobRun, bool, error) 
 	return run, true, nil
 }
 
+// LastJobStart returns when the newest run of job that ran to its end
+// (ok or failed) started; ok=false when none is stored. Skipped runs did
+// not run and interrupted ones did not finish, so neither counts: the
+// scheduler starts an interval job's first run from this time.
+func (db *DB) LastJobStart(ctx context.Context, job string) (time.Time, bool, error) {
+	var started []string
+	if err := db.r.SelectContext(ctx, &started, `SELECT started_at FROM job_runs
+		WHERE job = ? AND (status = 'ok' OR status = 'failed') ORDER BY started_at DESC, id DESC LIMIT 1`, job); err != nil {
+		return time.Time{}, false, fmt.Errorf("last start of job %s: %w", job, err)
+	}
+	if len(started) == 0 {
+		return time.Time{}, false, nil
+	}
+	t, err := backstop.ParseTime(started[0])
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("last start of job %s: %w", job, err)
+	}
+	return t, true, nil
+}
+
 // PruneJobRuns deletes the job runs started before before and returns how
 // many it deleted.
 func (db *DB) PruneJobRuns(ctx context.Context, before time.Time) (int64, error) {

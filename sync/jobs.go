@@ -128,6 +128,18 @@ type JobStore interface {
 	PruneReconcileRuns(ctx context.Context, before time.Time) (int64, error)
 }
 
+// JobHistory is a JobStore that also tells when a job last ran (store.DB
+// is one). With it, a job on an interval (Job.Every) is scheduled from its
+// last run rather than from the scheduler's start: its first run comes an
+// interval after the last one, or at once when that time has passed. A
+// process restarted more often than the interval would otherwise never
+// run the job.
+type JobHistory interface {
+	// LastJobStart returns when the newest run of job that ran to its
+	// end (ok or failed) started; ok=false when none is stored.
+	LastJobStart(ctx context.Context, job string) (start time.Time, ok bool, err error)
+}
+
 // Errors of the scheduler, for errors.Is.
 var (
 	// ErrUnknownJob: no job of that name is configured.
@@ -267,16 +279,48 @@ func (s *Scheduler) add(j Job) error {
 		def = gocron.DurationJob(j.Every)
 	}
 	st := &jobState{job: j}
-	h, err := s.cron.NewJob(def, gocron.NewTask(func(ctx context.Context) { s.scheduled(ctx, st) }),
-		gocron.WithName(j.Name),
-		gocron.WithSingletonMode(gocron.LimitModeReschedule),
-	)
+	jopts := []gocron.JobOption{gocron.WithName(j.Name), gocron.WithSingletonMode(gocron.LimitModeReschedule)}
+	if j.Cron == "" {
+		start, err := s.intervalStart(j)
+		if err != nil {
+			return err
+		}
+		if start != nil {
+			jopts = append(jopts, gocron.WithStartAt(start))
+		}
+	}
+	h, err := s.cron.NewJob(def, gocron.NewTask(func(ctx context.Context) { s.scheduled(ctx, st) }), jopts...)
 	if err != nil {
 		return fmt.Errorf("%w %q: %v", ErrInvalidJob, j.Name, err)
 	}
 	st.handle = h
 	s.state[j.Name] = st
 	return nil
+}
+
+// intervalStart returns when the interval job j runs first, from its last
+// run in the store's history (JobHistory): an interval after the start of
+// that run, or at once when that is due. nil leaves it to gocron (an
+// interval after Start): the store keeps no history, or j never ran.
+func (s *Scheduler) intervalStart(j Job) (gocron.StartAtOption, error) {
+	h, ok := s.opts.Store.(JobHistory)
+	if !ok {
+		return nil, nil
+	}
+	last, ran, err := h.LastJobStart(context.Background(), j.Name)
+	if err != nil {
+		return nil, fmt.Errorf("sync: job %q: %w", j.Name, err)
+	}
+	if !ran {
+		return nil, nil
+	}
+	// gocron refuses a start time in the past; one that is due within a
+	// second is as good as now.
+	next := last.Add(j.Every)
+	if next.Before(time.Now().Add(time.Second)) {
+		return gocron.WithStartImmediately(), nil
+	}
+	return gocron.WithStartDateTime(next), nil
 }
 
 // check validates one job against the ones added before.
@@ -366,8 +410,10 @@ func (s *Scheduler) Skipped(job string) int64 {
 
 // NextRun returns when job runs next. While the scheduler runs this is
 // gocron's schedule; before Start it is computed from after (the next cron
-// time, or after plus Every), with after the last run's start or now. It
-// fails with ErrUnknownJob.
+// time, or after plus Every), with after the last run's start or now. For
+// an interval job whose store keeps history (JobHistory), after is the
+// start of its last run that ran to its end, and an overdue run is due
+// now, as Start schedules it. It fails with ErrUnknownJob.
 func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
 	st, ok := s.state[job]
 	if !ok {
@@ -381,15 +427,26 @@ func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
 			return t, nil
 		}
 	}
+	if st.job.Cron == "" {
+		if h, ok := s.opts.Store.(JobHistory); ok {
+			// As Start will schedule it (intervalStart).
+			last, ran, err := h.LastJobStart(context.Background(), job)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("sync: job %q: %w", job, err)
+			}
+			after = time.Time{}
+			if ran {
+				after = last
+			}
+		}
+		now := s.opts.Now()
+		if after.IsZero() {
+			return now.Add(st.job.Every), nil // gocron runs it an interval after start
+		}
+		return later(after.Add(st.job.Every), now), nil // overdue: it runs at start
+	}
 	if after.IsZero() {
 		after = s.opts.Now()
-	}
-	if st.job.Cron == "" {
-		next := after.Add(st.job.Every)
-		if now := s.opts.Now(); next.Before(now) {
-			next = now.Add(st.job.Every) // overdue: gocron runs it an interval after start
-		}
-		return next, nil
 	}
 	c := gocron.NewDefaultCron(false)
 	if err := c.IsValid(st.job.Cron, s.opts.Location, after); err != nil {
@@ -400,6 +457,14 @@ func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
 		after = now
 	}
 	return c.Next(after), nil
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // RunJob runs job now, whatever its schedule, and returns its stored run.

@@ -2,11 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
 )
 
 // A backfill checkpoint the platform can no longer read names the command
@@ -67,5 +72,81 @@ func TestInvalidCursorHintFitsTheCommand(t *testing.T) {
 	}
 	if !strings.Contains(stderr, "run `backstop cursors reset contacts` to start its feed over") {
 		t.Errorf("run crm-nightly does not say how to start over:\n%s", stderr)
+	}
+}
+
+// A job on an interval is scheduled from its last run, not from serve's
+// start: restarted more often than the interval (a deploy, a reboot), serve
+// would otherwise never run it. One whose last run is more than an interval
+// ago runs as soon as serve starts; `backstop jobs` says when each runs.
+func TestIntervalJobRunsAfterRestartWhenDue(t *testing.T) {
+	addr := freeAddr(t)
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 12, Objects: 20}})
+	base, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(string(base) + `jobs:
+  - {name: overdue, kind: sync, resources: [payments], every: 1h}
+  - {name: recent, kind: maintenance, every: 1h}
+`)
+	ctx := context.Background()
+	now := time.Now()
+	db := e.openStore()
+	for _, run := range []store.JobRun{
+		{Job: "overdue", Kind: "sync", StartedAt: now.Add(-2 * time.Hour), FinishedAt: now.Add(-2 * time.Hour), Status: "ok"},
+		// A run cut short by the last shutdown does not count as run.
+		{Job: "overdue", Kind: "sync", StartedAt: now.Add(-30 * time.Minute), FinishedAt: now.Add(-29 * time.Minute), Status: "interrupted"},
+		{Job: "recent", Kind: "maintenance", StartedAt: now.Add(-10 * time.Minute), FinishedAt: now.Add(-10 * time.Minute), Status: "ok"},
+	} {
+		if _, err := db.SaveJobRun(ctx, run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+
+	code, stdout, stderr := e.run(ctx, "jobs", "--json")
+	if code != exitOK {
+		t.Fatalf("jobs: exit %d\n%s", code, stderr)
+	}
+	var rows []struct {
+		Name    string    `json:"name"`
+		NextRun time.Time `json:"next_run"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil {
+		t.Fatalf("jobs --json: %v\n%s", err, stdout)
+	}
+	for _, r := range rows {
+		switch r.Name {
+		case "overdue":
+			if r.NextRun.After(time.Now().Add(time.Minute)) {
+				t.Errorf("overdue: next run %v, want now", r.NextRun)
+			}
+		case "recent":
+			if want := now.Add(50 * time.Minute); r.NextRun.Sub(want).Abs() > time.Second {
+				t.Errorf("recent: next run %v, want an hour after its last run, %v", r.NextRun, want)
+			}
+		}
+	}
+
+	cmd, lines := e.startBinaryWith(append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret), "serve")
+	timeout := time.After(30 * time.Second)
+	for started := false; !started; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("serve ended before running the overdue job")
+			}
+			if strings.Contains(l, "job started") && strings.Contains(l, "job=recent") {
+				t.Errorf("serve ran the job that ran 10 minutes ago at once: %s", l)
+			}
+			started = strings.Contains(l, "job started") && strings.Contains(l, "job=overdue")
+		case <-timeout:
+			t.Fatal("serve did not run the job due an hour ago within 30s of its start")
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("serve after SIGTERM: %v", err)
 	}
 }
