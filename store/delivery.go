@@ -270,20 +270,45 @@ func scanOutbox(rows *sql.Rows, limit int) ([]OutboxRow, error) {
 }
 
 // Release makes the rows ids, claimed by ClaimDue but not attempted, due
-// again at now instead of when their lease ends (the dispatcher stopped, or
-// their target was disabled, before it sent them). lease is the end of the
-// lease the claim gave them (its now+lease): only rows that still hold it
-// are released, so that a row claimed again since (its lease ran out),
-// retried or attempted is left alone, as are rows no longer queued
-// (pending or retrying). It returns how many rows it released.
-func (db *DB) Release(ctx context.Context, ids []int64, lease, now time.Time) (int64, error) {
+// again at due (due[i] for ids[i]: the NextAttemptAt each had when it was
+// claimed) instead of when their lease ends (the dispatcher stopped, their
+// target was paused or disabled, before it sent them), so that each takes
+// its place in the queue again, ahead of the rows queued since, rather
+// than behind them. A zero due[i] makes the row due at now. lease is the
+// end of the lease the claim gave them (its now+lease): only rows that
+// still hold it are released, so that a row claimed again since (its lease
+// ran out), retried or attempted is left alone, as are rows no longer
+// queued (pending or retrying). It returns how many rows it released.
+func (db *DB) Release(ctx context.Context, ids []int64, due []time.Time, lease, now time.Time) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	res, err := db.w.ExecContext(ctx, `UPDATE OR FAIL outbox SET next_attempt_at = ?
-		WHERE id IN (SELECT value FROM json_each(?)) AND next_attempt_at = ?
-		AND (status = 'pending' OR status = 'retrying')`,
-		backstop.CanonicalTime(now), jsonIDs(ids), backstop.CanonicalTime(lease))
+	if len(due) != len(ids) {
+		return 0, fmt.Errorf("release %d claimed deliveries: %d due times", len(ids), len(due))
+	}
+	// [[id,"due"],…]: one statement, prepared once, whatever the number.
+	b := make([]byte, 0, 2+len(ids)*48)
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		at := due[i]
+		if at.IsZero() {
+			at = now
+		}
+		b = append(b, '[')
+		b = strconv.AppendInt(b, id, 10)
+		b = append(b, ',')
+		b = strconv.AppendQuote(b, backstop.CanonicalTime(at))
+		b = append(b, ']')
+	}
+	b = append(b, ']')
+	res, err := db.w.ExecContext(ctx, `UPDATE OR FAIL outbox SET next_attempt_at = json_extract(r.value, '$[1]')
+		FROM json_each(?) AS r
+		WHERE outbox.id = json_extract(r.value, '$[0]') AND outbox.next_attempt_at = ?
+		AND (outbox.status = 'pending' OR outbox.status = 'retrying')`,
+		string(b), backstop.CanonicalTime(lease))
 	if err != nil {
 		return 0, fmt.Errorf("release %d claimed deliveries: %w", len(ids), err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -693,7 +694,7 @@ func TestRelease(t *testing.T) {
 		t.Fatalf("claim = %v", got)
 	}
 	record(t, db, Attempt{DeliveryID: a, Attempt: 1, StatusCode: 200, At: t0}, Outcome{Status: StatusDelivered})
-	n, err := db.Release(ctx, []int64{a, b, c}, t0.Add(time.Hour), t0.Add(time.Second))
+	n, err := db.Release(ctx, []int64{a, b, c}, make([]time.Time, 3), t0.Add(time.Hour), t0.Add(time.Second))
 	if err != nil || n != 2 {
 		t.Fatalf("Release = %d, %v; want 2 (b and c)", n, err)
 	}
@@ -703,8 +704,35 @@ func TestRelease(t *testing.T) {
 	if r := mustDelivery(t, db, a); r.Status != StatusDelivered {
 		t.Errorf("released a delivered row: %+v", r)
 	}
-	if n, err := db.Release(ctx, nil, t0, t0); err != nil || n != 0 {
+	if n, err := db.Release(ctx, nil, nil, t0, t0); err != nil || n != 0 {
 		t.Errorf("Release(nil) = %d, %v", n, err)
+	}
+}
+
+// TestReleaseKeepsTheirPlace: released rows are due again at the time each
+// was due when claimed, so they are claimed again before the rows queued
+// while they were held, in their own order.
+func TestReleaseKeepsTheirPlace(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	a := enqueue(t, db, "crm", "evt_a", "payment.succeeded", t0)
+	b := enqueue(t, db, "crm", "evt_b", "payment.succeeded", t0.Add(time.Second))
+	claimed, err := db.ClaimDue(ctx, "crm", t0.Add(2*time.Second), 10, time.Hour)
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim = %v, %v", claimed, err)
+	}
+	c := enqueue(t, db, "crm", "evt_c", "payment.succeeded", t0.Add(3*time.Second))
+	lease := t0.Add(2*time.Second + time.Hour)
+	n, err := db.Release(ctx, []int64{claimed[0].ID, claimed[1].ID},
+		[]time.Time{claimed[0].NextAttemptAt, claimed[1].NextAttemptAt}, lease, t0.Add(4*time.Second))
+	if err != nil || n != 2 {
+		t.Fatalf("Release = %d, %v; want 2", n, err)
+	}
+	if got := claimIDs(t, db, "crm", t0.Add(5*time.Second), 10, time.Hour); !slices.Equal(got, []int64{a, b, c}) {
+		t.Errorf("claim after release = %v, want [%d %d %d]", got, a, b, c)
+	}
+	if _, err := db.Release(ctx, []int64{a}, nil, lease, t0); err == nil {
+		t.Error("Release with no due time for its row: no error")
 	}
 }
 
@@ -728,7 +756,7 @@ func TestReleaseLeavesAnotherClaimsRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := []OutboxRow{mustDelivery(t, db, a), mustDelivery(t, db, b)}
-	n, err := db.Release(ctx, []int64{a, b}, first, first.Add(2*time.Second))
+	n, err := db.Release(ctx, []int64{a, b}, make([]time.Time, 2), first, first.Add(2*time.Second))
 	if err != nil || n != 0 {
 		t.Fatalf("Release by the first claim = %d, %v; want 0", n, err)
 	}
@@ -737,7 +765,7 @@ func TestReleaseLeavesAnotherClaimsRows(t *testing.T) {
 		t.Errorf("rows changed by a stale release:\n%+v\nwas\n%+v", after, before)
 	}
 	// The second claim still releases its own.
-	if n, err := db.Release(ctx, []int64{a}, first.Add(time.Minute), first.Add(3*time.Second)); err != nil || n != 1 {
+	if n, err := db.Release(ctx, []int64{a}, make([]time.Time, 1), first.Add(time.Minute), first.Add(3*time.Second)); err != nil || n != 1 {
 		t.Errorf("Release by the second claim = %d, %v; want 1", n, err)
 	}
 }
@@ -766,7 +794,7 @@ func TestLateOutcomeUnderALostLease(t *testing.T) {
 	if err := db.RetryDelivery(ctx, retried, lease.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Release(ctx, []int64{released}, lease, lease.Add(time.Second)); err != nil {
+	if _, err := db.Release(ctx, []int64{released}, make([]time.Time, 1), lease, lease.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	for _, batch := range []bool{false, true} {

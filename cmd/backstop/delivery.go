@@ -21,7 +21,7 @@ var _ delivery.Queue = deliveryQueue{}
 type deliveryStore interface {
 	ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]store.OutboxRow, error)
 	RecordAttempts(ctx context.Context, items []store.AttemptOutcome) ([]int64, error)
-	Release(ctx context.Context, ids []int64, lease, now time.Time) (int64, error)
+	Release(ctx context.Context, ids []int64, due []time.Time, lease, now time.Time) (int64, error)
 	PauseTarget(ctx context.Context, name string, until time.Time) error
 	DisableTarget(ctx context.Context, name, reason string, now time.Time) error
 	TargetQueue(ctx context.Context, name string, counts bool) (store.TargetState, error)
@@ -44,8 +44,12 @@ func (q deliveryQueue) RecordAttempts(ctx context.Context, items []delivery.Atte
 	return q.db.RecordAttempts(ctx, in)
 }
 
-func (q deliveryQueue) Release(ctx context.Context, ids []int64, lease, now time.Time) error {
-	_, err := q.db.Release(ctx, ids, lease, now)
+func (q deliveryQueue) Release(ctx context.Context, rows []delivery.Row, lease, now time.Time) error {
+	ids, due := make([]int64, len(rows)), make([]time.Time, len(rows))
+	for i, r := range rows {
+		ids[i], due[i] = r.ID, r.NextAttemptAt
+	}
+	_, err := q.db.Release(ctx, ids, due, lease, now)
 	return err
 }
 

@@ -545,20 +545,18 @@ func (d *Dispatcher) claimLimit(w *worker) int {
 	return int(min(max(n, 1), time.Duration(d.batch)))
 }
 
-// release makes c's rows, claimed but not sent, due again now rather than
-// when their lease ends; rows c no longer holds are left alone.
+// release makes c's rows, claimed but not sent, due again at the time each
+// was due when claimed rather than when their lease ends, so that they keep
+// their place in the queue (a row a 429 answered goes before the rows
+// queued during its pause); rows c no longer holds are left alone.
 func (d *Dispatcher) release(ctx context.Context, w *worker, c claim) {
 	if len(c.rows) == 0 {
 		return
 	}
-	ids := make([]int64, len(c.rows))
-	for i, r := range c.rows {
-		ids[i] = r.ID
-	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	if err := d.q.Release(rctx, ids, c.lease, d.now()); err != nil {
-		w.logger.Error("release claimed deliveries", "count", len(ids), "err", err)
+	if err := d.q.Release(rctx, c.rows, c.lease, d.now()); err != nil {
+		w.logger.Error("release claimed deliveries", "count", len(c.rows), "err", err)
 	}
 }
 

@@ -33,12 +33,14 @@ type Queue interface {
 	// status and error from the attempt. A redirect attempt leaves the row
 	// unchanged, as does an outcome whose Lease the row no longer holds.
 	RecordAttempts(ctx context.Context, items []AttemptRecord) ([]int64, error)
-	// Release makes the rows ids, claimed but not attempted, due again at
-	// now instead of when their lease ends. lease is the end of the lease
-	// their claim gave them (its now+lease): rows that no longer hold it
-	// (claimed again, retried, attempted) are left alone, as are rows no
-	// longer pending or retrying.
-	Release(ctx context.Context, ids []int64, lease, now time.Time) error
+	// Release makes rows, claimed but not attempted, due again at the
+	// NextAttemptAt each had when it was claimed (now when that is zero)
+	// instead of when their lease ends, so that they keep their place in
+	// the queue ahead of the rows queued since. lease is the end of the
+	// lease their claim gave them (its now+lease): rows that no longer
+	// hold it (claimed again, retried, attempted) are left alone, as are
+	// rows no longer pending or retrying.
+	Release(ctx context.Context, rows []Row, lease, now time.Time) error
 	// PauseTarget keeps the target's rows from being attempted before until.
 	PauseTarget(ctx context.Context, name string, until time.Time) error
 	// DisableTarget stops all deliveries to the target until it is

@@ -89,9 +89,13 @@ func (q *storeQueue) recordAttempt(t testing.TB, a Attempt, o Outcome) {
 	}
 }
 
-func (q *storeQueue) Release(ctx context.Context, ids []int64, lease, now time.Time) error {
+func (q *storeQueue) Release(ctx context.Context, rows []Row, lease, now time.Time) error {
 	defer q.notify()
-	_, err := q.db.Release(ctx, ids, lease, now)
+	ids, due := make([]int64, len(rows)), make([]time.Time, len(rows))
+	for i, r := range rows {
+		ids[i], due[i] = r.ID, r.NextAttemptAt
+	}
+	_, err := q.db.Release(ctx, ids, due, lease, now)
 	return err
 }
 
