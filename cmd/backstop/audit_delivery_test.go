@@ -1,16 +1,22 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	stdsync "sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
 )
 
 // writeOrderConfig writes a configuration whose one target, recorder, has
@@ -93,5 +99,83 @@ func TestA429dRowIsSentBeforeTheRowsQueuedDuringItsPause(t *testing.T) {
 	want := []string{"evt_order_1", "evt_order_1", "evt_order_2", "evt_order_3"}
 	if !slices.Equal(got, want) {
 		t.Errorf("the target got %v, want %v: the row answered 429 lost its place", got, want)
+	}
+}
+
+// The dashboard says when a queued delivery is really attempted, as
+// deliveries list does: not its own (past) time while its target is paused
+// for longer, disabled after a 410, or gone from the configuration.
+func TestDashboardSaysWhenAQueuedRowIsSent(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeServeConfig(addr, `targets:
+  - {name: paused, url: "http://127.0.0.1:9/hook", allow_private: true}
+  - {name: off, url: "http://127.0.0.1:9/hook", allow_private: true}
+dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	ctx := context.Background()
+	db := e.openStore()
+	now := time.Now()
+	ids := map[string]int64{}
+	for _, target := range []string{"paused", "off", "gone"} {
+		id, err := db.Enqueue(ctx, target, "evt_"+target, "proxy", []byte(`{"n":1}`), now.Add(-time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[target] = id
+	}
+	until := now.Add(time.Hour).UTC().Truncate(time.Second)
+	if err := db.PauseTarget(ctx, "paused", until); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.DisableTarget(ctx, "off", "HTTP 410 Gone from the test", now); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DASHBOARD_TOKEN="+uiToken)
+	proc, lines := e.startBinaryEnv(env, "serve")
+	waitLines(t, lines, "serving", 1, stepTimeout)
+	defer func() {
+		proc.cmd.Process.Signal(syscall.SIGTERM)
+		proc.cmd.Wait()
+	}()
+	b := newBrowser(t, "http://"+addr)
+	b.open(fmt.Sprintf("/ui/deliveries/%d", ids["paused"]))
+	b.waitLocation("/ui/login")
+	b.do("sign in", chromedp.SendKeys(chromedp.CSS("#token"), uiToken), chromedp.Click(chromedp.CSS("#sign-in")))
+	b.waitLocation(fmt.Sprintf("/ui/deliveries/%d", ids["paused"]))
+
+	want := map[string]string{
+		"paused": until.Format("2006-01-02 15:04:05") + " UTC",
+		"off":    "when its target is enabled",
+		"gone":   "never",
+	}
+	// What a row says after "Next attempt", shown or folded.
+	nextOf := func(id int64) string {
+		return get(b, "read the next attempt", chromedp.Evaluate[string](fmt.Sprintf(`(() => {
+			const dt = [...document.querySelectorAll("#delivery-%d dt")].find(e => e.textContent.trim() === "Next attempt");
+			return dt ? dt.nextElementSibling.textContent : "";
+		})()`, id)))
+	}
+	for _, target := range []string{"paused", "off", "gone"} {
+		b.open(fmt.Sprintf("/ui/deliveries/%d", ids[target]))
+		got := nextOf(ids[target])
+		if !strings.Contains(got, want[target]) || strings.Contains(got, "ago") {
+			t.Errorf("delivery of %s: next attempt %q, want it to say %q", target, got, want[target])
+		}
+	}
+	b.open("/ui/deliveries?target=paused")
+	if got := nextOf(ids["paused"]); !strings.Contains(got, want["paused"]) {
+		t.Errorf("the log gives the paused target's row the next attempt %q, want %q", got, want["paused"])
+	}
+	if s, err := store.Open(ctx, e.db, store.Options{}); err == nil {
+		defer s.Close()
+		for target, id := range ids {
+			if r, ok, err := s.Delivery(ctx, id); err != nil || !ok || r.Status != "pending" || r.Attempts != 0 {
+				t.Errorf("delivery of %s: %+v, %v, %v; want it pending, never attempted", target, r, ok, err)
+			}
+		}
 	}
 }

@@ -23,6 +23,13 @@ type deliveryView struct {
 	// Version is the UpdatedAt the page was drawn with; Retry acts only
 	// while the delivery still has it.
 	Version string
+	// NextAt is when a queued delivery is really attempted next: its own
+	// NextAttemptAt, or the end of its target's pause when that is later.
+	// It is zero when the delivery is not attempted at all for now (its
+	// target is disabled or not in the configuration); NextNote then says
+	// why, and otherwise whether the time is the target's pause.
+	NextAt   time.Time
+	NextNote string
 }
 
 type deliveriesData struct {
@@ -109,7 +116,7 @@ func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status 
 		}
 	}
 	for _, row := range rows {
-		v, err := d.view(r, row)
+		v, err := d.view(r, row, data.Targets)
 		if err != nil {
 			d.backendError(w, r, err)
 			return
@@ -125,13 +132,38 @@ func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status 
 	d.render(w, r, http.StatusOK, "deliveries", page{Title: title, Nav: nav, Data: data})
 }
 
-// view reads the attempts of row.
-func (d *Dashboard) view(r *http.Request, row delivery.Row) (deliveryView, error) {
+// view reads the attempts of row and says, from the state of its target
+// (one of targets), when it is attempted next.
+func (d *Dashboard) view(r *http.Request, row delivery.Row, targets []Target) (deliveryView, error) {
 	as, err := d.opts.Backend.Attempts(r.Context(), row.ID)
 	if err != nil {
 		return deliveryView{}, err
 	}
-	return deliveryView{Row: row, Attempts: as, Version: backstop.CanonicalTime(row.UpdatedAt)}, nil
+	v := deliveryView{Row: row, Attempts: as, Version: backstop.CanonicalTime(row.UpdatedAt)}
+	v.NextAt, v.NextNote = nextAttempt(row, targets, d.now())
+	return v, nil
+}
+
+// nextAttempt says when the queued delivery row is attempted next, as
+// deliveries list does: its own time, the end of its target's pause when
+// that is later (a row answered 429 is held under its claim until the
+// pause ends, its own time the claim's end), or not at all (zero, and why)
+// while its target is disabled or not in the configuration.
+func nextAttempt(row delivery.Row, targets []Target, now time.Time) (time.Time, string) {
+	if row.Status != delivery.StatusPending && row.Status != delivery.StatusRetrying {
+		return time.Time{}, ""
+	}
+	i := slices.IndexFunc(targets, func(t Target) bool { return t.Name == row.Target })
+	switch {
+	case i < 0 || targets[i].Unconfigured:
+		return time.Time{}, "never: its target is not in the configuration"
+	case targets[i].Disabled:
+		return time.Time{}, "when its target is enabled (backstop deliveries targets enable " + row.Target + ")"
+	}
+	if until := targets[i].PausedUntil; until.After(now) && (until.After(row.NextAttemptAt) || row.LastStatus == http.StatusTooManyRequests) {
+		return until, "target paused"
+	}
+	return row.NextAttemptAt, ""
 }
 
 // pageURL is u with its page parameter set to n.
@@ -147,7 +179,12 @@ func (d *Dashboard) deliveryPage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	v, err := d.view(r, row)
+	targets, err := d.opts.Backend.Targets(r.Context())
+	if err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	v, err := d.view(r, row, targets)
 	if err != nil {
 		d.backendError(w, r, err)
 		return
