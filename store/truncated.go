@@ -74,7 +74,10 @@ func (db *DB) DueTruncated(ctx context.Context, now time.Time, limit int) ([]bac
 // kept with no dedup key and DuplicateOf naming the other event, and neither
 // the mirror nor the outbox changes. Otherwise it is accepted as Emit would
 // accept it: the mirror is written when obj is newer, and one outbox row is
-// queued per matching route, whose envelope carries obj's data.
+// queued per matching route, whose envelope carries obj's data. For chats
+// and payments, whose event types name the object's status, the rows carry
+// the type of obj's status (see stateEventType); processed_events keeps the
+// type the event arrived with.
 //
 // An event completed already is reported as an EmitDuplicate with no change.
 // It fails with an error wrapping backstop.ErrNotFound when no event has that
@@ -129,6 +132,9 @@ func (db *DB) completeTruncated(ctx context.Context, eventID string, obj backsto
 		return res, err
 	}
 	ev.UpdatedAt, ev.Data, ev.Truncated = obj.UpdatedAt, obj.Data, false
+	if typ := stateEventType(obj.Resource, obj.Data); typ != "" {
+		ev.Type = typ
+	}
 	key := ev.DedupKey()
 
 	var holder string
@@ -164,6 +170,26 @@ func (db *DB) completeTruncated(ctx context.Context, eventID string, obj backsto
 		return backstop.EmitResult{}, fmt.Errorf("commit: %w", err)
 	}
 	return res, nil
+}
+
+// stateEventType returns the event type that r's object data announces by
+// its state alone (chat.<status>, payment.<status>), or "" for a resource
+// whose events say more than the state (contact.created or .updated).
+//
+// A truncated event is completed with the object as fetched, which may be
+// a later state than the one the event announced: a chat closed since it
+// was opened, a payment succeeded since it was pending. That version's own
+// webhook is then a duplicate of the completed event, so the completed
+// event is queued under the type of the state it carries; otherwise a
+// target subscribed to that state (payment.succeeded) would never hear of
+// it, and one subscribed to the announced state would get data saying
+// otherwise.
+func stateEventType(r backstop.Resource, data json.RawMessage) string {
+	typ := backstop.EventTypeFor(r, data, true)
+	if typ == "" || typ != backstop.EventTypeFor(r, data, false) {
+		return ""
+	}
+	return typ
 }
 
 // FailTruncated records a failed fetch of the truncated event eventID: one

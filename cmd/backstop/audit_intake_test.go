@@ -4,6 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,5 +101,71 @@ func TestReconcileDefaultWindowIsNotNarrowedByASinceRun(t *testing.T) {
 	// The gap is closed: the run after that starts from the last one.
 	if again := e.auditReconcileJSON("payments"); again.Missing+again.Behind != 0 {
 		t.Errorf("reconcile after that: %+v, want nothing to do", again)
+	}
+}
+
+// A chat's webhook comes truncated (its object was too large) as
+// chat.opened, but by the time serve fetches the chat it is closed, and the
+// platform's chat.closed webhook for that version follows. The completed
+// event holds that version, so the chat.closed webhook is a duplicate: the
+// completed event must reach a target subscribed to chat.closed. It used
+// to be queued as chat.opened with the closed chat's data, and the target
+// never heard that the chat was closed.
+func TestTruncatedEventCompletedWithALaterStateReachesThatStatesTargets(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 12, Objects: 40}})
+	rec := newRecorder()
+	target := httptest.NewServer(rec)
+	defer target.Close()
+	e.writeServeConfig(addr, fmt.Sprintf(`targets:
+  - {name: closures, url: %q, events: ["chat.closed"], allow_private: true, retry_schedule: [100ms]}
+`, target.URL))
+	var chat backstop.Object
+	for _, o := range e.sim.Objects(backstop.Chats) {
+		if backstop.EventTypeFor(backstop.Chats, o.Data, false) == "chat.opened" {
+			chat = o
+			break
+		}
+	}
+	if chat.ID == "" {
+		t.Fatal("no opened chat in the sim")
+	}
+	closed, ok := e.sim.Update(backstop.Chats, chat.ID)
+	if !ok || backstop.EventTypeFor(backstop.Chats, closed.Data, false) != "chat.closed" {
+		t.Fatalf("update of %s: %s", chat.ID, closed.Data)
+	}
+	serveInProcess(t, e, addr)
+	url := "http://" + addr + "/webhooks/botix"
+	at := time.Now().UTC().Format(time.RFC3339Nano)
+	opened := fmt.Appendf(nil, `{"event_id":"evt_opened","event":"chat.opened","created_at":%q,"truncated":true,"data":{"id":%q}}`, at, chat.ID)
+	if code, answer := postSigned(t, url, webhookSecret, opened); code != http.StatusOK {
+		t.Fatalf("truncated chat.opened: %d %s", code, answer)
+	}
+	db := e.openStore()
+	defer db.Close()
+	waitFor(t, 30*time.Second, func() bool {
+		pe, ok, err := db.ProcessedEvent(context.Background(), "evt_opened")
+		return err == nil && ok && !pe.Truncated
+	})
+	closing := fmt.Appendf(nil, `{"event_id":"evt_closed","event":"chat.closed","created_at":%q,"data":%s}`, at, closed.Data)
+	if code, answer := postSigned(t, url, webhookSecret, closing); code != http.StatusOK || !strings.Contains(string(answer), "duplicate") {
+		t.Fatalf("chat.closed for the version already completed: %d %s, want 200 duplicate", code, answer)
+	}
+	rows, err := db.OutboxRows(context.Background(), "closures")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].EventID != "evt_opened" || rows[0].EventType != "chat.closed" {
+		t.Fatalf("closures' queue: %+v, want evt_opened as chat.closed", rows)
+	}
+	waitFor(t, 30*time.Second, func() bool { n, _ := rec.counts(); return n > 0 })
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	var env struct {
+		Event string          `json:"event"`
+		Data  json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal([]byte(rec.bodies["evt_opened"]), &env); err != nil || env.Event != "chat.closed" || string(env.Data) != string(closed.Data) {
+		t.Errorf("closures got %v (%v), want evt_opened as chat.closed with the closed chat", rec.bodies, err)
 	}
 }
