@@ -265,6 +265,14 @@ func (c *Config) Problem(key, format string, args ...any) *Error {
 	return c.errorf(key, format, args...)
 }
 
+// Missing returns an *Error saying that key, which a command requires, is
+// empty ("is required", or "is empty: set VAR" when its value came from
+// unset variables), followed by why the command needs it; with the file
+// and line of the key when it was read from a file.
+func (c *Config) Missing(key, why string) *Error {
+	return c.errorf(key, "%s: %s", c.emptyMsg(key), why)
+}
+
 // meta records, per key path, the line of its value and the environment
 // variables its value was expanded from.
 type meta struct {

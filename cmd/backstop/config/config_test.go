@@ -859,3 +859,27 @@ func TestIntakePathsServeCanRoute(t *testing.T) {
 		}
 	}
 }
+
+// TestMissingNamesLineAndVariables: a key a command requires (serve's
+// intake.secret) is reported with the file, the line and the variable to
+// set, not only the file.
+func TestMissingNamesLineAndVariables(t *testing.T) {
+	cfg, err := Parse("schedules.yaml", []byte(base+"intake:\n  secret: ${BOTIX_WEBHOOK_SECRET}\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := cfg.Missing("intake.secret", "serve needs the webhook signing secret").Error()
+	want := "schedules.yaml:5: intake.secret is empty: set BOTIX_WEBHOOK_SECRET: serve needs the webhook signing secret"
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	cfg, err = Parse("schedules.yaml", []byte(base), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = cfg.Missing("intake.secret", "serve needs the webhook signing secret").Error()
+	want = "schedules.yaml: intake.secret is required: serve needs the webhook signing secret"
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
