@@ -169,3 +169,30 @@ func TestTruncatedEventCompletedWithALaterStateReachesThatStatesTargets(t *testi
 		t.Errorf("closures got %v (%v), want evt_opened as chat.closed with the closed chat", rec.bodies, err)
 	}
 }
+
+// A --full reconcile that fails before the end of the feed never counted
+// its orphans: its report says so with "-" rather than a count of 0, which
+// read as "no orphans".
+func TestFailedFullReconcileShowsNoOrphanCount(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 13, Objects: 60}, pageSize: 20,
+		wrap: func(h http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Query().Get("cursor") != "" {
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(http.StatusUnauthorized)
+					w.Write([]byte(`{"error":{"code":"unauthorized","message":"key revoked"}}`))
+					return
+				}
+				h.ServeHTTP(w, r)
+			})
+		}})
+	code, stdout, stderr := e.run(context.Background(), "reconcile", "payments", "--full")
+	if code != exitFailure {
+		t.Fatalf("reconcile --full with the key refused on page 2: exit %d, want %d\n%s\n%s", code, exitFailure, stdout, stderr)
+	}
+	fields := strings.Fields(strings.Split(strings.TrimSpace(stdout), "\n")[1])
+	// RESOURCE SINCE SCANNED MISSING BEHIND RE-EMITTED SUPPRESSED ORPHANS ...
+	if len(fields) < 8 || fields[0] != "payments" || fields[7] != "-" || fields[len(fields)-1] != "failed" {
+		t.Errorf("report line %q: want the orphans column \"-\" and the result failed\n%s", fields, stdout)
+	}
+}

@@ -36,7 +36,10 @@ twice between runs, only its current version is re-emitted.
 The window is --since (a duration such as 2h, or an RFC 3339 time), or --full
 for the whole feed (which also counts orphans: mirror objects the platform no
 longer returns), or by default the start of the last successful reconcile of
-that resource minus 10m, or the last 24h on a first run.
+that resource minus 10m, or the last 24h on a first run. A run whose --since
+began after the previous run's start (or in the future) left time unread, so
+it does not move the default window: the next default run starts before the
+gap.
 
 On a terminal it draws a progress bar per resource; otherwise it logs a
 progress line per resource every 5 seconds and a line when each ends.`,
@@ -146,8 +149,10 @@ func printReconcile(w io.Writer, reports []backstop.ReconcileReport, asJSON bool
 		if !r.Since.IsZero() {
 			since = r.Since.UTC().Format(time.RFC3339)
 		}
+		// Orphans are counted at the end of a full run: a run that did not
+		// get there has no count, not a count of 0.
 		orphans := "-"
-		if r.Full {
+		if r.Full && r.Err == nil {
 			orphans = fmt.Sprint(r.Orphans)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t\n", r.Resource, since, r.Scanned, r.Missing,
