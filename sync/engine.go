@@ -114,6 +114,11 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 	case ok && cur.Done && !restart:
 		e.logger().Info("backfill already finished; --restart reads everything again", "resource", r,
 			"finished_at", cur.UpdatedAt, "position", cur.Position)
+		// A run killed between its last page and the hand-off left the
+		// sync cursor behind: hand it over now, as that run would have.
+		if err := e.handOff(ctx, cur); err != nil {
+			return backstop.RunStats{Resource: r, Err: err}, err
+		}
 		return backstop.RunStats{Resource: r, AlreadyDone: true}, nil
 	case !ok || restart:
 		if ok {
@@ -134,6 +139,13 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 	if err != nil {
 		return st, err
 	}
+	return st, e.handOff(ctx, last)
+}
+
+// handOff saves the position of last, a finished backfill's checkpoint, as
+// the sync cursor of its resource when that is behind or unset, so the
+// next sync continues from there.
+func (e *Engine) handOff(ctx context.Context, last backstop.Cursor) error {
 	handoff := last
 	handoff.Kind = backstop.CursorSync
 	handoff.Done = false
@@ -141,12 +153,12 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 	// abandoned because the user pressed Ctrl-C just now.
 	moved, err := e.Mirror.AdvanceCursor(context.WithoutCancel(ctx), handoff)
 	if err != nil {
-		return st, fmt.Errorf("backfill %s: hand position to sync cursor: %w", r, err)
+		return fmt.Errorf("backfill %s: hand position to sync cursor: %w", last.Resource, err)
 	}
 	if moved {
-		e.logger().Info("sync cursor moved to the end of the backfill", "resource", r, "position", last.Position)
+		e.logger().Info("sync cursor moved to the end of the backfill", "resource", last.Resource, "position", last.Position)
 	}
-	return st, nil
+	return nil
 }
 
 // CursorResetter is a Mirror that can delete one saved cursor of a

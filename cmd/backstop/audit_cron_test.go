@@ -150,3 +150,39 @@ func TestIntervalJobRunsAfterRestartWhenDue(t *testing.T) {
 		t.Errorf("serve after SIGTERM: %v", err)
 	}
 }
+
+// A backfill killed after its last page but before it handed its position
+// to the sync cursor hands it over when run again, although it reads
+// nothing: the next sync continues from the end of the backfill instead of
+// reading the whole feed again.
+func TestFinishedBackfillHandsOffWhenRunAgain(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 13, Objects: 100}, pageSize: 20})
+	ctx := context.Background()
+	if code, _, stderr := e.run(ctx, "backfill", "payments"); code != exitOK {
+		t.Fatalf("backfill: exit %d\n%s", code, stderr)
+	}
+	// The state such a kill leaves: the checkpoint is done, the sync
+	// cursor was never saved.
+	db := e.openStore()
+	err := db.ResetCursor(ctx, backstop.Payments, backstop.CursorSync)
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := e.run(ctx, "backfill", "payments", "--json")
+	if code != exitOK {
+		t.Fatalf("backfill again: exit %d\n%s", code, stderr)
+	}
+	if s := parseSummary(t, stdout); s.Resources[0].Result != "already_done" || s.Resources[0].Requests != 0 {
+		t.Fatalf("backfill again read the feed: %+v", s.Resources[0])
+	}
+	code, stdout, stderr = e.run(ctx, "sync", "payments", "--json")
+	if code != exitOK {
+		t.Fatalf("sync: exit %d\n%s", code, stderr)
+	}
+	if s := parseSummary(t, stdout); s.Resources[0].Pages != 1 || s.Resources[0].Objects != 0 {
+		t.Errorf("sync after the finished backfill read %d pages, %d objects; want 1 empty page",
+			s.Resources[0].Pages, s.Resources[0].Objects)
+	}
+	e.assertMirrorEqualsSim(backstop.Payments)
+}
