@@ -32,6 +32,11 @@ func (c *Client) statusError(e backstop.APIError, status int, body []byte) *back
 		e.Err = backstop.ErrInvalidCursor
 	case status == http.StatusNotFound:
 		e.Err = backstop.ErrNotFound
+		if e.ID == "" {
+			// A resource's feed always exists: the address is wrong, most
+			// often a base URL that already ends in /public/v1.
+			e.Message = joinMessage(e.Message, "check source.base_url: the API's address, without /public/v1")
+		}
 	case status == http.StatusTooManyRequests:
 		e.Err = backstop.ErrRateLimited
 	case status >= 500:

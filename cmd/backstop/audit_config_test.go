@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/backstop-sync/backstop/sources/sim"
 )
 
 // runBinary runs the real binary in dir with args and extra environment
@@ -219,5 +221,18 @@ func TestStorePathItCannotOpenIsAConfigError(t *testing.T) {
 				t.Errorf("%s with store.path %s: exit %d, want 2 and %q…%q:\n%s", command, c.path, code, want, c.want, stderr)
 			}
 		}
+	}
+}
+
+// TestFeedNotFoundPointsAtBaseURL: a source.base_url that already ends in
+// /public/v1 (or has any wrong path) made sync fail with only "not found
+// (HTTP 404 not_found): no such endpoint: /public/v1/public/v1/contacts";
+// it now says which key to check.
+func TestFeedNotFoundPointsAtBaseURL(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
+	e.writeConfig("source:\n  base_url: " + e.srv.URL + "/public/v1\n  api_key: ${BOTIX_API_KEY}\nstore:\n  path: " + e.db + "\n")
+	code, _, stderr := e.run(context.Background(), "sync", "contacts")
+	if code != exitFailure || !strings.Contains(stderr, "check source.base_url") {
+		t.Errorf("exit %d, want 1 with a hint to check source.base_url:\n%s", code, stderr)
 	}
 }
