@@ -5,17 +5,23 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	_ "modernc.org/sqlite"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sinks/intake"
 	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
 )
 
 // auditReconcileJSON runs `reconcile ARGS --json` and returns its one report.
@@ -194,5 +200,47 @@ func TestFailedFullReconcileShowsNoOrphanCount(t *testing.T) {
 	// RESOURCE SINCE SCANNED MISSING BEHIND RE-EMITTED SUPPRESSED ORPHANS ...
 	if len(fields) < 8 || fields[0] != "payments" || fields[7] != "-" || fields[len(fields)-1] != "failed" {
 		t.Errorf("report line %q: want the orphans column \"-\" and the result failed\n%s", fields, stdout)
+	}
+}
+
+// A webhook whose data.updated_at is the zero time (0001-01-01T00:00:00Z)
+// is malformed: 400, nothing stored. The emit path took it for an event
+// without a version and failed the commit, so it was answered 503 "retry
+// later" (the platform retried it for a day), counted as a commit error
+// and logged as one, and it failed the group commit of every webhook
+// batched with it.
+func TestWebhookWithZeroUpdatedAtIsMalformedNotAStoreError(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	db, err := store.Open(ctx, filepath.Join(t.TempDir(), "z.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	const secret = "zero-secret"
+	verifier, err := intake.NewVerifier(intake.SchemeBotix, intake.SchemeOptions{Secrets: []string{secret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	stack := startIntake(ctx, db, nil, verifier, intakeOptions{}, slog.New(slog.DiscardHandler), reg)
+	defer stack.stop(context.Background())
+	srv := httptest.NewServer(stack.handler)
+	defer srv.Close()
+
+	body := []byte(`{"event_id":"evt_zero","event":"payment.succeeded","data":{"id":"pay_zero","updated_at":"0001-01-01T00:00:00Z","status":"succeeded"}}`)
+	code, answer := postSigned(t, srv.URL, secret, body)
+	var got struct {
+		Error struct{ Code, Message string }
+	}
+	if err := json.Unmarshal(answer, &got); err != nil || code != http.StatusBadRequest || got.Error.Code != "malformed_event" ||
+		!strings.Contains(got.Error.Message, "updated_at") {
+		t.Errorf("zero updated_at: %d %s, want 400 malformed_event naming updated_at", code, answer)
+	}
+	if n, err := db.CountProcessed(ctx); err != nil || n != 0 {
+		t.Errorf("%d events stored (err %v), want none", n, err)
+	}
+	if errs := testutil.ToFloat64(stack.metrics.CommitErrors); errs != 0 {
+		t.Errorf("backstop_emit_commit_errors_total = %v, want 0: the store is fine", errs)
 	}
 }

@@ -38,9 +38,9 @@ func malformed(format string, args ...any) error {
 //   - Resource comes from the type; an unknown type gives Resource "" and is
 //     still a valid event (unknown types are stored and acknowledged);
 //   - for a known resource, ObjectID is data.id and UpdatedAt is
-//     data.updated_at, both required, except that a truncated event
-//     (truncated: true) needs no updated_at and keeps UpdatedAt zero until
-//     its object is fetched;
+//     data.updated_at (not the zero time), both required, except that a
+//     truncated event (truncated: true) needs no updated_at and keeps
+//     UpdatedAt zero until its object is fetched;
 //   - Data holds the bytes of the data object exactly as received, or is nil
 //     when data is absent (allowed only for unknown types).
 //
@@ -115,6 +115,11 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 			return backstop.Event{}, err
 		}
 		if !ev.Truncated {
+			if t.IsZero() {
+				// The emit path takes a zero updated_at for none: the
+				// event would fail every commit, answered 503 for ever.
+				return backstop.Event{}, malformed("data.updated_at is 0001-01-01T00:00:00Z, the zero time, which names no version")
+			}
 			ev.UpdatedAt = t
 		}
 	case !ev.Truncated:
