@@ -236,3 +236,62 @@ func TestFeedNotFoundPointsAtBaseURL(t *testing.T) {
 		t.Errorf("exit %d, want 1 with a hint to check source.base_url:\n%s", code, stderr)
 	}
 }
+
+// TestServeWarnsOfTargetValuesMissingAVariable: a target header such as
+// "Authorization: Bearer ${CRM_TOKEN}", or a url ending in ${SLACK_PATH},
+// with its variable unset used to start serve without a word, and every
+// delivery then went out without the credential (a 401, dead-lettered at
+// once) or to the wrong address. serve now warns of each at start, naming
+// the file, line, key and variable, as it does for an unsigned target.
+func TestServeWarnsOfTargetValuesMissingAVariable(t *testing.T) {
+	dir := t.TempDir()
+	cfg := `source:
+  base_url: http://127.0.0.1:1
+  api_key: k
+store:
+  path: ./b.db
+intake:
+  listen: 127.0.0.1:0
+  secret: s
+targets:
+  - name: crm
+    url: https://hooks.example.com/services/${AUDIT_SLACK_PATH}
+    headers:
+      Authorization: "Bearer ${AUDIT_CRM_TOKEN}"
+      X-Static: plain
+`
+	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binPath, "serve")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "BACKSTOP_CONFIG=", "AUDIT_SLACK_PATH=", "AUDIT_CRM_TOKEN=")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var warnings []string
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() && !strings.Contains(sc.Text(), "msg=serving") {
+		if strings.Contains(sc.Text(), "level=WARN") {
+			warnings = append(warnings, sc.Text())
+		}
+	}
+	want := []string{
+		"targets[0].url uses AUDIT_SLACK_PATH, unset or empty",
+		"targets[0].headers.Authorization uses AUDIT_CRM_TOKEN, unset or empty",
+	}
+	all := strings.Join(warnings, "\n")
+	for _, w := range want {
+		if !strings.Contains(all, w) {
+			t.Errorf("serve did not warn %q; its warnings:\n%s", w, all)
+		}
+	}
+	if strings.Contains(all, "X-Static") {
+		t.Errorf("serve warned of a header without variables:\n%s", all)
+	}
+}

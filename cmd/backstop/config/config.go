@@ -279,6 +279,8 @@ type meta struct {
 	file  string
 	lines map[string]int
 	vars  map[string][]string
+	// unset are, per key, the variables of vars that were unset or empty.
+	unset map[string][]string
 }
 
 // line returns the line of key, or of its nearest ancestor that has one.
@@ -334,7 +336,7 @@ func parse(file string, data []byte, lookupEnv func(string) (string, bool), loca
 	}
 	cfg := Default()
 	cfg.local = local
-	cfg.meta = &meta{file: file, lines: map[string]int{}, vars: map[string][]string{}}
+	cfg.meta = &meta{file: file, lines: map[string]int{}, vars: map[string][]string{}, unset: map[string][]string{}}
 
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node

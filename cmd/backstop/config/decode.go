@@ -195,6 +195,11 @@ func (d *decoder) scalar(n *yaml.Node, t reflect.Type, key, want string) (string
 	}
 	if len(vars) > 0 {
 		d.meta.vars[key] = vars
+		for _, name := range vars {
+			if v, _ := d.lookupEnv(name); v == "" {
+				d.meta.unset[key] = append(d.meta.unset[key], name)
+			}
+		}
 	}
 	return s, nil
 }

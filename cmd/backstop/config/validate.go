@@ -167,6 +167,9 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 	k := fmt.Sprintf("targets[%d]", i)
 	p.add(c.name(k, t.Name, names))
 	p.add(c.required(k+".url", t.URL), c.url(k+".url", t.URL, "http", "https"))
+	if unset := c.unsetVarsOf(k + ".url"); len(unset) > 0 && t.URL != "" {
+		c.warnf(k+".url", "uses %s, unset or empty: deliveries to %s go to the address without it", strings.Join(unset, ", "), t.Name)
+	}
 	if t.Secret != "" {
 		p.add(c.webhookSecret(k+".secret", t.Secret))
 	} else if vars := c.varsOf(k + ".secret"); len(vars) > 0 {
@@ -183,6 +186,8 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 	for _, h := range slices.Sorted(maps.Keys(t.Headers)) {
 		if !isToken(h) {
 			p.add(c.errorf(k+".headers."+h, "want an HTTP header name, got %q", h))
+		} else if unset := c.unsetVarsOf(k + ".headers." + h); len(unset) > 0 {
+			c.warnf(k+".headers."+h, "uses %s, unset or empty: deliveries to %s carry this header without it", strings.Join(unset, ", "), t.Name)
 		}
 	}
 	p.add(c.positive(k+".connect_timeout", t.ConnectTimeout))
@@ -350,6 +355,15 @@ func (c *Config) varsOf(key string) []string {
 		return nil
 	}
 	return c.meta.vars[key]
+}
+
+// unsetVarsOf returns the variables the value of key was expanded from
+// that were unset or empty.
+func (c *Config) unsetVarsOf(key string) []string {
+	if c.meta == nil {
+		return nil
+	}
+	return c.meta.unset[key]
 }
 
 // errorf returns an *Error for key, with its line when known.
