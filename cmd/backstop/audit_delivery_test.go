@@ -179,3 +179,74 @@ dashboard:
 		}
 	}
 }
+
+// deliveries list says, on stderr, when --limit cut the list short (the
+// operator would otherwise take the newest 100 dead letters for all of
+// them), and refuses a --limit that is not a number of rows.
+func TestDeliveriesListSaysWhenItIsCut(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	ctx := context.Background()
+	db := e.openStore()
+	for i := range 3 {
+		if _, err := db.Enqueue(ctx, "crm", fmt.Sprintf("evt_cut_%d", i), "proxy", []byte(`{"n":1}`), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	const note = "only the newest 2 shown"
+	code, stdout, stderr := e.run(ctx, "deliveries", "list", "--limit", "2")
+	if code != exitOK || strings.Count(stdout, "evt_cut_") != 2 || !strings.Contains(stderr, note) {
+		t.Errorf("list --limit 2 of 3: exit %d, does not show 2 and say there are more\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = e.run(ctx, "deliveries", "list", "--limit", "2", "--json")
+	var rows []deliveryRow
+	if err := jsonUnmarshal(stdout, &rows); code != exitOK || err != nil || len(rows) != 2 || !strings.Contains(stderr, note) {
+		t.Errorf("list --limit 2 --json of 3: exit %d, %v, %d rows\n%s%s", code, err, len(rows), stdout, stderr)
+	}
+	code, stdout, stderr = e.run(ctx, "deliveries", "list", "--limit", "3")
+	if code != exitOK || strings.Count(stdout, "evt_cut_") != 3 || strings.Contains(stderr, "only the newest") {
+		t.Errorf("list --limit 3 of 3: exit %d, says the list was cut or lacks a row\n%s%s", code, stdout, stderr)
+	}
+	if code, _, stderr := e.run(ctx, "deliveries", "list", "--limit", "0"); code != exitUsage || !strings.Contains(stderr, "--limit") {
+		t.Errorf("list --limit 0: exit %d, want %d and a word on --limit\n%s", code, exitUsage, stderr)
+	}
+}
+
+// deliveries redirect shows the URL as attempts do, without the token in
+// its query or its password, and refuses clearly a delivery whose target is
+// no longer configured (its secret and settings are gone).
+func TestDeliveriesRedirectHidesTheURLsSecrets(t *testing.T) {
+	insp := newRecorder()
+	srv := httptest.NewServer(insp)
+	defer srv.Close()
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeDeliveryConfig(freeAddr(t), srv.URL)
+	ctx := context.Background()
+	db := e.openStore()
+	id, err := db.Enqueue(ctx, "recorder", "evt_redirect", "proxy", []byte(`{"n":1}`), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := db.Enqueue(ctx, "removed", "evt_removed", "proxy", []byte(`{"n":1}`), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	const secret = "s3cr3t-inspector-token"
+	for _, u := range []string{srv.URL + "/in?token=" + secret, strings.Replace(srv.URL, "http://", "http://user:"+secret+"@", 1) + "/in"} {
+		code, stdout, stderr := e.run(ctx, "deliveries", "redirect", fmt.Sprint(id), u)
+		if code != exitOK || !strings.Contains(stdout, "200") {
+			t.Errorf("redirect to %s: exit %d\n%s%s", srv.URL, code, stdout, stderr)
+		}
+		if strings.Contains(stdout+stderr, secret) {
+			t.Errorf("redirect prints the URL's secret:\n%s%s", stdout, stderr)
+		}
+	}
+	if d, total := insp.counts(); d != 1 || total != 2 {
+		t.Errorf("the inspector got %d requests of %d events, want 2 of 1", total, d)
+	}
+	code, stdout, stderr := e.run(ctx, "deliveries", "redirect", fmt.Sprint(gone), srv.URL+"/in")
+	if code != exitUsage || !strings.Contains(stderr, `"removed", which is not in the configuration`) {
+		t.Errorf("redirect of a removed target's delivery: exit %d, want %d and why\n%s%s", code, exitUsage, stdout, stderr)
+	}
+}

@@ -56,6 +56,9 @@ func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
 			default:
 				return usagef("--status %q: want pending, retrying, delivered or dead_letter", f.Status)
 			}
+			if f.Limit < 1 {
+				return usagef("--limit %d: want 1 or more rows", f.Limit)
+			}
 			if since != "" {
 				t, err := parseSince(since, time.Now())
 				if err != nil {
@@ -68,9 +71,19 @@ func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer db.Close()
+			// One more than asked for, to tell a list cut at --limit from
+			// a whole one.
+			limit := f.Limit
+			f.Limit++
 			rows, err := db.Deliveries(cmd.Context(), f)
 			if err != nil {
 				return err
+			}
+			more := len(rows) > limit
+			if more {
+				rows = rows[:limit]
+				// On stderr: the list (or its JSON) on stdout stays whole.
+				defer fmt.Fprintf(m.Stderr, "only the newest %d shown: more deliveries match (raise --limit, or narrow with --status, --target, --event, --since)\n", limit)
 			}
 			when, err := queuedTargets(cmd.Context(), db, cfg, rows)
 			if err != nil {
@@ -657,6 +670,12 @@ attempts, marked as a redirect; the delivery's own status does not change.`,
 			if !ok {
 				return noDelivery(id)
 			}
+			if !hasTarget(cfg.Targets, row.Target) {
+				// It is sent with its target's settings (secret,
+				// allow_private, timeouts), which are gone.
+				return usagef("delivery %d is for target %q, which is not in the configuration: it is redirected with its target's secret and settings; "+
+					"add the target back to targets to redirect it", id, row.Target)
+			}
 			queue := newDeliveryQueue(db)
 			d, err := delivery.New(queue, deliveryTargets(cfg), delivery.Options{})
 			if err != nil {
@@ -666,12 +685,18 @@ attempts, marked as a redirect; the delivery's own status does not change.`,
 			if err != nil {
 				return err
 			}
+			// a.URL is the URL as attempts show it: without its password,
+			// query values and token-like path segments.
 			if a.StatusCode >= 200 && a.StatusCode < 300 {
-				_, err = fmt.Fprintf(m.Stdout, "delivery %d sent to %s: %d in %s (request %s)\n", id, args[1], a.StatusCode, round(a.Duration), a.RequestID)
+				_, err = fmt.Fprintf(m.Stdout, "delivery %d sent to %s: %d in %s (request %s)\n", id, a.URL, a.StatusCode, round(a.Duration), a.RequestID)
 				return err
 			}
-			fmt.Fprintf(m.Stdout, "delivery %d sent to %s: %s %s (request %s)\n", id, args[1], statusOrDash(a.StatusCode), a.Error, a.RequestID)
-			return fmt.Errorf("redirect of delivery %d to %s did not succeed", id, args[1])
+			if a.StatusCode == 0 {
+				fmt.Fprintf(m.Stdout, "delivery %d could not be sent to %s: %s (request %s)\n", id, a.URL, a.Error, a.RequestID)
+			} else {
+				fmt.Fprintf(m.Stdout, "delivery %d sent to %s: answered %d (request %s)\n", id, a.URL, a.StatusCode, a.RequestID)
+			}
+			return fmt.Errorf("redirect of delivery %d to %s did not succeed", id, a.URL)
 		},
 	}
 }
