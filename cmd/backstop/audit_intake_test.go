@@ -203,13 +203,14 @@ func TestFailedFullReconcileShowsNoOrphanCount(t *testing.T) {
 	}
 }
 
-// A webhook whose data.updated_at is the zero time (0001-01-01T00:00:00Z)
-// is malformed: 400, nothing stored. The emit path took it for an event
-// without a version and failed the commit, so it was answered 503 "retry
-// later" (the platform retried it for a day), counted as a commit error
-// and logged as one, and it failed the group commit of every webhook
-// batched with it.
-func TestWebhookWithZeroUpdatedAtIsMalformedNotAStoreError(t *testing.T) {
+// Webhooks the store cannot hold are malformed: 400, nothing stored. A
+// data.updated_at of the zero time (0001-01-01T00:00:00Z), which the emit
+// path took for an event without a version, and data nested deeper than
+// SQLite's JSON functions read (1000 levels) used to fail their commit: each
+// was answered 503 "retry later" (retried by the platform for a day),
+// counted as a commit error and logged as one, and failed the group commit
+// of every webhook batched with it.
+func TestWebhooksTheStoreCannotHoldAreMalformedNotStoreErrors(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	db, err := store.Open(ctx, filepath.Join(t.TempDir(), "z.db"), store.Options{})
@@ -217,7 +218,7 @@ func TestWebhookWithZeroUpdatedAtIsMalformedNotAStoreError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	const secret = "zero-secret"
+	const secret = "poison-secret"
 	verifier, err := intake.NewVerifier(intake.SchemeBotix, intake.SchemeOptions{Secrets: []string{secret}})
 	if err != nil {
 		t.Fatal(err)
@@ -228,19 +229,32 @@ func TestWebhookWithZeroUpdatedAtIsMalformedNotAStoreError(t *testing.T) {
 	srv := httptest.NewServer(stack.handler)
 	defer srv.Close()
 
-	body := []byte(`{"event_id":"evt_zero","event":"payment.succeeded","data":{"id":"pay_zero","updated_at":"0001-01-01T00:00:00Z","status":"succeeded"}}`)
-	code, answer := postSigned(t, srv.URL, secret, body)
-	var got struct {
-		Error struct{ Code, Message string }
-	}
-	if err := json.Unmarshal(answer, &got); err != nil || code != http.StatusBadRequest || got.Error.Code != "malformed_event" ||
-		!strings.Contains(got.Error.Message, "updated_at") {
-		t.Errorf("zero updated_at: %d %s, want 400 malformed_event naming updated_at", code, answer)
+	deep := strings.Repeat("[", 1200) + strings.Repeat("]", 1200)
+	for _, c := range []struct{ name, data, want string }{
+		{"zero updated_at", `{"id":"pay_zero","updated_at":"0001-01-01T00:00:00Z","status":"succeeded"}`, "updated_at"},
+		{"data 1201 levels deep", `{"id":"pay_deep","updated_at":"2026-11-30T10:00:00Z","status":"succeeded","meta":` + deep + `}`, "levels deep"},
+	} {
+		body := []byte(`{"event_id":"evt_poison","event":"payment.succeeded","data":` + c.data + `}`)
+		code, answer := postSigned(t, srv.URL, secret, body)
+		var got struct {
+			Error struct{ Code, Message string }
+		}
+		if err := json.Unmarshal(answer, &got); err != nil || code != http.StatusBadRequest || got.Error.Code != "malformed_event" ||
+			!strings.Contains(got.Error.Message, c.want) {
+			t.Errorf("%s: %d %s, want 400 malformed_event saying %q", c.name, code, answer, c.want)
+		}
 	}
 	if n, err := db.CountProcessed(ctx); err != nil || n != 0 {
 		t.Errorf("%d events stored (err %v), want none", n, err)
 	}
 	if errs := testutil.ToFloat64(stack.metrics.CommitErrors); errs != 0 {
 		t.Errorf("backstop_emit_commit_errors_total = %v, want 0: the store is fine", errs)
+	}
+	// Data as deep as allowed is stored, mirrored and queued.
+	ok := `{"id":"pay_ok","updated_at":"2026-11-30T10:00:00Z","status":"succeeded","meta":` +
+		strings.Repeat("[", intake.MaxDataDepth-1) + strings.Repeat("]", intake.MaxDataDepth-1) + `}`
+	body := []byte(`{"event_id":"evt_ok","event":"payment.succeeded","data":` + ok + `}`)
+	if code, answer := postSigned(t, srv.URL, secret, body); code != http.StatusOK || !strings.Contains(string(answer), "accepted") {
+		t.Errorf("data %d levels deep: %d %s, want 200 accepted", intake.MaxDataDepth, code, answer)
 	}
 }

@@ -19,6 +19,12 @@ const MaxBody = 64 << 10
 // bytes.
 const MaxIDBytes = 200
 
+// MaxDataDepth is how deep a webhook's data may nest objects and arrays
+// (the data object itself is one level). The store's JSON functions read
+// at most 1000 levels: deeper data would fail every commit, answered 503 for
+// ever, rather than be refused.
+const MaxDataDepth = 500
+
 // ErrMalformed is wrapped by every error ParseEnvelope returns: the body is
 // not a webhook envelope backstop can store.
 var ErrMalformed = errors.New("intake: malformed event")
@@ -41,8 +47,9 @@ func malformed(format string, args ...any) error {
 //     data.updated_at (not the zero time), both required, except that a
 //     truncated event (truncated: true) needs no updated_at and keeps
 //     UpdatedAt zero until its object is fetched;
-//   - Data holds the bytes of the data object exactly as received, or is nil
-//     when data is absent (allowed only for unknown types).
+//   - Data holds the bytes of the data object exactly as received, nesting
+//     at most MaxDataDepth levels, or is nil when data is absent (allowed
+//     only for unknown types).
 //
 // Keys are matched exactly (case-sensitive); unknown keys are ignored; a
 // JSON null counts as absent. Every error wraps ErrMalformed and says what
@@ -88,6 +95,9 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 	if hasData {
 		if firstByte(data) != '{' {
 			return backstop.Event{}, malformed("data must be a JSON object")
+		}
+		if d := nestingDepth(data, MaxDataDepth); d > MaxDataDepth {
+			return backstop.Event{}, malformed("data nests more than %d levels deep", MaxDataDepth)
 		}
 		// A copy: the event must not alias the caller's body.
 		ev.Data = append(json.RawMessage(nil), data...)
@@ -309,6 +319,33 @@ func skipValue(b []byte, i int) int {
 		i++
 	}
 	return -1
+}
+
+// nestingDepth returns how deep the valid JSON value b nests objects and
+// arrays, counting up to limit+1 and stopping there.
+func nestingDepth(b []byte, limit int) int {
+	depth, deepest := 0, 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			end := skipString(b, i)
+			if end < 0 {
+				return deepest
+			}
+			i = end - 1
+		case '{', '[':
+			depth++
+			if depth > deepest {
+				deepest = depth
+				if deepest > limit {
+					return deepest
+				}
+			}
+		case '}', ']':
+			depth--
+		}
+	}
+	return deepest
 }
 
 // boolField decodes raw as a JSON boolean.
