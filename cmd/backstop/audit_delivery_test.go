@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strings"
 	stdsync "sync"
@@ -248,5 +249,64 @@ func TestDeliveriesRedirectHidesTheURLsSecrets(t *testing.T) {
 	code, stdout, stderr := e.run(ctx, "deliveries", "redirect", fmt.Sprint(gone), srv.URL+"/in")
 	if code != exitUsage || !strings.Contains(stderr, `"removed", which is not in the configuration`) {
 		t.Errorf("redirect of a removed target's delivery: exit %d, want %d and why\n%s%s", code, exitUsage, stdout, stderr)
+	}
+}
+
+// The dashboard's Redirect, as a script uses it: a URL the SSRF guard
+// refuses is answered 422 saying why once ("refused: refused: …" before),
+// and a delivery of a target no longer configured 409 saying why (a 500
+// "internal" error naming an "unknown target" before).
+func TestDashboardRedirectSaysWhyItRefuses(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeServeConfig(addr, `targets:
+  - {name: billing, url: "http://billing.invalid/hook"}
+dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	ctx := context.Background()
+	db := e.openStore()
+	ids := map[string]int64{}
+	for _, target := range []string{"billing", "removed"} {
+		id, err := db.Enqueue(ctx, target, "evt_"+target, "proxy", []byte(`{"n":1}`), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[target] = id
+	}
+	// Keep billing's row from being attempted meanwhile.
+	if err := db.DisableTarget(ctx, "billing", "held by the test", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DASHBOARD_TOKEN="+uiToken)
+	proc, lines := e.startBinaryEnv(env, "serve")
+	waitLines(t, lines, "serving", 1, stepTimeout)
+	defer func() {
+		proc.cmd.Process.Signal(syscall.SIGTERM)
+		proc.cmd.Wait()
+	}()
+	redirect := func(id int64, to string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("http://%s/ui/deliveries/%d/redirect", addr, id),
+			strings.NewReader(url.Values{"url": {to}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Authorization", "Bearer "+uiToken)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	code, body := redirect(ids["billing"], "http://127.0.0.1:9/inspect")
+	if code != http.StatusUnprocessableEntity || !strings.Contains(body, "refused: 127.0.0.1 is a loopback address") ||
+		strings.Count(body, "refused") != 1 {
+		t.Errorf("redirect to loopback: %d %s; want 422 saying once that it is refused and why", code, body)
+	}
+	code, body = redirect(ids["removed"], "http://inspector.invalid/in")
+	if code != http.StatusConflict || !strings.Contains(body, "removed, which is not in the configuration") {
+		t.Errorf("redirect of a removed target's delivery: %d %s; want 409 saying why", code, body)
 	}
 }

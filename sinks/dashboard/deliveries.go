@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/backstop-sync/backstop"
@@ -266,18 +267,30 @@ func (d *Dashboard) redirect(w http.ResponseWriter, r *http.Request) {
 	}
 	raw := r.PostFormValue("url")
 	if u, err := url.Parse(raw); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		d.fail(w, r, http.StatusBadRequest, "bad_url", fmt.Sprintf("%q is not an http or https URL.", raw))
+		d.fail(w, r, http.StatusBadRequest, "bad_url", fmt.Sprintf("%q is not an http or https URL.", backstop.RedactURL(raw)))
+		return
+	}
+	back := fmt.Sprintf("%s/deliveries/%d", Prefix, row.ID)
+	targets, err := d.opts.Backend.Targets(r.Context())
+	if err != nil {
+		d.backendError(w, r, err)
+		return
+	}
+	if !slices.ContainsFunc(targets, func(t Target) bool { return t.Name == row.Target && !t.Unconfigured }) {
+		// It is sent with its target's secret and settings, which are gone.
+		d.answer(w, r, http.StatusConflict, fmt.Sprintf("Delivery %d is for target %s, which is not in the configuration: "+
+			"it is redirected with its target's secret and settings. Add the target back to redirect it.", row.ID, row.Target), back)
 		return
 	}
 	a, err := d.opts.Backend.Redirect(r.Context(), row, raw)
-	back := fmt.Sprintf("%s/deliveries/%d", Prefix, row.ID)
 	switch {
 	case errors.Is(err, delivery.ErrRefused):
 		reason := a.Error
 		if reason == "" {
 			reason = err.Error()
 		}
-		d.answer(w, r, http.StatusUnprocessableEntity, fmt.Sprintf("Redirect of delivery %d refused: %s.", row.ID, reason), back)
+		d.answer(w, r, http.StatusUnprocessableEntity, fmt.Sprintf("Redirect of delivery %d refused: %s.", row.ID,
+			strings.TrimPrefix(reason, "refused: ")), back)
 	case err != nil:
 		d.backendError(w, r, err)
 	case a.StatusCode >= 200 && a.StatusCode < 300:
