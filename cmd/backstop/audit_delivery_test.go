@@ -310,3 +310,84 @@ dashboard:
 		t.Errorf("redirect of a removed target's delivery: %d %s; want 409 saying why", code, body)
 	}
 }
+
+// Retrying a delivery (or a target's dead letters) of a target a 410
+// disabled, or that a 429 paused, says that it is not sent at once: from the
+// CLI, and from the dashboard, which said "its next attempt is made within
+// a second or so" while nothing would be sent until the target was enabled.
+func TestRetrySaysWhenATargetHoldsItBack(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeServeConfig(addr, `targets:
+  - {name: crm, url: "http://crm.invalid/hook"}
+  - {name: discord, url: "http://discord.invalid/hook"}
+dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	ctx := context.Background()
+	db := e.openStore()
+	now := time.Now()
+	dead := map[string][]int64{}
+	for _, target := range []string{"crm", "crm", "crm", "discord", "discord"} {
+		id, err := db.Enqueue(ctx, target, fmt.Sprintf("evt_%s_%d", target, len(dead[target])), "proxy", []byte(`{"n":1}`), now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.RecordAttempt(ctx, store.Attempt{DeliveryID: id, Target: target, URL: "http://x.invalid/hook", Attempt: 1,
+			StatusCode: 410, RequestID: "req", At: now}, store.Outcome{Status: store.StatusDeadLetter, Failures: 1}); err != nil {
+			t.Fatal(err)
+		}
+		dead[target] = append(dead[target], id)
+	}
+	if err := db.DisableTarget(ctx, "crm", "HTTP 410 Gone from the test", now); err != nil {
+		t.Fatal(err)
+	}
+	until := now.Add(time.Hour).UTC().Truncate(time.Second)
+	if err := db.PauseTarget(ctx, "discord", until); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	const enable = "backstop deliveries targets enable crm"
+	code, stdout, stderr := e.run(ctx, "deliveries", "retry", fmt.Sprint(dead["crm"][0]))
+	if code != exitOK || !strings.Contains(stdout, "queued again") || !strings.Contains(stdout, enable) {
+		t.Errorf("retry of a disabled target's delivery: exit %d, does not say it waits for %q\n%s%s", code, enable, stdout, stderr)
+	}
+	code, stdout, stderr = e.run(ctx, "deliveries", "retry", fmt.Sprint(dead["discord"][0]))
+	if code != exitOK || !strings.Contains(stdout, "paused until "+until.Format(time.RFC3339)) {
+		t.Errorf("retry of a paused target's delivery: exit %d, does not give the pause's end\n%s%s", code, stdout, stderr)
+	}
+
+	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DASHBOARD_TOKEN="+uiToken)
+	proc, lines := e.startBinaryEnv(env, "serve")
+	waitLines(t, lines, "serving", 1, stepTimeout)
+	defer func() {
+		proc.cmd.Process.Signal(syscall.SIGTERM)
+		proc.cmd.Wait()
+	}()
+	post := func(path string, form url.Values) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+path, strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Authorization", "Bearer "+uiToken)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	code, body := post(fmt.Sprintf("/ui/deliveries/%d/retry", dead["crm"][1]), nil)
+	if code != http.StatusOK || !strings.Contains(body, enable) || strings.Contains(body, "within a second") {
+		t.Errorf("dashboard Retry of a disabled target's delivery: %d %s; want it to say it waits for %q", code, body, enable)
+	}
+	code, body = post("/ui/targets/crm/retry-dead", nil)
+	if code != http.StatusOK || !strings.Contains(body, enable) {
+		t.Errorf("dashboard retry-all of a disabled target: %d %s; want it to say it waits for %q", code, body, enable)
+	}
+	code, body = post("/ui/targets/discord/retry-dead", nil)
+	if code != http.StatusOK || !strings.Contains(body, "paused until") || strings.Contains(body, "within a second") {
+		t.Errorf("dashboard retry-all of a paused target: %d %s; want it to give the pause's end", code, body)
+	}
+}

@@ -232,8 +232,10 @@ within its poll interval.`,
 				if err != nil {
 					return err
 				}
-				_, err = fmt.Fprintf(m.Stdout, "%d dead letters of %s queued again\n", n, target)
-				return err
+				if _, err = fmt.Fprintf(m.Stdout, "%d dead letters of %s queued again\n", n, target); err != nil || n == 0 {
+					return err
+				}
+				return m.sayWhenSent(cmd.Context(), db, target, now)
 			}
 			id, err := parseID(args[0])
 			if err != nil {
@@ -258,8 +260,10 @@ within its poll interval.`,
 			} else if err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(m.Stdout, "delivery %d queued again\n", id)
-			return err
+			if _, err = fmt.Fprintf(m.Stdout, "delivery %d queued again\n", id); err != nil {
+				return err
+			}
+			return m.sayWhenSent(cmd.Context(), db, row.Target, now)
 		},
 	}
 	cmd.Flags().BoolVar(&dead, "dead", false, "every dead letter of --target")
@@ -318,6 +322,26 @@ deliveries are still sent; retry or purge --dead its dead letters instead.`,
 	cmd.Flags().StringVar(&before, "before", "", "only those last changed before this (30d, or an RFC 3339 time)")
 	cmd.Flags().StringVar(&target, "target", "", "delete every delivery of this target, which must not be in the configuration")
 	return cmd
+}
+
+// sayWhenSent tells, after deliveries of target were queued again, when
+// they are not sent at once: while the target is disabled (after a 410)
+// nothing is sent until it is enabled, and while it is paused (after a 429)
+// not before the pause ends.
+func (m *Main) sayWhenSent(ctx context.Context, db *store.DB, target string, now time.Time) error {
+	st, err := db.TargetQueue(ctx, target, false)
+	if err != nil {
+		return err
+	}
+	switch {
+	case st.Disabled:
+		_, err = fmt.Fprintf(m.Stdout, "but target %s is disabled (%s): nothing is sent to it until it is enabled: backstop deliveries targets enable %s\n",
+			target, st.DisabledReason, target)
+	case st.PausedUntil.After(now):
+		_, err = fmt.Fprintf(m.Stdout, "target %s is paused until %s (it answered 429): they are sent then\n",
+			target, st.PausedUntil.UTC().Format(time.RFC3339))
+	}
+	return err
 }
 
 // purgeTarget deletes every delivery of target, refusing a target that is

@@ -225,7 +225,8 @@ func (d *Dashboard) retry(w http.ResponseWriter, r *http.Request) {
 		d.backendError(w, r, err)
 		return
 	}
-	if !slices.ContainsFunc(targets, func(t Target) bool { return t.Name == row.Target && !t.Unconfigured }) {
+	ti := slices.IndexFunc(targets, func(t Target) bool { return t.Name == row.Target && !t.Unconfigured })
+	if ti < 0 {
 		d.answer(w, r, http.StatusConflict, fmt.Sprintf("Delivery %d is for target %s, which is not in the configuration: it would never be sent. "+
 			"Add the target back, or delete its deliveries with backstop deliveries purge --target %s.", row.ID, row.Target, row.Target),
 			fmt.Sprintf("%s/deliveries/%d", Prefix, row.ID))
@@ -249,7 +250,7 @@ func (d *Dashboard) retry(w http.ResponseWriter, r *http.Request) {
 		d.backendError(w, r, err)
 		return
 	}
-	msg := fmt.Sprintf("Delivery %d is queued again; its next attempt is made within a second or so.", row.ID)
+	msg := fmt.Sprintf("Delivery %d is queued again; %s", row.ID, d.whenSent(targets[ti]))
 	code := http.StatusOK
 	if !done {
 		msg = fmt.Sprintf("Delivery %d changed since this page was drawn (it was retried already, or attempted); nothing was done.", row.ID)
@@ -310,7 +311,8 @@ func (d *Dashboard) retryDead(w http.ResponseWriter, r *http.Request) {
 		d.backendError(w, r, err)
 		return
 	}
-	if !slices.ContainsFunc(targets, func(t Target) bool { return t.Name == name && !t.Unconfigured }) {
+	ti := slices.IndexFunc(targets, func(t Target) bool { return t.Name == name && !t.Unconfigured })
+	if ti < 0 {
 		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("There is no target %q in the configuration.", name))
 		return
 	}
@@ -320,7 +322,24 @@ func (d *Dashboard) retryDead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.log.Info("dashboard: retry dead letters", "target", name, "queued", n)
-	d.answer(w, r, http.StatusOK, fmt.Sprintf("%d dead letters of %s queued again.", n, name), Prefix+"/dead-letters")
+	msg := fmt.Sprintf("%d dead letters of %s queued again.", n, name)
+	if n > 0 {
+		msg = fmt.Sprintf("%d dead letters of %s queued again; %s", n, name, d.whenSent(targets[ti]))
+	}
+	d.answer(w, r, http.StatusOK, msg, Prefix+"/dead-letters")
+}
+
+// whenSent says when deliveries just queued again for t are sent: within a
+// second or so, or not before t's pause ends, or not until t is enabled.
+func (d *Dashboard) whenSent(t Target) string {
+	switch {
+	case t.Disabled:
+		return fmt.Sprintf("but target %s is disabled (%s): nothing is sent to it until it is enabled with backstop deliveries targets enable %s.",
+			t.Name, t.DisabledReason, t.Name)
+	case t.PausedUntil.After(d.now()):
+		return fmt.Sprintf("target %s is paused until %s (it answered 429), so the next attempt is made then.", t.Name, when(t.PausedUntil))
+	}
+	return "the next attempt is made within a second or so."
 }
 
 // answer ends a POST: a browser submitting a form is sent back to a page
