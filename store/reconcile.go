@@ -299,28 +299,53 @@ func (db *DB) FinishReconcile(ctx context.Context, runID int64, rep backstop.Rec
 	return nil
 }
 
-// uncoveredRunsSQL selects, for the resource given as the first parameter
-// (every resource when it is empty), the successful non-dry reconcile runs
-// whose start no later such run of their resource reached back to: no
-// later run's window (window_since, NULL for a full run) starts at or
-// before it. A run compares the feed's objects updated between its
-// window's start and its own start; where a later run's window begins
-// after an earlier run's start, the time between was compared by no run.
-// The last run is always among them.
-const uncoveredRunsSQL = `SELECT id, resource, started_at FROM (
-		SELECT id, resource, started_at, min(coalesce(window_since, '')) OVER (PARTITION BY resource
+// windowRuns is how many of a resource's latest successful, non-dry
+// reconcile runs LastReconcile looks at for a gap. A gap is closed by the
+// next default run, which reaches back over it, so only runs by hand with
+// narrow windows and no default run after them leave one open: 10,000 of
+// them are over a year of hourly runs, and reading them takes milliseconds.
+const windowRuns = 10000
+
+// windowStartSQL selects the id and start of the run the default window of
+// the resource given as the first parameter starts from: of its latest
+// successful, non-dry reconcile runs (as many as the second parameter,
+// windowRuns), the earliest whose start no later run reached back to (no
+// later run's window_since, NULL for a full run, is at or before it). A run compares the feed's objects updated
+// between its window's start and its own start; where a later run's window
+// begins after an earlier run's start, the time between was compared by
+// no run. With no gap it is the last run.
+const windowStartSQL = `SELECT id, started_at FROM (
+		SELECT id, started_at, min(coalesce(window_since, '')) OVER (
 			ORDER BY started_at DESC, id DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
-		FROM reconcile_runs WHERE status = 'ok' AND dry_run = 0 AND (?1 = '' OR resource = ?1))
-	WHERE reach IS NULL OR reach > started_at`
+		FROM (SELECT id, started_at, window_since FROM reconcile_runs
+			WHERE resource = ? AND status = 'ok' AND dry_run = 0 ORDER BY started_at DESC, id DESC LIMIT ?))
+	WHERE reach IS NULL OR reach > started_at ORDER BY started_at, id LIMIT 1`
 
 // PruneReconcileRuns deletes the reconcile runs started before before,
-// except the successful, non-dry runs of each resource that no later run's
-// window reached back to (the last one among them), from which the default
-// window of the next starts (LastReconcile), and returns how many it
-// deleted.
+// except, for each resource, its last successful, non-dry run and the run
+// the default window of its next reconcile starts from (LastReconcile),
+// and returns how many it deleted.
 func (db *DB) PruneReconcileRuns(ctx context.Context, before time.Time) (int64, error) {
-	n, err := db.execCount(ctx, `DELETE FROM reconcile_runs WHERE started_at < ?2 AND id NOT IN (
-		SELECT id FROM (`+uncoveredRunsSQL+`))`, "", backstop.CanonicalTime(before))
+	keep := make([]any, 0, len(backstop.Resources)+1)
+	keep = append(keep, backstop.CanonicalTime(before))
+	for _, r := range backstop.Resources {
+		id, _, ok, err := db.windowStart(ctx, r)
+		if err != nil {
+			return 0, fmt.Errorf("prune reconcile runs: %w", err)
+		}
+		if ok {
+			keep = append(keep, id)
+		}
+	}
+	q := `DELETE FROM reconcile_runs WHERE started_at < ? AND id NOT IN (
+		SELECT (SELECT k.id FROM reconcile_runs AS k
+			WHERE k.resource = r.resource AND k.status = 'ok' AND k.dry_run = 0
+			ORDER BY k.started_at DESC, k.id DESC LIMIT 1)
+		FROM (SELECT DISTINCT resource FROM reconcile_runs) AS r)`
+	if len(keep) > 1 {
+		q += ` AND id NOT IN (` + placeholders(len(keep)-1) + `)`
+	}
+	n, err := db.execCount(ctx, q, keep...)
 	if err != nil {
 		return n, fmt.Errorf("prune reconcile runs: %w", err)
 	}
@@ -335,22 +360,31 @@ func (db *DB) PruneReconcileRuns(ctx context.Context, before time.Time) (int64, 
 // previous run's start (a narrower --since, or one in the future) left the
 // time between compared by no run and does not count: the earliest start
 // that no later run's window reached back to is returned, so that the next
-// default window covers the gap.
+// default window covers the gap (see windowRuns).
 func (db *DB) LastReconcile(ctx context.Context, r backstop.Resource) (startedAt time.Time, ok bool, err error) {
-	var s string
-	err = db.r.GetContext(ctx, &s, `SELECT started_at FROM (`+uncoveredRunsSQL+`)
-		ORDER BY started_at, id LIMIT 1`, string(r))
+	_, startedAt, ok, err = db.windowStart(ctx, r)
+	return startedAt, ok, err
+}
+
+// windowStart returns the id and start of the run selected by
+// windowStartSQL for r, or ok=false when r has no successful, non-dry run.
+func (db *DB) windowStart(ctx context.Context, r backstop.Resource) (id int64, startedAt time.Time, ok bool, err error) {
+	var row struct {
+		ID        int64  `db:"id"`
+		StartedAt string `db:"started_at"`
+	}
+	err = db.r.GetContext(ctx, &row, windowStartSQL, string(r), windowRuns)
 	if errors.Is(err, sql.ErrNoRows) {
-		return time.Time{}, false, nil
+		return 0, time.Time{}, false, nil
 	}
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("last reconcile of %s: %w", r, err)
+		return 0, time.Time{}, false, fmt.Errorf("last reconcile of %s: %w", r, err)
 	}
-	t, err := backstop.ParseTime(s)
+	t, err := backstop.ParseTime(row.StartedAt)
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("last reconcile of %s: started_at: %w", r, err)
+		return 0, time.Time{}, false, fmt.Errorf("last reconcile of %s: started_at: %w", r, err)
 	}
-	return t, true, nil
+	return row.ID, t, true, nil
 }
 
 // ReconcileRun is one stored reconcile run.
