@@ -391,3 +391,31 @@ dashboard:
 		t.Errorf("dashboard retry-all of a paused target: %d %s; want it to give the pause's end", code, body)
 	}
 }
+
+// An attempt the target does not answer within its timeout is logged as
+// such, with the timeout, not as "context deadline exceeded".
+func TestATimedOutAttemptSaysSo(t *testing.T) {
+	answered := make(chan struct{})
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select { // longer than the target's 1 s timeout
+		case <-answered:
+		case <-time.After(3 * time.Second):
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer target.Close()
+	defer close(answered)
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeDeliveryConfig(addr, target.URL)
+	serveInProcess(t, e, addr)
+	proxyPost(t, addr, "evt_timeout", `{"n":1}`)
+	var shown string
+	waitFor(t, time.Minute, func() bool {
+		_, shown, _ = e.run(context.Background(), "deliveries", "show", "1")
+		return strings.Contains(shown, "error:")
+	})
+	if !strings.Contains(shown, "error: timeout: no answer within 1s") || strings.Contains(shown, "context deadline exceeded") {
+		t.Errorf("a timed-out attempt is not shown as a timeout:\n%s", shown)
+	}
+}

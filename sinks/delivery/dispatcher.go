@@ -999,6 +999,11 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	resp, err := client.Transport.RoundTrip(req)
 	if err != nil {
 		a.Duration = time.Since(start)
+		if errors.Is(err, context.DeadlineExceeded) && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+			// Not "context deadline exceeded": say which deadline.
+			a.Error = fmt.Sprintf("timeout: no answer within %v (the target's timeout)", t.Timeout)
+			return a, "", err
+		}
 		return fail(err)
 	}
 	defer resp.Body.Close()
