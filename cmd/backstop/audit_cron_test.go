@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
@@ -185,4 +186,28 @@ func TestFinishedBackfillHandsOffWhenRunAgain(t *testing.T) {
 			s.Resources[0].Pages, s.Resources[0].Objects)
 	}
 	e.assertMirrorEqualsSim(backstop.Payments)
+}
+
+// `backstop run JOB` prints the stored run's id in its table too, not only
+// with --json, so a cron log can be matched with backstop jobs, the
+// dashboard and job_runs.
+func TestRunJobPrintsStoredRunID(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 14, Objects: 10}})
+	e.withJobs()
+	ctx := context.Background()
+	for range 2 {
+		code, stdout, stderr := e.run(ctx, "run", "prune")
+		if code != exitOK {
+			t.Fatalf("run prune: exit %d\n%s", code, stderr)
+		}
+		db := e.openStore()
+		runs, err := db.JobRuns(ctx, "prune", 1)
+		db.Close()
+		if err != nil || len(runs) != 1 {
+			t.Fatalf("stored runs %+v, %v", runs, err)
+		}
+		if want := fmt.Sprintf("run       %d\n", runs[0].ID); !strings.Contains(stdout, want) {
+			t.Errorf("run prune does not print the stored run's id %d:\n%s", runs[0].ID, stdout)
+		}
+	}
 }

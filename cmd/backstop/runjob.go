@@ -152,6 +152,9 @@ func printJobRun(w io.Writer, run bsync.JobRun, asJSON bool) error {
 	c := run.Counts
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "job\t%s (%s)\n", run.Job, run.Kind)
+	if run.ID > 0 { // the stored run's id; 0 when it could not be stored
+		fmt.Fprintf(tw, "run\t%d\n", run.ID)
+	}
 	fmt.Fprintf(tw, "result\t%s\n", run.Status)
 	fmt.Fprintf(tw, "duration\t%s\n", round(run.FinishedAt.Sub(run.StartedAt)))
 	switch run.Kind {
