@@ -419,3 +419,39 @@ func TestATimedOutAttemptSaysSo(t *testing.T) {
 		t.Errorf("a timed-out attempt is not shown as a timeout:\n%s", shown)
 	}
 }
+
+// deliveries list shows, without --since, the dead letters and queued rows
+// older than 14 days: they are kept until retried or purged (or, queued
+// for a disabled target, until it is enabled), and deliveries targets
+// counts them, so a list that hid them lost them from sight.
+func TestDeliveriesListShowsOldDeadLetters(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeDeliveryConfig(freeAddr(t), "http://127.0.0.1:9/hook")
+	ctx := context.Background()
+	db := e.openStore()
+	old := time.Now().Add(-20 * 24 * time.Hour)
+	dead, err := db.Enqueue(ctx, "recorder", "evt_old_dead", "proxy", []byte(`{"n":1}`), old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.RecordAttempt(ctx, store.Attempt{DeliveryID: dead, Target: "recorder", URL: "http://127.0.0.1:9/hook", Attempt: 1,
+		StatusCode: 400, RequestID: "req", At: old}, store.Outcome{Status: store.StatusDeadLetter, Failures: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Enqueue(ctx, "recorder", "evt_old_queued", "proxy", []byte(`{"n":1}`), old); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	code, stdout, stderr := e.run(ctx, "deliveries", "list", "--status", "dead_letter")
+	if code != exitOK || !strings.Contains(stdout, "evt_old_dead") {
+		t.Errorf("list --status dead_letter: exit %d, hides a 20-day-old dead letter\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = e.run(ctx, "deliveries", "list")
+	if code != exitOK || !strings.Contains(stdout, "evt_old_dead") || !strings.Contains(stdout, "evt_old_queued") {
+		t.Errorf("list: exit %d, hides 20-day-old rows that are kept\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = e.run(ctx, "deliveries", "list", "--since", "14d")
+	if code != exitOK || strings.Contains(stdout, "evt_old_") {
+		t.Errorf("list --since 14d: exit %d, shows rows older than that\n%s%s", code, stdout, stderr)
+	}
+}

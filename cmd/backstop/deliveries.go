@@ -115,7 +115,10 @@ func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
 	fl.StringVar(&f.Status, "status", "", "pending, retrying, delivered or dead_letter")
 	fl.StringVar(&f.Target, "target", "", "only this target")
 	fl.StringVar(&f.EventType, "event", "", "only this event type")
-	fl.StringVar(&since, "since", "14d", "only deliveries created since: a duration back (14d, 2h) or an RFC 3339 time")
+	// No default window: the rows kept longest are those still queued (a
+	// disabled target's) and the dead letters, which a window would hide;
+	// delivered rows are pruned after 14 days anyway.
+	fl.StringVar(&since, "since", "", "only deliveries created since: a duration back (14d, 2h) or an RFC 3339 time (default: every one kept)")
 	fl.IntVar(&f.Limit, "limit", 100, "at most this many rows")
 	fl.BoolVar(&asJSON, "json", false, "print as JSON")
 	return cmd
