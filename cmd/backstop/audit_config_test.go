@@ -295,3 +295,15 @@ targets:
 		t.Errorf("serve warned of a header without variables:\n%s", all)
 	}
 }
+
+// TestVersionFlag: "backstop --version", what people try first, used to
+// fail with "unknown flag: --version" (exit 2); it now prints what
+// "backstop version" prints.
+func TestVersionFlag(t *testing.T) {
+	dir := t.TempDir()
+	_, want, _ := runBinary(t, dir, nil, "version")
+	code, got, stderr := runBinary(t, dir, nil, "--version")
+	if code != 0 || got != want || !strings.HasPrefix(got, "backstop ") {
+		t.Errorf("--version: exit %d, stdout %q, want 0 and %q\n%s", code, got, want, stderr)
+	}
+}

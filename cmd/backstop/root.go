@@ -43,7 +43,12 @@ ${VAR} in it expands from the environment, so secrets stay out of the file.
 Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// --version, which people try first, prints what "version" does.
+		Version: versionString(),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.InitDefaultVersionFlag()
+	root.Flags().Lookup("version").Usage = "print the version, as the version command does"
 	def := "./schedules.yaml"
 	if v, ok := m.LookupEnv("BACKSTOP_CONFIG"); ok && v != "" {
 		def = v
