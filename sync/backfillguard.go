@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/backstop-sync/backstop"
@@ -80,19 +81,42 @@ func (e *Engine) CheckBackfill(ctx context.Context, r backstop.Resource, restart
 		r, ErrSilentBackfill, why, strings.Join(subs, ", "))
 }
 
-// subscribers describes the routes that subscribe to some event type of
-// r: "target crm (contact.created, contact.updated)".
+// subscribers describes the routes that subscribe to some event type
+// emitted for r: "target crm (contact.created, contact.updated)".
 func subscribers(r backstop.Resource, routes []backstop.Route) []string {
+	emitted := emittedTypes(r)
 	var out []string
 	for _, rt := range routes {
 		var types []string
-		for _, typ := range backstop.KnownEventTypes {
-			if res, ok := backstop.ResourceOfEventType(typ); ok && res == r && backstop.MatchEvents(rt.Events, typ) {
+		for _, typ := range emitted {
+			if backstop.MatchEvents(rt.Events, typ) {
 				types = append(types, typ)
 			}
 		}
 		if len(types) > 0 {
 			out = append(out, fmt.Sprintf("target %s subscribes to its events (%s)", rt.Target, strings.Join(types, ", ")))
+		}
+	}
+	return out
+}
+
+// emittedTypes returns the event types emitted for r's objects: the
+// platform's (backstop.KnownEventTypes) and those sync, backfill and
+// reconcile make for an object new to the mirror or newer than it
+// (backstop.EventTypeFor), such as message.updated, which the platform
+// itself never sends.
+func emittedTypes(r backstop.Resource) []string {
+	var out []string
+	for _, typ := range backstop.KnownEventTypes {
+		if res, ok := backstop.ResourceOfEventType(typ); ok && res == r {
+			out = append(out, typ)
+		}
+	}
+	for _, missing := range []bool{true, false} {
+		// Chats and payments take their type from the object's status, all
+		// of which the known types list.
+		if typ := backstop.EventTypeFor(r, nil, missing); typ != "" && !slices.Contains(out, typ) {
+			out = append(out, typ)
 		}
 	}
 	return out

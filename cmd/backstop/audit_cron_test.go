@@ -211,3 +211,38 @@ func TestRunJobPrintsStoredRunID(t *testing.T) {
 		}
 	}
 }
+
+// message.updated, which sync and reconcile emit for a message newer than
+// the mirror, counts as one of the messages' event types: a plain backfill
+// of messages, already syncing, for a target subscribed to "*.updated" is
+// refused, instead of writing the newer versions silently so that the
+// target never gets them.
+func TestPlainBackfillRefusedForMessageUpdatedSubscriber(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 15, Objects: 40}})
+	base, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(string(base) + `targets:
+  - {name: updates, url: "http://127.0.0.1:9/hook", events: ["*.updated"]}
+`)
+	ctx := context.Background()
+	if code, _, stderr := e.run(ctx, "backfill", "messages"); code != exitOK {
+		t.Fatalf("first backfill: exit %d\n%s", code, stderr)
+	}
+	id := e.sim.Objects(backstop.Messages)[3].ID
+	if _, ok := e.sim.Update(backstop.Messages, id); !ok {
+		t.Fatalf("update %s", id)
+	}
+	code, _, stderr := e.run(ctx, "backfill", "messages", "--restart")
+	if code != exitUsage || !strings.Contains(stderr, "target updates subscribes to its events (message.updated)") {
+		t.Fatalf("plain backfill --restart of messages: exit %d, want 2 naming the subscriber\n%s", code, stderr)
+	}
+	code, stdout, stderr := e.run(ctx, "sync", "messages", "--json")
+	if code != exitOK {
+		t.Fatalf("sync: exit %d\n%s", code, stderr)
+	}
+	if s := parseSummary(t, stdout); s.Resources[0].Emitted == nil || *s.Resources[0].Emitted != 1 {
+		t.Errorf("sync did not emit the updated message: %+v", s.Resources[0])
+	}
+}
