@@ -201,6 +201,29 @@ func TestFailedFullReconcileShowsNoOrphanCount(t *testing.T) {
 	if len(fields) < 8 || fields[0] != "payments" || fields[7] != "-" || fields[len(fields)-1] != "failed" {
 		t.Errorf("report line %q: want the orphans column \"-\" and the result failed\n%s", fields, stdout)
 	}
+	// --json says the same with null, as it does for a run that is not
+	// --full; a full run that ends counts them, 0 included.
+	_, stdout, stderr = e.run(context.Background(), "reconcile", "payments", "--full", "--json")
+	var reports []auditReconcile
+	if err := json.Unmarshal([]byte(stdout), &reports); err != nil || len(reports) != 1 || reports[0].Orphans != nil {
+		t.Errorf("reconcile --full --json that failed: orphans %v (%v), want null\n%s\n%s", orphansOf(reports), err, stdout, stderr)
+	}
+	_, stdout, stderr = e.run(context.Background(), "reconcile", "payments", "--since", "1h", "--json")
+	if err := json.Unmarshal([]byte(stdout), &reports); err != nil || len(reports) != 1 || reports[0].Orphans != nil {
+		t.Errorf("reconcile --since 1h --json: orphans %v (%v), want null\n%s\n%s", orphansOf(reports), err, stdout, stderr)
+	}
+}
+
+// orphansOf shows the orphan counts of reports, nil as "null".
+func orphansOf(reports []auditReconcile) []string {
+	out := make([]string, len(reports))
+	for i, r := range reports {
+		out[i] = "null"
+		if r.Orphans != nil {
+			out[i] = fmt.Sprint(*r.Orphans)
+		}
+	}
+	return out
 }
 
 // Webhooks the store cannot hold are malformed: 400, nothing stored. A

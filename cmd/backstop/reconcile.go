@@ -105,6 +105,17 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("--since %q: want a duration such as 2h or 3d, or an RFC 3339 time", s)
 }
 
+// orphanCount is r's orphan count, or nil when r did not count them:
+// orphans are counted at the end of a full run, so a run that is not full
+// or did not get there has no count, not a count of 0.
+func orphanCount(r backstop.ReconcileReport) *int {
+	if !r.Full || r.Err != nil {
+		return nil
+	}
+	n := r.Orphans
+	return &n
+}
+
 func printReconcile(w io.Writer, reports []backstop.ReconcileReport, asJSON bool) error {
 	if asJSON {
 		type row struct {
@@ -117,7 +128,7 @@ func printReconcile(w io.Writer, reports []backstop.ReconcileReport, asJSON bool
 			Behind      int     `json:"behind"`
 			Reemitted   int     `json:"reemitted"`
 			Suppressed  int     `json:"suppressed"`
-			Orphans     int     `json:"orphans"`
+			Orphans     *int    `json:"orphans"` // null: not counted (see orphanCount)
 			Requests    int     `json:"requests"`
 			RateLimited int     `json:"rate_limited"`
 			DurationS   float64 `json:"duration_seconds"`
@@ -128,7 +139,7 @@ func printReconcile(w io.Writer, reports []backstop.ReconcileReport, asJSON bool
 		for _, r := range reports {
 			x := row{Resource: string(r.Resource), Full: r.Full, DryRun: r.DryRun, Scanned: r.Scanned,
 				Missing: r.Missing, Behind: r.Behind, Reemitted: r.Reemitted, Suppressed: r.Suppressed,
-				Orphans: r.Orphans, Requests: r.Requests, RateLimited: r.RateLimited,
+				Orphans: orphanCount(r), Requests: r.Requests, RateLimited: r.RateLimited,
 				DurationS: r.Duration.Seconds(), Result: result(r.Err)}
 			if !r.Since.IsZero() {
 				x.Since = r.Since.UTC().Format(time.RFC3339)
@@ -149,11 +160,9 @@ func printReconcile(w io.Writer, reports []backstop.ReconcileReport, asJSON bool
 		if !r.Since.IsZero() {
 			since = r.Since.UTC().Format(time.RFC3339)
 		}
-		// Orphans are counted at the end of a full run: a run that did not
-		// get there has no count, not a count of 0.
 		orphans := "-"
-		if r.Full && r.Err == nil {
-			orphans = fmt.Sprint(r.Orphans)
+		if n := orphanCount(r); n != nil {
+			orphans = fmt.Sprint(*n)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t\n", r.Resource, since, r.Scanned, r.Missing,
 			r.Behind, r.Reemitted, r.Suppressed, orphans, r.Requests, r.RateLimited, round(r.Duration), result(r.Err))
