@@ -307,3 +307,20 @@ func TestVersionFlag(t *testing.T) {
 		t.Errorf("--version: exit %d, stdout %q, want 0 and %q\n%s", code, got, want, stderr)
 	}
 }
+
+// TestReserveDefaultAboveTariffSaysItIsTheDefault: a small tariff
+// ("per_minute: 3") without a reserve used to be refused with
+// "source.rate_limit.reserve: want 0..2 (less than per_minute), got 5",
+// a 5 the file does not hold; the error now says it is the default.
+func TestReserveDefaultAboveTariffSaysItIsTheDefault(t *testing.T) {
+	dir := t.TempDir()
+	cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\n  rate_limit: {per_minute: 3}\n"
+	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runBinary(t, dir, nil, "sync")
+	want := "./schedules.yaml:4: source.rate_limit.reserve: want 0..2 (less than per_minute), got 5 (the default: write a smaller reserve beside per_minute)"
+	if code != exitUsage || !strings.Contains(stderr, want) {
+		t.Errorf("exit %d, want 2 and %q:\n%s", code, want, stderr)
+	}
+}

@@ -104,7 +104,11 @@ func (c *Config) validate(p *problems) {
 	if s.RateLimit.PerMinute < 1 {
 		p.add(c.errorf("source.rate_limit.per_minute", "want more than 0, got %d", s.RateLimit.PerMinute))
 	} else if s.RateLimit.Reserve < 0 || s.RateLimit.Reserve >= s.RateLimit.PerMinute {
-		p.add(c.errorf("source.rate_limit.reserve", "want 0..%d (less than per_minute), got %d", s.RateLimit.PerMinute-1, s.RateLimit.Reserve))
+		got := strconv.Itoa(s.RateLimit.Reserve)
+		if !c.isSet("source.rate_limit.reserve", true) {
+			got += " (the default: write a smaller reserve beside per_minute)"
+		}
+		p.add(c.errorf("source.rate_limit.reserve", "want 0..%d (less than per_minute), got %s", s.RateLimit.PerMinute-1, got))
 	}
 	p.add(c.positive("source.rate_limit.window", s.RateLimit.Window))
 	if s.RetryMax < 0 {
