@@ -324,3 +324,19 @@ func TestReserveDefaultAboveTariffSaysItIsTheDefault(t *testing.T) {
 		t.Errorf("exit %d, want 2 and %q:\n%s", code, want, stderr)
 	}
 }
+
+// TestCronSundaySevenSaysUseZero: "0 3 * * 7", Sunday in system cron, is
+// refused by the scheduler's syntax; the error used to say only "7 is out
+// of range 0-6" and now says how to write Sunday.
+func TestCronSundaySevenSaysUseZero(t *testing.T) {
+	dir := t.TempDir()
+	cfg := "jobs:\n  - {name: weekly, kind: maintenance, cron: \"0 3 * * 7\"}\n"
+	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runBinary(t, dir, nil, "jobs")
+	want := `./schedules.yaml:2: jobs[0].cron: day-of-week field "7": 7 is out of range 0-6 (Sunday is 0 or SUN)`
+	if code != exitUsage || !strings.Contains(stderr, want) {
+		t.Errorf("exit %d, want 2 and %q:\n%s", code, want, stderr)
+	}
+}

@@ -141,6 +141,10 @@ func (cf cronField) value(s string) (int, error) {
 		return 0, fmt.Errorf("bad value %q", s)
 	}
 	if n < cf.min || n > cf.max {
+		if cf.name == "day-of-week" && n == 7 {
+			// System cron takes 7 for Sunday too; the scheduler does not.
+			return 0, fmt.Errorf("%d is out of range %d-%d (Sunday is 0 or SUN)", n, cf.min, cf.max)
+		}
 		return 0, fmt.Errorf("%d is out of range %d-%d", n, cf.min, cf.max)
 	}
 	return n, nil
