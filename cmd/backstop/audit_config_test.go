@@ -340,3 +340,20 @@ func TestCronSundaySevenSaysUseZero(t *testing.T) {
 		t.Errorf("exit %d, want 2 and %q:\n%s", code, want, stderr)
 	}
 }
+
+// TestTargetRateLimitBothPerSecondAndPerMinuteRefused: a target with
+// "rate_limit: {per_second: 5, per_minute: 100}" used to be paced at 5 per
+// second, its per_minute silently ignored; setting both is now a
+// configuration error naming the line and key (exit 2).
+func TestTargetRateLimitBothPerSecondAndPerMinuteRefused(t *testing.T) {
+	dir := t.TempDir()
+	cfg := "targets:\n  - name: crm\n    url: https://crm.example.com/hooks\n    rate_limit: {per_second: 5, per_minute: 100}\n"
+	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runBinary(t, dir, nil, "deliveries", "targets")
+	want := "./schedules.yaml:4: targets[0].rate_limit.per_minute: set either per_second or per_minute, not both"
+	if code != exitUsage || !strings.Contains(stderr, want) {
+		t.Errorf("exit %d, want 2 and %q:\n%s", code, want, stderr)
+	}
+}

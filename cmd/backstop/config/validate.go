@@ -210,6 +210,9 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 	}
 	if t.RateLimit.PerMinute < 0 {
 		p.add(c.errorf(k+".rate_limit.per_minute", "want 0 (no limit) or more, got %d", t.RateLimit.PerMinute))
+	} else if t.RateLimit.PerSecond > 0 && t.RateLimit.PerMinute > 0 {
+		// Delivery paces by one of them; the other would be ignored.
+		p.add(c.errorf(k+".rate_limit.per_minute", "set either per_second or per_minute, not both"))
 	}
 }
 
