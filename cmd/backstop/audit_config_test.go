@@ -357,3 +357,33 @@ func TestTargetRateLimitBothPerSecondAndPerMinuteRefused(t *testing.T) {
 		t.Errorf("exit %d, want 2 and %q:\n%s", code, want, stderr)
 	}
 }
+
+// TestTypeErrorsDoNotShowSecretVariables: a secret's variable written by
+// mistake where a duration or a section goes ("timeout:
+// ${BOTIX_WEBHOOK_SECRET}") used to print the secret in the error, on the
+// terminal and in CI logs and cron mail; a variable named like a
+// credential is now named, its value not shown. Other values are still
+// quoted, so a typo stays easy to see.
+func TestTypeErrorsDoNotShowSecretVariables(t *testing.T) {
+	dir := t.TempDir()
+	cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\n  timeout: ${BOTIX_WEBHOOK_SECRET}\n"
+	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runBinary(t, dir, []string{"BOTIX_WEBHOOK_SECRET=s3cr3t-value"}, "sync")
+	if code != exitUsage || !strings.Contains(stderr, "./schedules.yaml:4: source.timeout: want a duration") ||
+		!strings.Contains(stderr, "${BOTIX_WEBHOOK_SECRET}") {
+		t.Errorf("exit %d, want 2 naming the line, key and variable:\n%s", code, stderr)
+	}
+	if strings.Contains(stderr, "s3cr3t-value") {
+		t.Errorf("the error shows the secret:\n%s", stderr)
+	}
+	cfg = "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\n  page_size: ${AUDIT_PS}\n"
+	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, stderr = runBinary(t, dir, []string{"AUDIT_PS=abc"}, "sync")
+	if !strings.Contains(stderr, `got "abc" (from ${AUDIT_PS})`) {
+		t.Errorf("a value that is no secret is not quoted:\n%s", stderr)
+	}
+}

@@ -207,11 +207,39 @@ func (d *decoder) scalar(n *yaml.Node, t reflect.Type, key, want string) (string
 // found quotes a scalar value that was wanted as another type, naming the
 // variables it was expanded from.
 func (d *decoder) found(n *yaml.Node, s, key string) string {
+	vars := d.meta.vars[key]
+	if secretNamed(vars) {
+		return hiddenValue(vars)
+	}
 	q := strconv.Quote(s)
-	if vars := d.meta.vars[key]; len(vars) > 0 {
+	if len(vars) > 0 {
 		q += " (from ${" + strings.Join(vars, "}, ${") + "})"
 	}
 	return q
+}
+
+// secretWords mark a variable whose name says it holds a credential.
+var secretWords = []string{"KEY", "SECRET", "TOKEN", "PASSW", "WHSEC", "CREDENTIAL", "AUTH", "REDIS"}
+
+// secretNamed reports whether any of vars is named like a credential (an
+// API key written by mistake where a number or duration goes): its value
+// is then left out of errors, which reach terminals, CI logs and cron mail.
+func secretNamed(vars []string) bool {
+	for _, v := range vars {
+		up := strings.ToUpper(v)
+		for _, w := range secretWords {
+			if strings.Contains(up, w) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hiddenValue describes a value expanded from secret-named vars without
+// showing it.
+func hiddenValue(vars []string) string {
+	return "the value of ${" + strings.Join(vars, "}, ${") + "} (not shown: the name says it is a secret)"
 }
 
 // describe says what n is, for a type error. Scalars are quoted unless the
@@ -223,9 +251,12 @@ func (d *decoder) describe(n *yaml.Node, t reflect.Type, key string) string {
 	if t == secretType || (t.Kind() == reflect.Slice || t.Kind() == reflect.Map) && t.Elem() == secretType {
 		return "a scalar"
 	}
-	s, _, err := expand(n.Value, d.lookupEnv)
+	s, vars, err := expand(n.Value, d.lookupEnv)
 	if err != nil {
 		s = n.Value
+	}
+	if secretNamed(vars) {
+		return hiddenValue(vars)
 	}
 	return strconv.Quote(s)
 }
