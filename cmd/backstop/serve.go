@@ -100,7 +100,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		secrets = append(secrets, s.Value())
 	}
 	if len(secrets) == 0 {
-		return usagef("%s: intake.secret is empty: serve needs the webhook signing secret (e.g. secret: ${BOTIX_WEBHOOK_SECRET})", m.configName(g))
+		return usageError{cfg.Missing("intake.secret", "serve needs the webhook signing secret (e.g. secret: ${BOTIX_WEBHOOK_SECRET})")}
 	}
 	verifier, err := intake.NewVerifier(cfg.Intake.Scheme, intake.SchemeOptions{Secrets: secrets, Tolerance: cfg.Intake.Tolerance.Std()})
 	if err != nil {
