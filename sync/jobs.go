@@ -428,7 +428,8 @@ func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
 		}
 	}
 	if st.job.Cron == "" {
-		if h, ok := s.opts.Store.(JobHistory); ok {
+		h, history := s.opts.Store.(JobHistory)
+		if history {
 			// As Start will schedule it (intervalStart).
 			last, ran, err := h.LastJobStart(context.Background(), job)
 			if err != nil {
@@ -440,10 +441,14 @@ func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
 			}
 		}
 		now := s.opts.Now()
-		if after.IsZero() {
+		next := after.Add(st.job.Every)
+		switch {
+		case after.IsZero(), next.Before(now) && !history:
 			return now.Add(st.job.Every), nil // gocron runs it an interval after start
+		case next.Before(now):
+			return now, nil // overdue: Start runs it at once
 		}
-		return later(after.Add(st.job.Every), now), nil // overdue: it runs at start
+		return next, nil
 	}
 	if after.IsZero() {
 		after = s.opts.Now()
@@ -457,14 +462,6 @@ func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
 		after = now
 	}
 	return c.Next(after), nil
-}
-
-// later returns the later of a and b.
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
 
 // RunJob runs job now, whatever its schedule, and returns its stored run.

@@ -399,3 +399,50 @@ func TestRunStoppedByALostLockSaysSo(t *testing.T) {
 		t.Fatalf("stored runs %+v (%v): want one interrupted run whose error says the lock was lost", runs, err)
 	}
 }
+
+// Before Start, NextRun of an interval job says what Start will do: with
+// the store's history (JobHistory), an overdue job runs at once and one
+// that ran lately an interval after that run; with a store that keeps
+// none, gocron runs it an interval after Start.
+func TestNextRunOfIntervalJobFollowsHistory(t *testing.T) {
+	db := openStore(t)
+	now := time.Now()
+	for _, run := range []store.JobRun{
+		{Job: "overdue", Kind: "sync", StartedAt: now.Add(-2 * time.Hour), Status: "ok"},
+		{Job: "recent", Kind: "sync", StartedAt: now.Add(-10 * time.Minute), Status: "failed"},
+	} {
+		if _, err := db.SaveJobRun(context.Background(), run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	jobs := []bsync.Job{
+		{Name: "overdue", Kind: bsync.JobSync, Every: time.Hour},
+		{Name: "recent", Kind: bsync.JobSync, Every: time.Hour},
+	}
+	for _, tc := range []struct {
+		name          string
+		store         bsync.JobStore
+		overdue, next time.Time
+	}{
+		{"history", jobStore{db}, now, now.Add(50 * time.Minute)},
+		{"no history", struct{ bsync.JobStore }{jobStore{db}}, now.Add(time.Hour), now.Add(50 * time.Minute)},
+	} {
+		s, err := bsync.NewScheduler(jobs, bsync.SchedulerOptions{Engine: &bsync.Engine{}, Store: tc.store,
+			Now: func() time.Time { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for job, want := range map[string]time.Time{"overdue": tc.overdue, "recent": tc.next} {
+			// after is the last run's start, as backstop jobs passes it.
+			last := now.Add(-2 * time.Hour)
+			if job == "recent" {
+				last = now.Add(-10 * time.Minute)
+			}
+			got, err := s.NextRun(job, last)
+			if err != nil || got.Sub(want).Abs() > time.Millisecond {
+				t.Errorf("%s: %s: next run %v, %v; want %v", tc.name, job, got, err, want)
+			}
+		}
+		s.Stop()
+	}
+}
