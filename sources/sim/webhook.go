@@ -232,9 +232,8 @@ func eventType(rec *record, created bool) string {
 		}
 		return "contact.updated"
 	case chat:
-		if created {
-			return "chat.opened"
-		}
+		// A new chat may start closed: its webhook names the state its
+		// data shows, as backstop.EventTypeFor does.
 		return "chat." + v.Status
 	case message:
 		if created {
