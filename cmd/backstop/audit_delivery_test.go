@@ -455,3 +455,58 @@ func TestDeliveriesListShowsOldDeadLetters(t *testing.T) {
 		t.Errorf("list --since 14d: exit %d, shows rows older than that\n%s%s", code, stdout, stderr)
 	}
 }
+
+// The dashboard's Redirect to a URL that does not answer in time answers
+// the browser that it timed out (the attempt is logged as a timeout),
+// instead of leaving it with no answer at all once serve's 30 s write
+// timeout cut the connection while the target's own 30 s timeout ran.
+func TestDashboardRedirectToASlowURLAnswers(t *testing.T) {
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // so that the server sees the client hang up
+		select {                    // never answers; the client gives up
+		case <-r.Context().Done():
+		case <-time.After(time.Minute):
+		}
+	}))
+	defer slow.Close()
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeServeConfig(addr, `targets:
+  - {name: billing, url: "http://127.0.0.1:9/hook", allow_private: true}
+dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	ctx := context.Background()
+	db := e.openStore()
+	id, err := db.Enqueue(ctx, "billing", "evt_slow", "proxy", []byte(`{"n":1}`), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.DisableTarget(ctx, "billing", "held by the test", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DASHBOARD_TOKEN="+uiToken)
+	proc, lines := e.startBinaryEnv(env, "serve")
+	waitLines(t, lines, "serving", 1, stepTimeout)
+	defer func() {
+		proc.cmd.Process.Signal(syscall.SIGTERM)
+		proc.cmd.Wait()
+	}()
+	req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("http://%s/ui/deliveries/%d/redirect", addr, id),
+		strings.NewReader(url.Values{"url": {slow.URL + "/in"}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer "+uiToken)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("the dashboard gave no answer to a Redirect to a URL that never answers: %v", err)
+	}
+	body, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if err != nil || res.StatusCode != http.StatusOK || !strings.Contains(string(body), "timeout") {
+		t.Errorf("Redirect to a URL that never answers: %d %s %v; want 200 saying it timed out", res.StatusCode, body, err)
+	}
+	if _, shown, _ := e.run(ctx, "deliveries", "show", fmt.Sprint(id)); !strings.Contains(shown, "(redirect)") || !strings.Contains(shown, "error: timeout") {
+		t.Errorf("the timed-out redirect is not logged as a timeout:\n%s", shown)
+	}
+}

@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,6 +14,11 @@ import (
 	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/sinks/delivery"
 )
+
+// redirectTimeout bounds a Redirect from the dashboard, target's timeout
+// included: well within serve's write timeout (30 s), after which the
+// browser would get no answer at all.
+const redirectTimeout = 20 * time.Second
 
 // statuses are the delivery statuses in the order the filter lists them.
 var statuses = []string{delivery.StatusPending, delivery.StatusRetrying, delivery.StatusDelivered, delivery.StatusDeadLetter}
@@ -283,7 +289,11 @@ func (d *Dashboard) redirect(w http.ResponseWriter, r *http.Request) {
 			"it is redirected with its target's secret and settings. Add the target back to redirect it.", row.ID, row.Target), back)
 		return
 	}
-	a, err := d.opts.Backend.Redirect(r.Context(), row, raw)
+	// Bounded so that the answer reaches the browser before serve's write
+	// timeout cuts the connection: a slow URL is a timeout to report.
+	ctx, cancel := context.WithTimeout(r.Context(), redirectTimeout)
+	defer cancel()
+	a, err := d.opts.Backend.Redirect(ctx, row, raw)
 	switch {
 	case errors.Is(err, delivery.ErrRefused):
 		reason := a.Error

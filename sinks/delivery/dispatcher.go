@@ -870,8 +870,10 @@ func later(a, b time.Time) time.Time {
 // delivery's status unchanged. It returns the recorded attempt. A non-2xx
 // answer or a transport failure is not an error: the Attempt says what
 // happened. It returns an error when the row's target is unknown, when the
-// URL is refused (the refusal is still recorded, and wraps ErrRefused), or
-// when the attempt cannot be recorded.
+// URL is refused (the refusal is still recorded, and wraps ErrRefused), when
+// ctx is cancelled before an answer, or when the attempt cannot be recorded.
+// An attempt cut short by ctx's deadline is recorded as a timeout, and is
+// no error either.
 func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Attempt, error) {
 	w, ok := d.byName[row.Target]
 	if !ok {
@@ -888,7 +890,7 @@ func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Atte
 	} else {
 		var err error
 		a, _, err = d.send(ctx, w, row, rawURL, row.Attempts+1, true, time.Time{})
-		if err != nil && ctx.Err() != nil {
+		if err != nil && errors.Is(ctx.Err(), context.Canceled) {
 			return a, fmt.Errorf("delivery: redirect %d: %w", row.ID, ctx.Err())
 		}
 		var re *RefusedError
@@ -1000,8 +1002,12 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	if err != nil {
 		a.Duration = time.Since(start)
 		if errors.Is(err, context.DeadlineExceeded) && errors.Is(rctx.Err(), context.DeadlineExceeded) {
-			// Not "context deadline exceeded": say which deadline.
+			// Not "context deadline exceeded": say which deadline, the
+			// target's timeout or the caller's, when that was sooner.
 			a.Error = fmt.Sprintf("timeout: no answer within %v (the target's timeout)", t.Timeout)
+			if dl, ok := ctx.Deadline(); ok && dl.Sub(start) < t.Timeout {
+				a.Error = fmt.Sprintf("timeout: no answer within %v", dl.Sub(start).Round(time.Second))
+			}
 			return a, "", err
 		}
 		return fail(err)
