@@ -510,3 +510,30 @@ dashboard:
 		t.Errorf("the timed-out redirect is not logged as a timeout:\n%s", shown)
 	}
 }
+
+// deliveries retry ID --target T (without --dead) is refused rather than
+// retrying delivery ID, whatever its target, while --target is ignored.
+func TestDeliveriesRetryRefusesTargetWithoutDead(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeDeliveryConfig(freeAddr(t), "http://127.0.0.1:9/hook")
+	ctx := context.Background()
+	db := e.openStore()
+	id, err := db.Enqueue(ctx, "recorder", "evt_dead", "proxy", []byte(`{"n":1}`), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.RecordAttempt(ctx, store.Attempt{DeliveryID: id, Target: "recorder", URL: "http://127.0.0.1:9/hook", Attempt: 1,
+		StatusCode: 400, RequestID: "req", At: time.Now()}, store.Outcome{Status: store.StatusDeadLetter, Failures: 1}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	code, stdout, stderr := e.run(ctx, "deliveries", "retry", fmt.Sprint(id), "--target", "billing")
+	if code != exitUsage || !strings.Contains(stderr, "--target goes with --dead") {
+		t.Errorf("retry ID --target: exit %d, want %d and why\n%s%s", code, exitUsage, stdout, stderr)
+	}
+	db = e.openStore()
+	defer db.Close()
+	if r, _, err := db.Delivery(ctx, id); err != nil || r.Status != store.StatusDeadLetter {
+		t.Errorf("retry ID --target changed the delivery: %+v, %v", r, err)
+	}
+}

@@ -221,6 +221,10 @@ within its poll interval.`,
 			if dead && target == "" {
 				return usagef("--dead needs --target: the target whose dead letters to queue again")
 			}
+			if !dead && target != "" {
+				// Not a filter on the ID: it would be ignored.
+				return usagef("--target goes with --dead (every dead letter of the target); to retry delivery %s alone, give no --target", args[0])
+			}
 			db, cfg, err := m.openStore(cmd.Context(), g)
 			if err != nil {
 				return err
