@@ -537,3 +537,48 @@ func TestDeliveriesRetryRefusesTargetWithoutDead(t *testing.T) {
 		t.Errorf("retry ID --target changed the delivery: %+v, %v", r, err)
 	}
 }
+
+// deliveries targets --json speaks the snake_case of deliveries list
+// --json, and gives a pause or a disabling only while there is one (not
+// "PausedUntil": "0001-01-01T00:00:00Z" for every target never paused).
+func TestDeliveriesTargetsJSON(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeServeConfig(freeAddr(t), `targets:
+  - {name: crm, url: "http://crm.invalid/hook"}
+  - {name: discord, url: "http://discord.invalid/hook"}
+  - {name: billing, url: "http://billing.invalid/hook"}
+`)
+	ctx := context.Background()
+	db := e.openStore()
+	now := time.Now()
+	if _, err := db.Enqueue(ctx, "crm", "evt_1", "proxy", []byte(`{"n":1}`), now); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.DisableTarget(ctx, "crm", "HTTP 410 Gone from the test", now); err != nil {
+		t.Fatal(err)
+	}
+	until := now.Add(time.Hour).UTC().Truncate(time.Second)
+	if err := db.PauseTarget(ctx, "discord", until); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	code, stdout, stderr := e.run(ctx, "deliveries", "targets", "--json")
+	if code != exitOK {
+		t.Fatalf("targets --json: exit %d\n%s", code, stderr)
+	}
+	var rows []map[string]any
+	if err := jsonUnmarshal(stdout, &rows); err != nil || len(rows) != 3 {
+		t.Fatalf("targets --json: %v\n%s", err, stdout)
+	}
+	want := []string{
+		`map[configured:true dead_letter:0 delivered:0 disabled:true disabled_at:` + now.UTC().Format(time.RFC3339Nano) +
+			` disabled_reason:HTTP 410 Gone from the test name:crm pending:1 retrying:0]`,
+		`map[configured:true dead_letter:0 delivered:0 disabled:false name:discord paused_until:` + until.Format(time.RFC3339) + ` pending:0 retrying:0]`,
+		`map[configured:true dead_letter:0 delivered:0 disabled:false name:billing pending:0 retrying:0]`,
+	}
+	for i, r := range rows {
+		if got := fmt.Sprint(r); got != want[i] {
+			t.Errorf("targets --json row %d:\n got %s\nwant %s", i, got, want[i])
+		}
+	}
+}

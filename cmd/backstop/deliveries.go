@@ -398,12 +398,13 @@ func (m *Main) targetsCommand(g *globals) *cobra.Command {
 				return err
 			}
 			if asJSON {
+				now := time.Now()
 				out := make([]targetRow, 0, len(states)+len(gone))
 				for _, s := range states {
-					out = append(out, targetRow{TargetState: s, Configured: true})
+					out = append(out, newTargetRow(s, true, now))
 				}
 				for _, s := range gone {
-					out = append(out, targetRow{TargetState: s})
+					out = append(out, newTargetRow(s, false, now))
 				}
 				return writeJSONOut(m.Stdout, out)
 			}
@@ -458,12 +459,41 @@ func (m *Main) targetsCommand(g *globals) *cobra.Command {
 	return cmd
 }
 
-// targetRow is a target's state as deliveries targets --json prints it.
-// Configured is false for a target removed from (or renamed in) the
-// configuration whose deliveries are still kept: they are never sent.
+// targetRow is a target's state as deliveries targets --json prints it, in
+// the snake_case of deliveries list --json. Configured is false for a
+// target removed from (or renamed in) the configuration whose deliveries
+// are still kept: they are never sent. PausedUntil is set only while the
+// target is paused, DisabledReason and DisabledAt only while it is
+// disabled.
 type targetRow struct {
-	backstop.TargetState
-	Configured bool
+	Name           string     `json:"name"`
+	Configured     bool       `json:"configured"`
+	Pending        int        `json:"pending"`
+	Retrying       int        `json:"retrying"`
+	Delivered      int        `json:"delivered"`
+	DeadLetter     int        `json:"dead_letter"`
+	PausedUntil    *time.Time `json:"paused_until,omitempty"`
+	Disabled       bool       `json:"disabled"`
+	DisabledReason string     `json:"disabled_reason,omitempty"`
+	DisabledAt     *time.Time `json:"disabled_at,omitempty"`
+}
+
+// newTargetRow is s as deliveries targets --json prints it at now.
+func newTargetRow(s backstop.TargetState, configured bool, now time.Time) targetRow {
+	r := targetRow{Name: s.Name, Configured: configured, Pending: s.Pending, Retrying: s.Retrying,
+		Delivered: s.Delivered, DeadLetter: s.DeadLetter, Disabled: s.Disabled}
+	if s.PausedUntil.After(now) {
+		t := s.PausedUntil.UTC()
+		r.PausedUntil = &t
+	}
+	if s.Disabled {
+		r.DisabledReason = s.DisabledReason
+		if !s.DisabledAt.IsZero() {
+			t := s.DisabledAt.UTC()
+			r.DisabledAt = &t
+		}
+	}
+	return r
 }
 
 // eventIDOf is the EVENT ID column of deliveries list: the event's id, or

@@ -99,9 +99,10 @@ dashboard:
 	}
 	code, out, errOut = e.run(ctx, "deliveries", "targets", "--json")
 	var states []struct {
-		Name                                     string
-		Configured                               bool
-		Pending, Retrying, Delivered, DeadLetter int
+		Name                         string
+		Configured                   bool
+		Pending, Retrying, Delivered int
+		DeadLetter                   int `json:"dead_letter"`
 	}
 	if err := json.Unmarshal([]byte(out), &states); code != 0 || err != nil {
 		t.Fatalf("deliveries targets --json: exit %d, %v\n%s%s", code, err, out, errOut)
