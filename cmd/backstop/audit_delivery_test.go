@@ -582,3 +582,13 @@ func TestDeliveriesTargetsJSON(t *testing.T) {
 		}
 	}
 }
+
+// deliveries retry --help does not promise a send "within its poll
+// interval" for a target a 410 disabled: it says how to enable it.
+func TestDeliveriesRetryHelpNamesEnable(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	code, stdout, stderr := e.run(context.Background(), "deliveries", "retry", "--help")
+	if code != exitOK || !strings.Contains(stdout, "deliveries targets enable NAME") {
+		t.Errorf("retry --help: exit %d, does not say a disabled target holds deliveries back\n%s%s", code, stdout, stderr)
+	}
+}

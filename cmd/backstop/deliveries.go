@@ -212,7 +212,9 @@ func (m *Main) deliveriesRetryCommand(g *globals) *cobra.Command {
 		Long: `retry puts a delivery back in its target's queue with a fresh retry schedule:
 the same event id, a new request id on the next attempt. With --dead --target
 it does that for every dead letter of the target. A running serve sends them
-within its poll interval.`,
+within a second or so, unless their target is disabled (after a 410 answer:
+nothing is sent until deliveries targets enable NAME) or paused (after a 429:
+not before the pause ends); retry says so when it is.`,
 		Args: cobraArgs(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dead == (len(args) == 1) {
