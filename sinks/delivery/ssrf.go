@@ -143,6 +143,13 @@ func CheckURL(raw string) error {
 	return checkURL(raw, false)
 }
 
+// CheckTargetURL checks a target's URL as New does: as CheckURL, but
+// with allowPrivate (the target's allow_private) an address literal in a
+// private range is accepted. Every refusal wraps ErrRefused.
+func CheckTargetURL(raw string, allowPrivate bool) error {
+	return checkURL(raw, allowPrivate)
+}
+
 func checkURL(raw string, allowPrivate bool) error {
 	u, err := url.Parse(raw)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sinks/delivery"
 )
 
 // Validate checks what decoding cannot: required values, ranges, enums,
@@ -170,7 +171,16 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 	t := &c.Targets[i]
 	k := fmt.Sprintf("targets[%d]", i)
 	p.add(c.name(k, t.Name, names))
-	p.add(c.required(k+".url", t.URL), c.url(k+".url", t.URL, "http", "https"))
+	urlProblem := c.url(k+".url", t.URL, "http", "https")
+	p.add(c.required(k+".url", t.URL), urlProblem)
+	if t.URL != "" && urlProblem == nil {
+		// The SSRF guard's own check: an address literal the target may
+		// not reach is a configuration error here, not a refusal of
+		// every delivery (and every redirect) later.
+		if err := delivery.CheckTargetURL(t.URL, t.AllowPrivate); err != nil {
+			p.add(c.errorf(k+".url", "%v", err))
+		}
+	}
 	if unset := c.unsetVarsOf(k + ".url"); len(unset) > 0 && t.URL != "" {
 		c.warnf(k+".url", "uses %s, unset or empty: deliveries to %s go to the address without it", strings.Join(unset, ", "), t.Name)
 	}
