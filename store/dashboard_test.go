@@ -104,8 +104,8 @@ func TestRetryDeliveryAsSeen(t *testing.T) {
 		t.Fatalf("first retry = %v, %v; want it done", ok, err)
 	}
 	row := mustDelivery(t, db, id)
-	if row.Status != StatusPending || row.Attempts != 0 || row.LastStatus != 400 {
-		t.Errorf("after retry: %+v, want pending with no attempts and the last status kept", row)
+	if row.Status != StatusPending || row.Attempts != 1 || row.Failures != 0 || row.LastStatus != 400 {
+		t.Errorf("after retry: %+v, want pending with no failures, its attempt still counted and the last status kept", row)
 	}
 	ok, err = db.RetryDeliveryAsSeen(ctx, id, seen.Status, seen.UpdatedAt, t0.Add(time.Minute+time.Second))
 	if err != nil || ok {

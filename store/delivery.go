@@ -835,14 +835,16 @@ func (db *DB) Delivery(ctx context.Context, id int64) (row OutboxRow, ok bool, e
 }
 
 // requeueSQL puts outbox rows back in their queue, due at once, with their
-// attempts and failures counted from zero again (the whole retry schedule
-// is theirs again); the last status and error are kept.
-const requeueSQL = `UPDATE outbox SET status = 'pending', attempts = 0, failures = 0, next_attempt_at = ?, updated_at = ?`
+// failures counted from zero again (the whole retry schedule is theirs
+// again); their attempts go on counting, so that the attempt log and
+// X-Delivery-Attempt number every attempt once, and the last status and
+// error are kept.
+const requeueSQL = `UPDATE outbox SET status = 'pending', failures = 0, next_attempt_at = ?, updated_at = ?`
 
 // RetryDelivery puts the delivery id, whatever its status, back in its
-// target's queue: pending, due at now, attempts and failures counted from
-// zero (so it has the whole retry schedule again), last
-// status and error kept. It fails with an error wrapping backstop.ErrNotFound
+// target's queue: pending, due at now, failures counted from zero (so it
+// has the whole retry schedule again), attempts, last status and error
+// kept. It fails with an error wrapping backstop.ErrNotFound
 // when there is no such delivery.
 func (db *DB) RetryDelivery(ctx context.Context, id int64, now time.Time) error {
 	stamp := backstop.CanonicalTime(now)

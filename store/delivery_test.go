@@ -308,9 +308,9 @@ func TestRetryDeliveryAndRetryDead(t *testing.T) {
 	}
 	for _, id := range []int64{deadCRM1, deadCRM2} {
 		row := mustDelivery(t, db, id)
-		if row.Status != StatusPending || row.Attempts != 0 || row.Failures != 0 || !row.NextAttemptAt.Equal(now) ||
+		if row.Status != StatusPending || row.Attempts != 5 || row.Failures != 0 || !row.NextAttemptAt.Equal(now) ||
 			row.LastStatus != 500 || row.LastError != "oops" || !row.UpdatedAt.Equal(now) {
-			t.Errorf("retried dead letter %d = %+v; want pending, 0 attempts and failures, due %v, last 500 oops kept", id, row, now)
+			t.Errorf("retried dead letter %d = %+v; want pending, 0 failures, its 5 attempts still counted, due %v, last 500 oops kept", id, row, now)
 		}
 	}
 	if row := mustDelivery(t, db, deadBilling); row.Status != StatusDeadLetter {
@@ -327,7 +327,7 @@ func TestRetryDeliveryAndRetryDead(t *testing.T) {
 	if err := db.RetryDelivery(ctx, delivered, now); err != nil {
 		t.Fatal(err)
 	}
-	if row := mustDelivery(t, db, delivered); row.Status != StatusPending || row.Attempts != 0 || row.Failures != 0 ||
+	if row := mustDelivery(t, db, delivered); row.Status != StatusPending || row.Attempts != 3 || row.Failures != 0 ||
 		!row.NextAttemptAt.Equal(now) || row.LastStatus != 204 {
 		t.Errorf("retried delivered row = %+v", row)
 	}
