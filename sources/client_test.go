@@ -299,8 +299,10 @@ func TestBackoffCountsAsThrottleWait(t *testing.T) {
 	if least := 30 * time.Millisecond; cost.Requests != 3 || cost.ThrottleWait < least || cost.ThrottleWait > least+10*time.Millisecond {
 		t.Errorf("cost = %+v, want 3 requests and 30-40 ms throttled", cost)
 	}
-	if took := time.Since(began); took < cost.ThrottleWait {
-		t.Errorf("the call took %v, less than the %v it says it waited", took, cost.ThrottleWait)
+	// The backoffs are real waits (the governor's pacing is on the
+	// harness's fake clock, so it takes no real time).
+	if took := time.Since(began); took < 30*time.Millisecond {
+		t.Errorf("the call took %v, less than the 30 ms of backoff it says it waited", took)
 	}
 }
 
