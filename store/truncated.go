@@ -45,7 +45,9 @@ const truncatedColumns = `event_id, type, resource, object_id, origin, created_a
 // DueTruncated returns up to limit truncated events whose object is still to
 // fetch and whose next fetch is due at now (a first fetch is due at once),
 // oldest received first. A limit of zero or less means no limit. The events
-// carry Truncated, their object id and the data as received.
+// carry Truncated, their object id and the data as received. It only looks:
+// the fetch worker claims the events it fetches with ClaimTruncated, so that
+// processes sharing the store do not fetch the same event.
 func (db *DB) DueTruncated(ctx context.Context, now time.Time, limit int) ([]backstop.Event, error) {
 	if limit <= 0 {
 		limit = -1 // SQLite: no limit
@@ -65,6 +67,130 @@ func (db *DB) DueTruncated(ctx context.Context, now time.Time, limit int) ([]bac
 		out[i] = ev
 	}
 	return out, nil
+}
+
+// ClaimTruncated returns up to limit truncated events that are due at now,
+// as DueTruncated would list them, and in the same write transaction leases
+// them to the caller: their next fetch moves to now+lease, so that no other
+// claim (by this process or another on the same store) returns them before
+// the lease ends and, should the process die mid-fetch, they are due again
+// after it. The caller records the fetch (CompleteTruncated,
+// FailClaimedTruncated, AbandonTruncated) or hands the event back
+// (ReleaseTruncated) within the lease. A reader looks first, so that a poll
+// with nothing due takes no write lock.
+func (db *DB) ClaimTruncated(ctx context.Context, now time.Time, limit int, lease time.Duration) ([]backstop.Event, error) {
+	if limit <= 0 || lease <= 0 {
+		return nil, fmt.Errorf("claim due truncated events: limit %d and lease %v must be positive", limit, lease)
+	}
+	at := backstop.CanonicalTime(now)
+	var due bool
+	if err := db.r.GetContext(ctx, &due, `SELECT EXISTS (SELECT 1 FROM processed_events
+		WHERE truncated = 1 AND (next_fetch_at IS NULL OR next_fetch_at <= ?))`, at); err != nil {
+		return nil, fmt.Errorf("claim due truncated events: %w", err)
+	}
+	if !due {
+		return nil, nil
+	}
+	evs, err := db.claimTruncated(ctx, at, limit, backstop.CanonicalTime(now.Add(lease)))
+	if err != nil {
+		return nil, fmt.Errorf("claim due truncated events: %w", err)
+	}
+	return evs, nil
+}
+
+func (db *DB) claimTruncated(ctx context.Context, at string, limit int, until string) ([]backstop.Event, error) {
+	tx, err := db.w.BeginTxx(ctx, nil) // immediate: the selection and the lease are one write
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	var rows []truncatedRow
+	if err := tx.SelectContext(ctx, &rows, `SELECT `+truncatedColumns+` FROM processed_events
+		WHERE truncated = 1 AND (next_fetch_at IS NULL OR next_fetch_at <= ?)
+		ORDER BY received_at, event_id LIMIT ?`, at, limit); err != nil {
+		return nil, fmt.Errorf("select: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	out := make([]backstop.Event, len(rows))
+	for i, row := range rows {
+		ev, err := row.event()
+		if err != nil {
+			return nil, err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE processed_events SET next_fetch_at = ?
+			WHERE event_id = ?`, until, row.EventID); err != nil {
+			return nil, fmt.Errorf("lease event %s: %w", row.EventID, err)
+		}
+		out[i] = ev
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return out, nil
+}
+
+// FailClaimedTruncated records a failed fetch of the truncated event eventID
+// that ClaimTruncated leased until lease (its now+lease): one more attempt,
+// errMsg as the last error, and the next fetch due at next(n), n being the
+// stored number of attempts with this one. The backoff thus follows the
+// attempts every process has made, not only the caller's; next must not
+// block. It returns n. It changes nothing and fails with an error wrapping
+// backstop.ErrNotFound when the event no longer holds that lease: it was
+// completed or given up, or its lease ran out and it was claimed again.
+func (db *DB) FailClaimedTruncated(ctx context.Context, eventID string, lease time.Time, errMsg string, next func(attempts int) time.Time) (int, error) {
+	n, err := db.failClaimedTruncated(ctx, eventID, backstop.CanonicalTime(lease), errMsg, next)
+	if err != nil {
+		return 0, fmt.Errorf("fail truncated event %s: %w", eventID, err)
+	}
+	return n, nil
+}
+
+func (db *DB) failClaimedTruncated(ctx context.Context, eventID, lease, errMsg string, next func(int) time.Time) (int, error) {
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	var attempts int
+	err = tx.GetContext(ctx, &attempts, `SELECT fetch_attempts FROM processed_events
+		WHERE event_id = ? AND truncated = 1 AND next_fetch_at = ?`, eventID, lease)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("no such event holding the claim until %s: %w", lease, backstop.ErrNotFound)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read: %w", err)
+	}
+	n := attempts + 1
+	if _, err := tx.ExecContext(ctx, `UPDATE processed_events
+		SET fetch_attempts = ?, last_fetch_error = ?, next_fetch_at = ?
+		WHERE event_id = ?`, n, errMsg, backstop.CanonicalTime(next(n)), eventID); err != nil {
+		return 0, fmt.Errorf("update: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	return n, nil
+}
+
+// ReleaseTruncated hands the truncated event eventID, claimed by
+// ClaimTruncated until lease and not fetched (the worker is stopping), back
+// before its lease ends: its next fetch is due at due, and neither its
+// attempts nor its last error change. An event that no longer holds that
+// lease is left alone. It reports whether the event was released.
+func (db *DB) ReleaseTruncated(ctx context.Context, eventID string, lease, due time.Time) (bool, error) {
+	res, err := db.w.ExecContext(ctx, `UPDATE processed_events SET next_fetch_at = ?
+		WHERE event_id = ? AND truncated = 1 AND next_fetch_at = ?`,
+		backstop.CanonicalTime(due), eventID, backstop.CanonicalTime(lease))
+	if err != nil {
+		return false, fmt.Errorf("release truncated event %s: %w", eventID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("release truncated event %s: %w", eventID, err)
+	}
+	return n > 0, nil
 }
 
 // CompleteTruncated completes the truncated event eventID with obj, its

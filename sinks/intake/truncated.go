@@ -11,15 +11,19 @@ import (
 
 // TruncatedStore is what the fetcher needs from the store.
 type TruncatedStore interface {
-	DueTruncated(ctx context.Context, now time.Time, limit int) ([]backstop.Event, error)
+	ClaimTruncated(ctx context.Context, now time.Time, limit int, lease time.Duration) ([]backstop.Event, error)
 	CompleteTruncated(ctx context.Context, eventID string, obj backstop.Object, routes []backstop.Route) (backstop.EmitResult, error)
-	FailTruncated(ctx context.Context, eventID string, errMsg string, next time.Time) error
+	FailClaimedTruncated(ctx context.Context, eventID string, lease time.Time, errMsg string, next func(attempts int) time.Time) (int, error)
+	ReleaseTruncated(ctx context.Context, eventID string, lease, due time.Time) (bool, error)
 	AbandonTruncated(ctx context.Context, eventID string, errMsg string) error
 	CountTruncatedPending(ctx context.Context) (int, error)
 }
 
 // DefaultNotFoundGrace is FetcherOptions.NotFoundGrace's default.
 const DefaultNotFoundGrace = time.Hour
+
+// DefaultFetchLease is FetcherOptions.Lease's default.
+const DefaultFetchLease = 5 * time.Minute
 
 // Fetcher completes truncated events: it fetches each one's object through
 // the governed API client and finishes the event (mirror, outbox) in the
@@ -28,6 +32,11 @@ const DefaultNotFoundGrace = time.Hour
 // (404) once it is NotFoundGrace old is given up (see
 // FetcherOptions.NotFoundGrace); other failures are retried for as long as
 // they last.
+//
+// Fetchers of several processes may share one store: each event is claimed
+// for one fetch at a time (see FetcherOptions.Lease), and the backoff
+// follows the attempts stored with the event, so every process, and one
+// restarted, keeps to the one schedule.
 type Fetcher struct {
 	store    TruncatedStore
 	source   backstop.Source
@@ -39,8 +48,8 @@ type Fetcher struct {
 	minRetry time.Duration
 	maxRetry time.Duration
 	grace    time.Duration
+	lease    time.Duration
 	wake     chan struct{}
-	attempts map[string]int
 	onQueued func(target string)
 }
 
@@ -60,6 +69,12 @@ type FetcherOptions struct {
 	// logged, counted as result "gave_up", and left unmirrored and
 	// unqueued; a reconcile emits the object should it appear later.
 	NotFoundGrace time.Duration
+	// Lease is how long a fetcher holds an event it claimed (default 5m):
+	// no other fetcher of the store fetches it meanwhile, and should the
+	// process die mid-fetch, the event is due again when the lease ends.
+	// The fetch itself is given four fifths of it, the rest is left to
+	// record the outcome; a fetch that takes longer fails and is retried.
+	Lease time.Duration
 	// OnQueued, when set, is told the targets a completed event was
 	// queued for (see BatcherOptions.OnQueued).
 	OnQueued func(target string)
@@ -85,10 +100,13 @@ func NewFetcher(st TruncatedStore, src backstop.Source, opts FetcherOptions) *Fe
 	if opts.NotFoundGrace <= 0 {
 		opts.NotFoundGrace = DefaultNotFoundGrace
 	}
+	if opts.Lease <= 0 {
+		opts.Lease = DefaultFetchLease
+	}
 	return &Fetcher{
 		store: st, source: src, routes: opts.Routes, metrics: opts.Metrics, logger: opts.Logger, onQueued: opts.OnQueued,
 		now: opts.Now, interval: opts.Interval, minRetry: opts.MinRetry, maxRetry: opts.MaxRetry, grace: opts.NotFoundGrace,
-		wake: make(chan struct{}, 1), attempts: map[string]int{},
+		lease: opts.Lease, wake: make(chan struct{}, 1),
 	}
 }
 
@@ -116,32 +134,41 @@ func (f *Fetcher) Run(ctx context.Context) {
 	}
 }
 
-// drain processes every due event, a batch at a time.
+// drain fetches every due event, claiming one at a time so that each
+// fetch starts well within its lease and the fetchers of other processes
+// share the work.
 func (f *Fetcher) drain(ctx context.Context) {
 	for ctx.Err() == nil {
-		due, err := f.store.DueTruncated(ctx, f.now(), 50)
+		now := f.now()
+		due, err := f.store.ClaimTruncated(ctx, now, 1, f.lease)
 		if err != nil {
 			if ctx.Err() == nil {
-				f.logger.Error("list truncated events", "error", err)
+				f.logger.Error("claim truncated events", "error", err)
 			}
-			return
+			break
 		}
-		for _, ev := range due {
-			f.fetch(ctx, ev)
+		if len(due) == 0 {
+			break
 		}
-		if f.metrics != nil {
-			if n, err := f.store.CountTruncatedPending(ctx); err == nil {
-				f.metrics.TruncatedPending.Set(float64(n))
-			}
-		}
-		if len(due) < 50 {
-			return
+		f.fetch(ctx, due[0], now, now.Add(f.lease))
+	}
+	if f.metrics != nil && ctx.Err() == nil {
+		if n, err := f.store.CountTruncatedPending(ctx); err == nil {
+			f.metrics.TruncatedPending.Set(float64(n))
 		}
 	}
 }
 
-func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event) {
-	obj, _, err := f.source.Get(ctx, ev.Resource, ev.ObjectID)
+// fetch fetches the object of ev, claimed at claimed until lease, and
+// records the outcome.
+func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event, claimed, lease time.Time) {
+	fetchCtx, cancel := context.WithTimeout(ctx, f.lease*4/5)
+	obj, _, err := f.source.Get(fetchCtx, ev.Resource, ev.ObjectID)
+	cancel()
+	if ctx.Err() != nil {
+		f.release(ev, claimed, lease)
+		return
+	}
 	missing := errors.Is(err, backstop.ErrNotFound) // on the platform, not in the store
 	if err == nil {
 		var res backstop.EmitResult
@@ -150,15 +177,15 @@ func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event) {
 			if f.onQueued != nil {
 				backstop.QueuedTargets([]backstop.Event{ev}, []backstop.EmitResult{res}, f.routes, f.onQueued)
 			}
-			delete(f.attempts, ev.ID)
 			f.result("ok")
 			f.logger.Info("truncated event completed", "event_id", ev.ID, "resource", ev.Resource,
 				"object_id", ev.ObjectID, "status", res.Status)
 			return
 		}
-	}
-	if ctx.Err() != nil {
-		return
+		if ctx.Err() != nil {
+			f.release(ev, claimed, lease)
+			return
+		}
 	}
 	if missing && f.now().Sub(ev.CreatedAt) >= f.grace {
 		// Counted and logged once stored: a failed write leaves the
@@ -169,21 +196,41 @@ func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event) {
 			}
 			return
 		}
-		delete(f.attempts, ev.ID)
 		f.result("gave_up")
 		f.logger.Error("truncated event given up: the platform has no such object", "event_id", ev.ID,
 			"resource", ev.Resource, "object_id", ev.ObjectID, "event_created_at", ev.CreatedAt, "error", err)
 		return
 	}
 	f.result("error")
-	n := f.attempts[ev.ID] + 1
-	f.attempts[ev.ID] = n
-	wait := min(f.minRetry<<min(n-1, 20), f.maxRetry)
-	next := f.now().Add(wait)
-	f.logger.Warn("truncated event fetch failed; will retry", "event_id", ev.ID, "resource", ev.Resource,
-		"object_id", ev.ObjectID, "attempt", n, "retry_in", wait, "error", err)
-	if ferr := f.store.FailTruncated(ctx, ev.ID, err.Error(), next); ferr != nil && ctx.Err() == nil {
-		f.logger.Error("record truncated fetch failure", "event_id", ev.ID, "error", ferr)
+	var wait time.Duration
+	n, ferr := f.store.FailClaimedTruncated(ctx, ev.ID, lease, err.Error(), func(n int) time.Time {
+		wait = min(f.minRetry<<min(n-1, 20), f.maxRetry)
+		return f.now().Add(wait)
+	})
+	switch {
+	case errors.Is(ferr, backstop.ErrNotFound):
+		// The lease ran out during the fetch: another fetch has the
+		// event now, and records its own outcome.
+		f.logger.Warn("truncated event fetch failed after its claim ran out; not recorded", "event_id", ev.ID,
+			"resource", ev.Resource, "object_id", ev.ObjectID, "error", err)
+	case ferr != nil:
+		if ctx.Err() == nil {
+			f.logger.Error("record truncated fetch failure", "event_id", ev.ID, "error", ferr)
+		}
+	default:
+		f.logger.Warn("truncated event fetch failed; will retry", "event_id", ev.ID, "resource", ev.Resource,
+			"object_id", ev.ObjectID, "attempt", n, "retry_in", wait, "error", err)
+	}
+}
+
+// release hands ev, claimed at claimed until lease, back unfetched as the
+// fetcher stops, so that another process (or this one restarted) need not
+// wait for the lease to end.
+func (f *Fetcher) release(ev backstop.Event, claimed, lease time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := f.store.ReleaseTruncated(ctx, ev.ID, lease, claimed); err != nil {
+		f.logger.Warn("release truncated event", "event_id", ev.ID, "error", err)
 	}
 }
 

@@ -2,7 +2,9 @@ package intake_test
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -201,4 +203,202 @@ func truncatedSetup(t *testing.T, o sim.Options) (*sim.Sim, *sources.Client, *st
 	}
 	t.Cleanup(func() { db.Close() })
 	return s, client, db
+}
+
+// sharedStoreFetchers is a simulator with latency behind a server that counts
+// the GETs of each object, a store file, and a shared fake clock, for
+// fetchers running as separate processes would: each on its own handle on
+// the file.
+type sharedStoreFetchers struct {
+	t      *testing.T
+	sim    *sim.Sim
+	client *sources.Client
+	path   string
+
+	mu   sync.Mutex
+	gets map[string]int // by object id
+	now  time.Time
+}
+
+// newSharedStoreFetchers starts the simulator, answering after latency, and
+// the counting server; the clock starts at start.
+func newSharedStoreFetchers(t *testing.T, start time.Time, latency time.Duration) *sharedStoreFetchers {
+	t.Helper()
+	s := sim.New(sim.Options{Seed: 3, Objects: 20, Latency: latency})
+	h := &sharedStoreFetchers{t: t, sim: s, path: filepath.Join(t.TempDir(), "shared.db"), gets: map[string]int{}, now: start}
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			h.mu.Lock()
+			h.gets[path.Base(r.URL.Path)]++
+			h.mu.Unlock()
+		}
+		s.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(api.Close)
+	var err error
+	h.client, err = sources.New(sources.Options{BaseURL: api.URL, APIKey: s.APIKey(), RetryMax: -1,
+		Governor: governor.New(s.APIKey(), governor.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h *sharedStoreFetchers) clock() time.Time { h.mu.Lock(); defer h.mu.Unlock(); return h.now }
+
+func (h *sharedStoreFetchers) setClock(t time.Time) { h.mu.Lock(); h.now = t; h.mu.Unlock() }
+
+func (h *sharedStoreFetchers) getsOf(id string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.gets[id]
+}
+
+// open opens another handle on the store file, as another process would.
+func (h *sharedStoreFetchers) open() *store.DB {
+	h.t.Helper()
+	db, err := store.Open(context.Background(), h.path, store.Options{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// start runs a fetcher over db, polling every few milliseconds; the
+// returned func stops it and waits for it to return.
+func (h *sharedStoreFetchers) start(db *store.DB, routes []backstop.Route, metrics *intake.Metrics) (stop func()) {
+	f := intake.NewFetcher(db, h.client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: h.clock,
+		Interval: 5 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	h.t.Cleanup(stop)
+	return stop
+}
+
+// Two serve processes on one store: a truncated event whose object is still
+// missing is fetched once per backoff step, not once per process, and the
+// backoff (1, 2, 4, 8 s) follows the attempts stored with the event; a
+// process started afterwards goes on from them instead of starting over.
+func TestTruncatedFetchOncePerStepAcrossProcesses(t *testing.T) {
+	created := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	// The latency keeps each fetch in flight long enough for another
+	// process's fetcher, polling every few milliseconds, to see the event.
+	h := newSharedStoreFetchers(t, created.Add(time.Minute), 200*time.Millisecond) // within the not-found grace
+	body := []byte(`{"event_id":"evt_gone","event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","truncated":true,"data":{"id":"pay_notyet"}}`)
+	ev, err := intake.ParseEnvelope(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	a, b := h.open(), h.open()
+	if res, err := a.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitAccepted {
+		t.Fatalf("emit truncated: %v %v", res, err)
+	}
+	stopA := h.start(a, routes, nil)
+	stopB := h.start(b, routes, nil)
+
+	// step waits for the k-th fetch to be recorded, checks that it was the
+	// k-th GET and that the next one is due wait later, then moves the
+	// clock to it.
+	step := func(k int, wait time.Duration) {
+		t.Helper()
+		waitFor(t, func() bool {
+			pe, _, _ := a.ProcessedEvent(context.Background(), "evt_gone")
+			return pe.FetchAttempts >= k
+		})
+		pe, _, err := b.ProcessedEvent(context.Background(), "evt_gone")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := h.getsOf("pay_notyet"); pe.FetchAttempts != k || got != k {
+			t.Fatalf("step %d: %d attempts recorded and %d GETs, want %d of each (one fetch per step, not one per process)",
+				k, pe.FetchAttempts, got, k)
+		}
+		if want := h.clock().Add(wait); !pe.Truncated || !pe.NextFetchAt.Equal(want) {
+			t.Fatalf("step %d: truncated=%v, next fetch at %v, want %v (retry in %v)", k, pe.Truncated, pe.NextFetchAt, want, wait)
+		}
+		h.setClock(pe.NextFetchAt)
+	}
+	for k, wait := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second} {
+		step(k+1, wait)
+	}
+
+	// Both stop (a rolling deploy); a new process continues the schedule.
+	stopA()
+	stopB()
+	h.start(h.open(), routes, nil)
+	step(5, 16*time.Second)
+	step(6, 32*time.Second)
+}
+
+// Two serve processes on one store: a truncated event whose object exists
+// is fetched once and completed once: one GET, one "ok", one outbox row.
+func TestTruncatedEventCompletedOnceAcrossProcesses(t *testing.T) {
+	h := newSharedStoreFetchers(t, time.Now(), 200*time.Millisecond)
+	pay := h.sim.Objects(backstop.Payments)[0]
+	body := []byte(`{"event_id":"evt_big","event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","truncated":true,"data":{"id":"` + pay.ID + `"}}`)
+	ev, err := intake.ParseEnvelope(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	a, b := h.open(), h.open()
+	ma, mb := intake.NewMetrics(prometheus.NewRegistry()), intake.NewMetrics(prometheus.NewRegistry())
+	stopA := h.start(a, routes, ma)
+	stopB := h.start(b, routes, mb)
+	if res, err := a.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitAccepted {
+		t.Fatalf("emit truncated: %v %v", res, err)
+	}
+	waitFor(t, func() bool {
+		pe, _, _ := b.ProcessedEvent(context.Background(), "evt_big")
+		return !pe.Truncated
+	})
+	stopA()
+	stopB() // every fetch in flight has ended
+	if got := h.getsOf(pay.ID); got != 1 {
+		t.Errorf("%d GETs of the object, want 1", got)
+	}
+	ok := testutil.ToFloat64(ma.TruncatedFetches.WithLabelValues("ok")) + testutil.ToFloat64(mb.TruncatedFetches.WithLabelValues("ok"))
+	if ok != 1 {
+		t.Errorf("result=\"ok\" counted %v times over both processes, want 1", ok)
+	}
+	if rows, err := a.OutboxRows(context.Background(), "billing"); err != nil || len(rows) != 1 {
+		t.Errorf("outbox: %v, %d rows, want 1", err, len(rows))
+	}
+}
+
+// A process stopped mid-fetch hands its claim back: another process
+// fetches the event at once instead of when the claim's lease would end.
+func TestTruncatedFetchStoppedMidwayIsHandedBack(t *testing.T) {
+	h := newSharedStoreFetchers(t, time.Now(), 2*time.Second) // long enough to stop the fetch midway
+	pay := h.sim.Objects(backstop.Payments)[0]
+	body := []byte(`{"event_id":"evt_big","event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","truncated":true,"data":{"id":"` + pay.ID + `"}}`)
+	ev, err := intake.ParseEnvelope(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	a, b := h.open(), h.open()
+	if res, err := a.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitAccepted {
+		t.Fatalf("emit truncated: %v %v", res, err)
+	}
+	stopA := h.start(a, routes, nil)
+	waitFor(t, func() bool { return h.getsOf(pay.ID) == 1 }) // in flight (the API's latency)
+	stopA()
+	pe, _, err := b.ProcessedEvent(context.Background(), "evt_big")
+	if err != nil || !pe.Truncated || pe.FetchAttempts != 0 || pe.NextFetchAt.After(h.clock()) {
+		t.Fatalf("after a stop mid-fetch: %+v, %v; want it due now, no attempt counted", pe, err)
+	}
+	h.start(b, routes, nil) // the clock stands still: only a handed-back claim is due
+	waitFor(t, func() bool {
+		pe, _, _ := b.ProcessedEvent(context.Background(), "evt_big")
+		return !pe.Truncated
+	})
+	if got := h.getsOf(pay.ID); got != 2 {
+		t.Errorf("%d GETs of the object, want 2", got)
+	}
 }
