@@ -14,22 +14,29 @@ import (
 
 // JobRun is one stored run of a scheduled job.
 type JobRun struct {
-	ID         int64
-	Job        string
-	Kind       string
-	StartedAt  time.Time
+	ID        int64
+	Job       string
+	Kind      string
+	StartedAt time.Time
+	// FinishedAt is when the run ended; for a run still running, its last
+	// heartbeat (it went on at least until then).
 	FinishedAt time.Time
-	// Status is "ok", "failed", "interrupted" (cancelled before it
-	// finished) or "skipped".
+	// Status is "running" (stored at its start, StartJobRun), "ok",
+	// "failed", "interrupted" (cancelled before it finished), "skipped"
+	// or "abandoned" (left running by a process that died, see
+	// AbandonStaleJobRuns).
 	Status string
 	Counts backstop.JobCounts
-	// Error is the failed run's error, empty otherwise.
+	// Error is the failed or abandoned run's error, empty otherwise.
 	Error string
+	// HeartbeatAt is when the run last said it was going on: its start,
+	// then every heartbeat (JobRunHeartbeat), and its end.
+	HeartbeatAt time.Time
 }
 
 // jobRunColumns are the columns of job_runs in the order jobRunRow lists them.
 const jobRunColumns = `id, job, kind, started_at, finished_at, status, pages, objects, new, updated,
-	missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error`
+	missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error, heartbeat_at`
 
 // jobRunRow is one row of job_runs.
 type jobRunRow struct {
@@ -37,7 +44,7 @@ type jobRunRow struct {
 	Job         string         `db:"job"`
 	Kind        string         `db:"kind"`
 	StartedAt   string         `db:"started_at"`
-	FinishedAt  string         `db:"finished_at"`
+	FinishedAt  sql.NullString `db:"finished_at"`
 	Status      string         `db:"status"`
 	Pages       int            `db:"pages"`
 	Objects     int            `db:"objects"`
@@ -51,6 +58,7 @@ type jobRunRow struct {
 	Requests    int            `db:"requests"`
 	RateLimited int            `db:"rate_limited"`
 	Error       sql.NullString `db:"error"`
+	HeartbeatAt string         `db:"heartbeat_at"`
 }
 
 func (row jobRunRow) jobRun() (JobRun, error) {
@@ -67,15 +75,25 @@ func (row jobRunRow) jobRun() (JobRun, error) {
 	if run.StartedAt, err = backstop.ParseTime(row.StartedAt); err != nil {
 		return run, fmt.Errorf("job run %d: started_at: %w", row.ID, err)
 	}
-	if run.FinishedAt, err = backstop.ParseTime(row.FinishedAt); err != nil {
+	if run.FinishedAt, err = parseNullTime(row.FinishedAt); err != nil {
 		return run, fmt.Errorf("job run %d: finished_at: %w", row.ID, err)
+	}
+	// Written by SQLite's default for a run stored by an older binary:
+	// strftime's milliseconds, which ParseTime reads too.
+	if run.HeartbeatAt, err = backstop.ParseTime(row.HeartbeatAt); err != nil {
+		return run, fmt.Errorf("job run %d: heartbeat_at: %w", row.ID, err)
+	}
+	if run.Status == "running" {
+		run.FinishedAt = run.HeartbeatAt
 	}
 	return run, nil
 }
 
-// SaveJobRun stores a finished run and returns its id. It fails on an empty
-// job name or a status other than "ok", "failed", "interrupted" and
-// "skipped". A zero StartedAt or FinishedAt is stored as now.
+// SaveJobRun stores a run that ended (or was skipped) in one go and returns
+// its id; a run that goes on for a while is stored by StartJobRun and
+// FinishJobRun instead. It fails on an empty job name or a status other
+// than "ok", "failed", "interrupted" and "skipped". A zero StartedAt or
+// FinishedAt is stored as now.
 func (db *DB) SaveJobRun(ctx context.Context, run JobRun) (int64, error) {
 	if run.Job == "" {
 		return 0, errors.New("save job run: empty job name")
@@ -94,17 +112,172 @@ func (db *DB) SaveJobRun(ctx context.Context, run JobRun) (int64, error) {
 	}
 	c := run.Counts
 	res, err := db.w.ExecContext(ctx, `INSERT INTO job_runs (job, kind, started_at, finished_at, status,
-		pages, objects, new, updated, missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		pages, objects, new, updated, missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error,
+		heartbeat_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		run.Job, run.Kind, backstop.CanonicalTime(run.StartedAt), backstop.CanonicalTime(run.FinishedAt), run.Status,
 		c.Pages, c.Objects, c.New, c.Updated, c.Missing, c.Behind, c.Reemitted, c.Suppressed, c.Pruned,
-		c.Requests, c.RateLimited, nullString(run.Error))
+		c.Requests, c.RateLimited, nullString(run.Error), backstop.CanonicalTime(run.FinishedAt))
 	if err != nil {
 		return 0, fmt.Errorf("save job run %s: %w", run.Job, err)
 	}
 	id, err := res.LastInsertId()
 	if err != nil {
 		return 0, fmt.Errorf("save job run %s: %w", run.Job, err)
+	}
+	return id, nil
+}
+
+// JobRunStaleAfter is how long a job run may go without a heartbeat before
+// a "running" row is taken for one whose process died (SIGKILL, a crash, a
+// power loss) and closed as "abandoned". A live run beats every minute
+// (sync.DefaultJobHeartbeat), whatever it is waiting for, so an hour
+// without one is far beyond any live run, also one in another process
+// sharing this store. It is ReconcileStaleAfter.
+const JobRunStaleAfter = ReconcileStaleAfter
+
+// abandonJobRunsSQL closes the running job runs whose last heartbeat is
+// before the second parameter, of the job given as the third (all when it
+// is empty); the first is now.
+const abandonJobRunsSQL = `UPDATE job_runs SET status = 'abandoned', finished_at = ?1,
+		error = 'abandoned: no heartbeat since ' || heartbeat_at || ' (its process was killed or crashed)'
+	WHERE status = 'running' AND heartbeat_at < ?2 AND (?3 = '' OR job = ?3)`
+
+// abandonStaleJobRuns closes the stale running runs of job (of every job
+// when it is empty) through ex and returns how many it closed.
+func (db *DB) abandonStaleJobRuns(ctx context.Context, ex sqlx.ExecerContext, job string) (int64, error) {
+	now := db.now()
+	res, err := ex.ExecContext(ctx, abandonJobRunsSQL, backstop.CanonicalTime(now),
+		backstop.CanonicalTime(now.Add(-JobRunStaleAfter)), job)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// AbandonStaleJobRuns closes as "abandoned" every "running" job run whose
+// last heartbeat is more than JobRunStaleAfter old: its process died
+// without finishing it. It returns how many runs it closed. Maintenance
+// runs it; StartJobRun does the same for its job.
+func (db *DB) AbandonStaleJobRuns(ctx context.Context) (int64, error) {
+	n, err := db.abandonStaleJobRuns(ctx, db.w, "")
+	if err != nil {
+		return 0, fmt.Errorf("abandon stale job runs: %w", err)
+	}
+	return n, nil
+}
+
+// StartJobRun records the start of run (Job, Kind, StartedAt) with status
+// "running" and its first heartbeat, and returns its id, which
+// JobRunHeartbeat and FinishJobRun take. In the same transaction it closes
+// the stale running runs of the job as AbandonStaleJobRuns does, so a run
+// killed with SIGKILL is closed by the next run of its job. A zero
+// StartedAt is stored as now. It fails on an empty job name.
+func (db *DB) StartJobRun(ctx context.Context, run JobRun) (int64, error) {
+	id, err := db.startJobRun(ctx, run)
+	if err != nil {
+		return 0, fmt.Errorf("start job run %s: %w", run.Job, err)
+	}
+	return id, nil
+}
+
+func (db *DB) startJobRun(ctx context.Context, run JobRun) (int64, error) {
+	if run.Job == "" {
+		return 0, errors.New("empty job name")
+	}
+	now := db.now()
+	if run.StartedAt.IsZero() {
+		run.StartedAt = now
+	}
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := db.abandonStaleJobRuns(ctx, tx, run.Job); err != nil {
+		return 0, fmt.Errorf("abandon stale runs: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, `INSERT INTO job_runs (job, kind, started_at, status, heartbeat_at)
+		VALUES (?, ?, ?, 'running', ?)`, run.Job, run.Kind, backstop.CanonicalTime(run.StartedAt), backstop.CanonicalTime(now))
+	if err != nil {
+		return 0, err
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	return id, nil
+}
+
+// JobRunHeartbeat records that run id is still going, so that it is not
+// taken for abandoned (JobRunStaleAfter). A run no longer running (closed
+// as abandoned while it went on) is left alone and an error says so; it
+// returns ErrNotFound when there is no run id.
+func (db *DB) JobRunHeartbeat(ctx context.Context, id int64) error {
+	res, err := db.w.ExecContext(ctx, `UPDATE job_runs SET heartbeat_at = ? WHERE id = ? AND status = 'running'`,
+		backstop.CanonicalTime(db.now()), id)
+	if err != nil {
+		return fmt.Errorf("job run %d heartbeat: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("job run %d heartbeat: %w", id, err)
+	} else if n > 0 {
+		return nil
+	}
+	var status []string
+	if err := db.r.SelectContext(ctx, &status, `SELECT status FROM job_runs WHERE id = ?`, id); err != nil {
+		return fmt.Errorf("job run %d heartbeat: %w", id, err)
+	}
+	if len(status) == 0 {
+		return fmt.Errorf("job run %d heartbeat: %w", id, backstop.ErrNotFound)
+	}
+	return fmt.Errorf("job run %d heartbeat: the run was closed as %s while it went on", id, status[0])
+}
+
+// FinishJobRun stores the end of the run started by StartJobRun (run.ID):
+// its status ("ok", "failed" or "interrupted"), counts and error, with
+// FinishedAt (zero: now). A run closed as abandoned while it went on (no
+// heartbeat for JobRunStaleAfter) takes its real result. It fails with
+// ErrNotFound when no such run is running or abandoned.
+func (db *DB) FinishJobRun(ctx context.Context, run JobRun) error {
+	switch run.Status {
+	case "ok", "failed", "interrupted":
+	default:
+		return fmt.Errorf("finish job run %d (%s): unknown status %q", run.ID, run.Job, run.Status)
+	}
+	now := db.now()
+	if run.FinishedAt.IsZero() {
+		run.FinishedAt = now
+	}
+	c := run.Counts
+	res, err := db.w.ExecContext(ctx, `UPDATE job_runs SET finished_at = ?, status = ?, pages = ?, objects = ?,
+		new = ?, updated = ?, missing = ?, behind = ?, reemitted = ?, suppressed = ?, pruned = ?, requests = ?,
+		rate_limited = ?, error = ?, heartbeat_at = ?
+		WHERE id = ? AND status IN ('running', 'abandoned')`,
+		backstop.CanonicalTime(run.FinishedAt), run.Status, c.Pages, c.Objects, c.New, c.Updated, c.Missing,
+		c.Behind, c.Reemitted, c.Suppressed, c.Pruned, c.Requests, c.RateLimited, nullString(run.Error),
+		backstop.CanonicalTime(now), run.ID)
+	if err != nil {
+		return fmt.Errorf("finish job run %d (%s): %w", run.ID, run.Job, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("finish job run %d (%s): %w", run.ID, run.Job, err)
+	} else if n == 0 {
+		return fmt.Errorf("finish job run %d (%s): no such run going on: %w", run.ID, run.Job, backstop.ErrNotFound)
+	}
+	return nil
+}
+
+// StoreID returns this store's identity: a random id made once, when the
+// store was created (or upgraded to schema 12), and kept in the database.
+// Processes of several stores sharing one Redis scope their keys with it.
+func (db *DB) StoreID(ctx context.Context) (string, error) {
+	var id string
+	if err := db.r.GetContext(ctx, &id, `SELECT store_id FROM store_meta WHERE id = 1`); err != nil {
+		return "", fmt.Errorf("read store id: %w", err)
 	}
 	return id, nil
 }
@@ -132,7 +305,7 @@ func (db *DB) JobRuns(ctx context.Context, job string, limit int) ([]JobRun, err
 }
 
 // LastJobRun returns the newest stored run of job that did run (any status
-// but skipped), or, when every stored run was skipped, the newest skipped
+// but skipped, so also one still running), or, when every stored run was skipped, the newest skipped
 // one; ok=false when none is stored. A job longer than its interval is
 // skipped at every tick while it runs: the newest row would hide the
 // outcome of the run that matters.

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,6 +47,7 @@ func TestJobRunsSaveListPrune(t *testing.T) {
 		t.Errorf("times %v %v, want %v %v", got.StartedAt, got.FinishedAt, want.StartedAt, want.FinishedAt)
 	}
 	got.StartedAt, got.FinishedAt, want.StartedAt, want.FinishedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	got.HeartbeatAt = time.Time{}
 	if got != want {
 		t.Errorf("last run %+v, want %+v", got, want)
 	}
@@ -70,6 +73,118 @@ func TestJobRunsSaveListPrune(t *testing.T) {
 	}
 	if runs, _ := db.JobRuns(ctx, "a", 0); len(runs) != 2 || runs[1].ID != id {
 		t.Errorf("after prune: %+v", runs)
+	}
+}
+
+// A job run is stored as running at its start and finished in place;
+// `backstop jobs` (LastJobRun) shows it running rather than the ticks
+// skipped meanwhile. One left running by a process that died is closed as
+// abandoned once its heartbeat is JobRunStaleAfter old: by the next run
+// of its job, or by maintenance for every job. A run whose heartbeat is
+// younger may be going on in another process and is left alone.
+func TestJobRunsRunningAndAbandoned(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	last := func(job string) JobRun {
+		t.Helper()
+		run, ok, err := db.LastJobRun(ctx, job)
+		if err != nil || !ok {
+			t.Fatalf("LastJobRun(%s): ok=%v err=%v", job, ok, err)
+		}
+		return run
+	}
+	killed, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.StartJobRun(ctx, JobRun{Kind: "sync"}); err == nil {
+		t.Error("a run without a job name was started")
+	}
+	clk.Set(t0.Add(time.Minute))
+	if _, err := db.SaveJobRun(ctx, JobRun{Job: "nightly", Kind: "sync", Status: "skipped"}); err != nil {
+		t.Fatal(err)
+	}
+	if run := last("nightly"); run.ID != killed || run.Status != "running" || !run.StartedAt.Equal(t0) {
+		t.Fatalf("last run of a job whose first run goes on: %+v, want run %d running", run, killed)
+	}
+	clk.Set(t0.Add(30 * time.Minute))
+	if err := db.JobRunHeartbeat(ctx, killed); err != nil {
+		t.Fatal(err)
+	}
+	if run := last("nightly"); !run.HeartbeatAt.Equal(t0.Add(30*time.Minute)) || !run.FinishedAt.Equal(run.HeartbeatAt) {
+		t.Errorf("after a heartbeat: %+v, want heartbeat (and so far) at +30m", run)
+	}
+	other, err := db.StartJobRun(ctx, JobRun{Job: "hourly", Kind: "reconcile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// At +1h20m the nightly run beat 50m ago: it may be alive elsewhere.
+	clk.Set(t0.Add(80 * time.Minute))
+	if n, err := db.AbandonStaleJobRuns(ctx); err != nil || n != 0 {
+		t.Fatalf("AbandonStaleJobRuns = %d, %v; want none", n, err)
+	}
+	next, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := db.JobRuns(ctx, "nightly", 0)
+	if err != nil || len(runs) != 3 || runs[2].ID != killed || runs[2].Status != "running" {
+		t.Fatalf("runs %+v (%v): want the killed run still running", runs, err)
+	}
+	if err := db.FinishJobRun(ctx, JobRun{ID: next, Job: "nightly", Status: "ok",
+		Counts: backstop.JobCounts{Pages: 2, Objects: 30}}); err != nil {
+		t.Fatal(err)
+	}
+	if run := last("nightly"); run.ID != next || run.Status != "ok" || run.Counts.Objects != 30 ||
+		!run.FinishedAt.Equal(t0.Add(80*time.Minute)) {
+		t.Errorf("finished run: %+v", run)
+	}
+	if err := db.FinishJobRun(ctx, JobRun{ID: next, Job: "nightly", Status: "failed"}); !errors.Is(err, backstop.ErrNotFound) {
+		t.Errorf("a run finished twice: %v, want ErrNotFound", err)
+	}
+
+	// At +1h31m the nightly run's heartbeat is over an hour old: the next
+	// run of its job closes it; the hourly one (beat at +30m) too, by
+	// maintenance.
+	clk.Set(t0.Add(91 * time.Minute))
+	again, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, _ = db.JobRuns(ctx, "nightly", 0)
+	byID := map[int64]JobRun{}
+	for _, r := range runs {
+		byID[r.ID] = r
+	}
+	if k := byID[killed]; k.Status != "abandoned" || !strings.Contains(k.Error, "no heartbeat since") ||
+		!k.FinishedAt.Equal(t0.Add(91*time.Minute)) {
+		t.Errorf("killed run after the next start: %+v, want abandoned", k)
+	}
+	if a := byID[again]; a.Status != "running" {
+		t.Errorf("the new run is %s", a.Status)
+	}
+	if err := db.JobRunHeartbeat(ctx, killed); err == nil || !strings.Contains(err.Error(), "abandoned") {
+		t.Errorf("heartbeat of an abandoned run: %v", err)
+	}
+	if run := last("hourly"); run.ID != other || run.Status != "running" {
+		t.Fatalf("hourly run before maintenance: %+v", run)
+	}
+	if n, err := db.AbandonStaleJobRuns(ctx); err != nil || n != 1 {
+		t.Fatalf("AbandonStaleJobRuns = %d, %v; want the hourly run", n, err)
+	}
+	if run := last("hourly"); run.Status != "abandoned" {
+		t.Errorf("hourly run after maintenance: %s", run.Status)
+	}
+	// A run closed as abandoned that did go on takes its real result.
+	if err := db.FinishJobRun(ctx, JobRun{ID: other, Job: "hourly", Status: "interrupted"}); err != nil {
+		t.Errorf("finishing a run closed as abandoned: %v", err)
+	}
+	if run := last("hourly"); run.Status != "interrupted" {
+		t.Errorf("hourly run finished late: %s", run.Status)
+	}
+	if err := db.FinishJobRun(ctx, JobRun{ID: again, Job: "nightly", Status: "running"}); err == nil {
+		t.Error("a run finished as running")
 	}
 }
 

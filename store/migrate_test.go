@@ -106,3 +106,79 @@ func TestMigration10KeepsRunsAndAddsStatuses(t *testing.T) {
 		t.Errorf("a reconcile run started by an older binary cannot be stored: %v", err)
 	}
 }
+
+// Migration 0012 keeps every job run (its status, counts and times) of a
+// store at schema 11, gives it its end as heartbeat, then stores runs as
+// running and abandoned, and gives the store an id that stays the same
+// when it is opened again.
+func TestMigration12KeepsJobRunsAndAddsRunningAndStoreID(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	w := openAtVersion(t, path, 11)
+	for _, q := range []string{
+		`INSERT INTO job_runs (id, job, kind, started_at, finished_at, status, pages, error)
+			VALUES (7, 'crm-nightly', 'sync', '2026-01-01T03:00:00.000000000Z', '2026-01-01T03:00:09.000000000Z', 'interrupted', 4, 'context canceled')`,
+		`INSERT INTO job_runs (id, job, kind, started_at, finished_at, status)
+			VALUES (8, 'crm-nightly', 'sync', '2026-01-01T03:01:00.000000000Z', '2026-01-01T03:01:00.000000000Z', 'skipped')`,
+	} {
+		if _, err := w.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := db.JobRuns(ctx, "crm-nightly", 0)
+	if err != nil || len(runs) != 2 || runs[1].ID != 7 || runs[1].Status != "interrupted" || runs[1].Counts.Pages != 4 ||
+		runs[1].Error != "context canceled" || runs[0].Status != "skipped" {
+		t.Fatalf("job runs after the upgrade: %+v, %v", runs, err)
+	}
+	if want := mustTime(t, "2026-01-01T03:00:09Z"); !runs[1].FinishedAt.Equal(want) || !runs[1].HeartbeatAt.Equal(want) {
+		t.Errorf("run 7 finished %v, heartbeat %v; want both at its end %v", runs[1].FinishedAt, runs[1].HeartbeatAt, want)
+	}
+	var idx int
+	if err := db.r.GetContext(ctx, &idx, `SELECT count(*) FROM sqlite_schema WHERE type = 'index'
+		AND name IN ('job_runs_job', 'job_runs_started', 'job_runs_running')`); err != nil || idx != 3 {
+		t.Errorf("%d of 3 indexes after the upgrade (%v)", idx, err)
+	}
+	id, err := db.StartJobRun(ctx, JobRun{Job: "crm-nightly", Kind: "sync"})
+	if err != nil {
+		t.Fatalf("a running run cannot be stored: %v", err)
+	}
+	if last, _, err := db.LastJobRun(ctx, "crm-nightly"); err != nil || last.ID != id || last.Status != "running" {
+		t.Errorf("last run: %+v, %v; want %d running", last, err, id)
+	}
+	// A binary from before the migration still running on the store
+	// stores finished runs without a heartbeat.
+	if _, err := db.w.ExecContext(ctx, `INSERT INTO job_runs (job, kind, started_at, finished_at, status)
+		VALUES ('prune', 'maintenance', '2026-01-02T04:30:00.000000000Z', '2026-01-02T04:30:01.000000000Z', 'ok')`); err != nil {
+		t.Errorf("a run stored by an older binary: %v", err)
+	}
+	if _, _, err := db.LastJobRun(ctx, "prune"); err != nil {
+		t.Errorf("a run stored by an older binary cannot be read: %v", err)
+	}
+	first, err := db.StoreID(ctx)
+	if err != nil || len(first) != 32 {
+		t.Fatalf("store id %q, %v; want 32 hex digits", first, err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err = Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if again, err := db.StoreID(ctx); err != nil || again != first {
+		t.Errorf("store id after reopening %q (%v), want %q", again, err, first)
+	}
+	other, _ := openTest(t)
+	if id, err := other.StoreID(ctx); err != nil || id == first || len(id) != 32 {
+		t.Errorf("another store's id %q (%v), want another than %q", id, err, first)
+	}
+}

@@ -78,12 +78,19 @@ func TestRedisLeaseElectsOneLeader(t *testing.T) {
 	}
 }
 
-// countingStore is a JobStore that counts the runs it is given.
+// countingStore is a JobStore that counts the runs it is given (each
+// stored once: skipped, or at its start).
 type countingStore struct{ runs atomic.Int64 }
 
 func (s *countingStore) SaveJobRun(context.Context, bsync.JobRun) (int64, error) {
 	return s.runs.Add(1), nil
 }
+func (s *countingStore) StartJobRun(context.Context, bsync.JobRun) (int64, error) {
+	return s.runs.Add(1), nil
+}
+func (*countingStore) JobRunHeartbeat(context.Context, int64) error             { return nil }
+func (*countingStore) FinishJobRun(context.Context, bsync.JobRun) error         { return nil }
+func (*countingStore) AbandonStaleJobRuns(context.Context) (int64, error)       { return 0, nil }
 func (*countingStore) PruneProcessed(context.Context, time.Time) (int64, error) { return 0, nil }
 func (*countingStore) PruneJobRuns(context.Context, time.Time) (int64, error)   { return 0, nil }
 func (*countingStore) PruneAttempts(context.Context, time.Time) (int64, error)  { return 0, nil }

@@ -78,6 +78,9 @@ const (
 	// committed is kept.
 	JobInterrupted JobStatus = "interrupted"
 	JobSkipped     JobStatus = "skipped" // the job was still running
+	// JobRunning is stored when a run starts (JobStore.StartJobRun) and
+	// replaced by its result when it ends.
+	JobRunning JobStatus = "running"
 )
 
 // addRun adds one resource's run and what it emitted to c.
@@ -108,8 +111,20 @@ type JobRun struct {
 // JobStore keeps job runs and does the maintenance. The store adapter
 // implements it (cmd wires store.DB to it).
 type JobStore interface {
-	// SaveJobRun stores a finished (or skipped) run and returns its id.
+	// SaveJobRun stores a run that did not start (skipped, or refused by
+	// its lock) and returns its id.
 	SaveJobRun(ctx context.Context, run JobRun) (int64, error)
+	// StartJobRun stores run as running, with a first heartbeat, and
+	// returns its id; it closes as abandoned the runs of the same job
+	// left running by a process that died (no heartbeat for long).
+	StartJobRun(ctx context.Context, run JobRun) (int64, error)
+	// JobRunHeartbeat records that the run id is still going.
+	JobRunHeartbeat(ctx context.Context, id int64) error
+	// FinishJobRun stores the result of the run started as run.ID.
+	FinishJobRun(ctx context.Context, run JobRun) error
+	// AbandonStaleJobRuns closes the job runs left running by a process
+	// that died (no heartbeat for long) and returns how many.
+	AbandonStaleJobRuns(ctx context.Context) (int64, error)
 	// PruneProcessed deletes processed events received before before.
 	PruneProcessed(ctx context.Context, before time.Time) (int64, error)
 	// PruneJobRuns deletes job runs started before before.
@@ -150,6 +165,11 @@ var (
 	ErrInvalidJob = errors.New("sync: invalid job")
 )
 
+// DefaultJobHeartbeat is how often a run says it is still going on by
+// default (JobStore.JobRunHeartbeat), so that a run left running by a
+// process that died is told from one going on in another process.
+const DefaultJobHeartbeat = time.Minute
+
 // DefaultStopTimeout is how long Stop waits for running jobs by default.
 const DefaultStopTimeout = 30 * time.Second
 
@@ -173,6 +193,9 @@ type SchedulerOptions struct {
 	Location *time.Location
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// Heartbeat is how often a run beats while it goes on; zero means
+	// DefaultJobHeartbeat.
+	Heartbeat time.Duration
 	// Elector, when set, is asked before every scheduled run, so that of
 	// several processes only the leader runs the jobs. If it also has a
 	// Campaign(ctx) method (RedisLease), Start runs it in the background
@@ -238,6 +261,9 @@ func NewScheduler(jobs []Job, opts SchedulerOptions) (*Scheduler, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = DefaultJobHeartbeat
 	}
 	log := opts.Logger
 	if log == nil {
@@ -544,9 +570,19 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 		defer release()
 		ctx = lctx
 	}
-	log.Info("job started")
-	var err error
+	// The run is stored as running from its start, and beats while it
+	// goes on: a process killed mid-run leaves a trace, closed as
+	// abandoned once its heartbeat is old.
+	id, err := s.opts.Store.StartJobRun(context.WithoutCancel(ctx), run)
+	if err != nil {
+		run.Status, run.FinishedAt, run.Err = JobFailed, s.opts.Now(), err
+		return run, fmt.Errorf("job %s: store run: %w", j.Name, err)
+	}
+	run.ID = id
+	stopBeat := s.heartbeat(ctx, id, log)
+	log.Info("job started", "run", id)
 	run.Counts, err = s.work(ctx, j)
+	stopBeat()
 	run.FinishedAt = s.opts.Now()
 	run.Status = runStatus(ctx, err)
 	// A run cancelled for a reason of its own (its lock lost, the jobs
@@ -555,15 +591,41 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 		err = fmt.Errorf("%w: %w", cause, err)
 	}
 	run.Err = err
-	id, serr := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)
-	run.ID = id
-	if serr != nil {
+	if serr := s.opts.Store.FinishJobRun(context.WithoutCancel(ctx), run); serr != nil {
 		err = errors.Join(err, fmt.Errorf("job %s: store run: %w", j.Name, serr))
 	}
 	log.Info("job finished", "status", run.Status, "duration", run.FinishedAt.Sub(run.StartedAt),
 		"pages", run.Counts.Pages, "objects", run.Counts.Objects, "reemitted", run.Counts.Reemitted,
 		"suppressed", run.Counts.Suppressed, "pruned", run.Counts.Pruned)
 	return run, err
+}
+
+// heartbeat beats the run id every Heartbeat until stop is called (or ctx
+// ends); a failed beat is logged once.
+func (s *Scheduler) heartbeat(ctx context.Context, id int64, log *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(s.opts.Heartbeat)
+		defer t.Stop()
+		warned := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if err := s.opts.Store.JobRunHeartbeat(ctx, id); err != nil && ctx.Err() == nil && !warned {
+				warned = true
+				log.Warn("job run heartbeat", "run", id, "err", err)
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // runStatus is the status of a run that ended with err under ctx: a run
@@ -677,9 +739,9 @@ func (s *Scheduler) work(ctx context.Context, j Job) (backstop.JobCounts, error)
 	return c, errors.Join(errs...)
 }
 
-// maintain closes the reconcile runs left running by a process that died,
-// prunes processed events, job runs and reconcile runs (but the last
-// successful one of each resource) older than the retention, and
+// maintain closes the reconcile and job runs left running by a process
+// that died, prunes processed events, job runs and reconcile runs (but
+// the last successful one of each resource) older than the retention, and
 // delivery attempts and delivered deliveries older than AttemptRetention
 // (the delivery log's 14 days).
 func (s *Scheduler) maintain(ctx context.Context, c *backstop.JobCounts) error {
@@ -700,6 +762,12 @@ func (s *Scheduler) maintain(ctx context.Context, c *backstop.JobCounts) error {
 	}
 	if abandoned > 0 {
 		s.log.Info("closed reconcile runs whose process died as abandoned", "runs", abandoned)
+	}
+	if abandoned, err = s.opts.Store.AbandonStaleJobRuns(ctx); err != nil {
+		return err
+	}
+	if abandoned > 0 {
+		s.log.Info("closed job runs whose process died as abandoned", "runs", abandoned)
 	}
 	n, err = s.opts.Store.PruneReconcileRuns(ctx, before)
 	c.Pruned += n

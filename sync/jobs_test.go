@@ -30,6 +30,19 @@ func (s jobStore) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, erro
 	return s.DB.SaveJobRun(ctx, r)
 }
 
+func (s jobStore) StartJobRun(ctx context.Context, run bsync.JobRun) (int64, error) {
+	return s.DB.StartJobRun(ctx, store.JobRun{Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt})
+}
+
+func (s jobStore) FinishJobRun(ctx context.Context, run bsync.JobRun) error {
+	r := store.JobRun{ID: run.ID, Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
+		Status: string(run.Status), Counts: run.Counts}
+	if run.Err != nil {
+		r.Error = run.Err.Error()
+	}
+	return s.DB.FinishJobRun(ctx, r)
+}
+
 // funcSource is a backstop.Source whose List is ListFunc.
 type funcSource struct {
 	ListFunc func(ctx context.Context, req backstop.ListRequest) (backstop.Page, error)
@@ -444,5 +457,60 @@ func TestNextRunOfIntervalJobFollowsHistory(t *testing.T) {
 			}
 		}
 		s.Stop()
+	}
+}
+
+// A run is stored as running when it starts, beats while it goes on
+// (even while it waits, here on a page that does not come), and is
+// finished in place.
+func TestJobRunIsStoredRunningAndBeats(t *testing.T) {
+	db := openStore(t)
+	release := make(chan struct{})
+	src := funcSource{ListFunc: func(ctx context.Context, req backstop.ListRequest) (backstop.Page, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return backstop.Page{}, ctx.Err()
+		}
+		return backstop.Page{Cost: backstop.Cost{Requests: 1}}, nil
+	}}
+	s, err := bsync.NewScheduler([]bsync.Job{{
+		Name: "slow", Kind: bsync.JobSync, Resources: []backstop.Resource{backstop.Contacts}, Cron: "0 3 * * *",
+	}}, bsync.SchedulerOptions{Engine: &bsync.Engine{Source: src, Mirror: db}, Store: jobStore{db}, Heartbeat: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	type result struct {
+		run bsync.JobRun
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		run, err := s.RunJob(t.Context(), "slow")
+		done <- result{run, err}
+	}()
+	var first store.JobRun
+	waitFor(t, "the run stored as running, then a heartbeat", func() bool {
+		run, ok, err := db.LastJobRun(t.Context(), "slow")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok || run.Status != "running" {
+			return false
+		}
+		if first.ID == 0 {
+			first = run
+		}
+		return run.HeartbeatAt.After(first.HeartbeatAt)
+	})
+	close(release)
+	res := <-done
+	if res.err != nil || res.run.ID != first.ID || res.run.Status != bsync.JobOK {
+		t.Fatalf("RunJob = %+v, %v; want run %d ok", res.run, res.err, first.ID)
+	}
+	runs, err := db.JobRuns(t.Context(), "slow", 0)
+	if err != nil || len(runs) != 1 || runs[0].Status != "ok" || runs[0].Counts.Requests != 1 {
+		t.Errorf("stored runs %+v (%v), want the one run, ok", runs, err)
 	}
 }

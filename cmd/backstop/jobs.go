@@ -68,6 +68,22 @@ func (s jobStore) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, erro
 	return s.DB.SaveJobRun(ctx, r)
 }
 
+// StartJobRun stores run as running with store.DB.StartJobRun.
+func (s jobStore) StartJobRun(ctx context.Context, run bsync.JobRun) (int64, error) {
+	return s.DB.StartJobRun(ctx, store.JobRun{Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt})
+}
+
+// FinishJobRun stores the end of run with store.DB.FinishJobRun.
+func (s jobStore) FinishJobRun(ctx context.Context, run bsync.JobRun) error {
+	r := store.JobRun{ID: run.ID, Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
+		Status: string(run.Status), Counts: run.Counts}
+	if run.Err != nil {
+		r.Error = run.Err.Error()
+	}
+	s.metrics.observe(run)
+	return s.DB.FinishJobRun(ctx, r)
+}
+
 // schedulerJobs converts the configured jobs for the scheduler.
 func schedulerJobs(jobs []config.Job) []bsync.Job {
 	out := make([]bsync.Job, len(jobs))
@@ -142,13 +158,15 @@ type jobRow struct {
 	LastRun   *lastJobRun `json:"last_run"`
 }
 
-// lastJobRun is the last stored run of a job.
+// lastJobRun is the last stored run of a job. FinishedAt is nil while it
+// is running, and HeartbeatAt is then when it last said it was going on.
 type lastJobRun struct {
-	StartedAt  time.Time          `json:"started_at"`
-	FinishedAt time.Time          `json:"finished_at"`
-	Status     string             `json:"status"`
-	Counts     backstop.JobCounts `json:"counts"`
-	Error      string             `json:"error,omitempty"`
+	StartedAt   time.Time          `json:"started_at"`
+	FinishedAt  *time.Time         `json:"finished_at"`
+	HeartbeatAt *time.Time         `json:"heartbeat_at,omitempty"`
+	Status      string             `json:"status"`
+	Counts      backstop.JobCounts `json:"counts"`
+	Error       string             `json:"error,omitempty"`
 }
 
 func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, error) {
@@ -165,8 +183,12 @@ func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, e
 		}
 		var after time.Time
 		if ok {
-			row.LastRun = &lastJobRun{StartedAt: last.StartedAt, FinishedAt: last.FinishedAt, Status: last.Status,
-				Counts: last.Counts, Error: last.Error}
+			row.LastRun = &lastJobRun{StartedAt: last.StartedAt, Status: last.Status, Counts: last.Counts, Error: last.Error}
+			if last.Status == string(bsync.JobRunning) {
+				row.LastRun.HeartbeatAt = &last.HeartbeatAt
+			} else {
+				row.LastRun.FinishedAt = &last.FinishedAt
+			}
 			after = last.StartedAt
 		}
 		if row.NextRun, err = s.NextRun(j.Name, after); err != nil {

@@ -31,6 +31,7 @@ func (e *env) withJobs() {
 	e.writeConfig(string(base) + `targets:
   - name: crm
     url: http://127.0.0.1:9/hook
+    allow_private: true
     events: ["contact.*"]
 jobs:
   - name: crm-nightly
