@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	stdsync "sync"
 	"time"
 
@@ -75,6 +76,7 @@ type RedisLease struct {
 	log *slog.Logger
 
 	mu     stdsync.Mutex
+	heldBy string        // the other holder last logged (standby), "" when none
 	leader bool          // the outcome of the last attempt
 	term   chan struct{} // open while this process holds the lease; nil otherwise
 	until  time.Time     // when the term ends unless renewed
@@ -111,10 +113,14 @@ func NewRedisLease(rdb redis.Scripter, opts LeaseOptions) (*RedisLease, error) {
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &RedisLease{rdb: rdb, key: opts.Key, id: hex.EncodeToString(id[:]), ttl: opts.TTL, log: opts.Logger}, nil
+	// The host and pid tell an operator which process leads; the random
+	// part keeps two leases of one process apart.
+	host, _ := os.Hostname()
+	lid := fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(id[:]))
+	return &RedisLease{rdb: rdb, key: opts.Key, id: lid, ttl: opts.TTL, log: opts.Logger}, nil
 }
 
-// ID returns this process's id in the lease.
+// ID returns this process's id in the lease: host:pid:random.
 func (l *RedisLease) ID() string { return l.id }
 
 // Leader reports whether this process held the lease at its last attempt.
@@ -142,21 +148,34 @@ func (l *RedisLease) Lost() <-chan struct{} {
 // after its last renewal, and the term ends then unless renewed.
 func (l *RedisLease) IsLeader(ctx context.Context) error {
 	start := time.Now()
-	n, err := acquireScript.Run(ctx, l.rdb, []string{l.key}, l.id, l.ttl.Milliseconds()).Int()
+	res, err := leaseScript.Run(ctx, l.rdb, []string{l.key}, l.id, l.ttl.Milliseconds()).Result()
 	if err != nil {
 		if ctx.Err() == nil {
 			l.set(false, err)
 		}
 		return fmt.Errorf("sync: jobs lease: %w", err)
 	}
-	if n != 1 {
+	if holder, ok := res.(string); ok {
 		l.endTerm()
 		l.set(false, nil)
+		l.standby(holder)
 		return ErrNotLeader
 	}
 	l.renewed(start)
 	l.set(true, nil)
 	return nil
+}
+
+// standby logs, once per holder rather than at every attempt, that
+// another process holds the lease and runs the jobs.
+func (l *RedisLease) standby(holder string) {
+	l.mu.Lock()
+	changed := l.heldBy != holder
+	l.heldBy = holder
+	l.mu.Unlock()
+	if changed {
+		l.log.Info("jobs run by another process: lease held by "+holder, "lease_id", l.id, "key", l.key)
+	}
 }
 
 // renewed extends the term (or starts one) to TTL after start, the time
@@ -237,6 +256,9 @@ func (l *RedisLease) set(leader bool, err error) {
 	l.mu.Lock()
 	was := l.leader
 	l.leader = leader
+	if leader {
+		l.heldBy = "" // a later standby is logged again
+	}
 	l.mu.Unlock()
 	switch {
 	case leader && !was:
@@ -257,6 +279,17 @@ if v == false or v == ARGV[1] then
   return 1
 end
 return 0
+`)
+
+// leaseScript is acquireScript for the jobs lease: it returns 1 when
+// ARGV[1] holds KEYS[1], and otherwise the id of the process that does.
+var leaseScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return v
 `)
 
 // releaseScript deletes KEYS[1] when ARGV[1] holds it.

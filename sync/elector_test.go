@@ -3,6 +3,8 @@ package sync_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -252,5 +254,46 @@ func TestSchedulerStopsARunWhenTheLeaseIsLost(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the run went on after another process took the lease")
+	}
+}
+
+// A process standing by says so once, at INFO, naming the holder of the
+// lease, rather than at every attempt; again when another takes it over.
+func TestRedisLeaseLogsStandbyOnce(t *testing.T) {
+	rdb := redisClient(t)
+	ctx := context.Background()
+	var logs lockedBuffer
+	a, c := newLease(t, rdb, 3*time.Second), newLease(t, rdb, 3*time.Second)
+	b, err := bsync.NewRedisLease(rdb, bsync.LeaseOptions{TTL: 3 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.IsLeader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if err := b.IsLeader(ctx); !errors.Is(err, bsync.ErrNotLeader) {
+			t.Fatalf("b: %v, want ErrNotLeader", err)
+		}
+	}
+	const standby = "jobs run by another process: lease held by "
+	if n := strings.Count(logs.String(), standby+a.ID()); n != 1 {
+		t.Fatalf("%d standby lines naming %s after five attempts, want 1:\n%s", n, a.ID(), logs.String())
+	}
+	if !strings.Contains(a.ID(), ":") {
+		t.Errorf("lease id %q does not name its host and pid", a.ID())
+	}
+	if err := a.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.IsLeader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		_ = b.IsLeader(ctx)
+	}
+	if n := strings.Count(logs.String(), standby); n != 2 || !strings.Contains(logs.String(), standby+c.ID()) {
+		t.Errorf("after c took over: %d standby lines, want a second one naming %s:\n%s", n, c.ID(), logs.String())
 	}
 }

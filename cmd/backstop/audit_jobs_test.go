@@ -4,12 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	_ "modernc.org/sqlite"
 
+	"github.com/backstop-sync/backstop/internal/redistest"
 	"github.com/backstop-sync/backstop/sources/sim"
 )
 
@@ -89,5 +92,80 @@ func TestKilledJobRunIsShownRunningThenAbandoned(t *testing.T) {
 	}
 	if last := e.jobsJSON("crm-nightly").LastRun; last == nil || last.Status != "ok" {
 		t.Errorf("after the next run: %+v, want ok", last)
+	}
+}
+
+// serve processes of two stores on one API key and one Redis each run
+// their own store's jobs: the jobs lease and the job locks are the
+// store's, not the key's (a serve with its own store never ran a job
+// while the other store's leader lived). Two processes on one store still
+// elect one leader, and the one standing by says so once.
+func TestServeOfTwoStoresOnOneKeyBothRunJobs(t *testing.T) {
+	t.Parallel()
+	const (
+		lease = 3 * time.Second
+		every = time.Second
+	)
+	rds := redistest.Start(t)
+	s := sim.New(sim.Options{Seed: 5, Objects: 10})
+	base := newSimServer(t, s)
+	config := func(name string) string {
+		dir := t.TempDir()
+		return writeFile(t, dir, "schedules.yaml", fmt.Sprintf(`source:
+  base_url: %s
+  api_key: ${BOTIX_API_KEY}
+store:
+  path: %s
+governor:
+  redis: %s
+  job_lease: %s
+intake:
+  listen: 127.0.0.1:0
+  secret: ${BOTIX_WEBHOOK_SECRET}
+jobs:
+  - {name: tick, kind: maintenance, every: %s}
+`, base, filepath.Join(dir, name+".db"), rds.URL(), lease, every))
+	}
+	cfgA, cfgB := config("a"), config("b")
+	env := []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}
+	var procsA []*fleetProc
+	for i := range 2 {
+		// One at a time, so that they do not race to migrate the new store.
+		p := startProc(t, fmt.Sprintf("serve-a%d", i), cfgA, s.APIKey(), env, "serve")
+		p.waitCount("msg=serving", 1, 30*time.Second)
+		procsA = append(procsA, p)
+	}
+	leaderA := awaitLeader(t, procsA, 10*time.Second)
+	b := startProc(t, "serve-b", cfgB, s.APIKey(), env, "serve")
+	b.waitCount("msg=serving", 1, 30*time.Second)
+
+	// Store b's process leads its own store and runs its job while a's
+	// leader lives.
+	b.waitCount(leaderLine, 1, 10*time.Second)
+	b.waitCount(jobDone, 3, 30*time.Second)
+	leaderA.waitCount(jobDone, 3, 30*time.Second)
+	if n := b.count("jobs run by another process"); n != 0 {
+		t.Errorf("serve-b stood by %d times for another store's leader:\n%s", n, b.output())
+	}
+	for _, p := range procsA {
+		if p == leaderA {
+			continue
+		}
+		if n := p.count(jobDone); n != 0 {
+			t.Errorf("%s ran the job %d times while %s led store a", p.name, n, leaderA.name)
+		}
+		if n := p.count("jobs run by another process: lease held by "); n != 1 {
+			t.Errorf("%s logged standing by %d times over several ticks, want once:\n%s", p.name, n, p.output())
+		}
+	}
+	for _, p := range append(procsA, b) {
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range append(procsA, b) {
+		if code := p.wait(time.Minute); code != 0 {
+			t.Errorf("%s: exit %d after SIGTERM\n%s", p.name, code, p.output())
+		}
 	}
 }

@@ -103,32 +103,30 @@ func (a *app) scheduler() (*bsync.Scheduler, error) { return a.schedulerWith(nil
 // schedulerWith is scheduler with job runs exported on metrics (nil: none).
 // With governor.redis, only the holder of the jobs lease runs scheduled
 // jobs, so that several serve processes run each tick once; the lease is
-// per API key (by its KeyID) and lasts governor.job_lease. Every run,
-// scheduled or started by hand (`backstop run`, the dashboard's Run now),
-// also takes its job's lock in Redis, so a job never runs in two processes
-// at once.
+// per store (store.DB.StoreID: processes of other stores on the same API
+// key and Redis run their own jobs) and lasts governor.job_lease. Every
+// run, scheduled or started by hand (`backstop run`, the dashboard's Run
+// now), also takes its job's lock in Redis, per store too, so a job never
+// runs in two processes at once.
 func (a *app) schedulerWith(metrics *jobMetrics) (*bsync.Scheduler, error) {
 	log := a.log.With("component", "jobs")
 	var elector bsync.Elector
 	var locker bsync.JobLocker
-	if a.rdb != nil && a.lease == nil {
-		lease, err := bsync.NewRedisLease(a.rdb, bsync.LeaseOptions{
-			Key:    bsync.DefaultLeaseKey + ":" + a.gov.KeyID(),
-			TTL:    a.cfg.Governor.JobLease.Std(),
-			Logger: log,
-		})
+	if a.rdb != nil {
+		storeID, err := a.db.StoreID(context.Background())
 		if err != nil {
-			return nil, usageError{fmt.Errorf("governor.job_lease: %w", err)}
+			return nil, err
 		}
-		a.lease = lease
-	}
-	if a.lease != nil {
+		ttl := a.cfg.Governor.JobLease.Std()
+		if a.lease == nil {
+			lease, err := bsync.NewRedisLease(a.rdb, bsync.LeaseOptions{Key: jobLeaseKey(storeID), TTL: ttl, Logger: log})
+			if err != nil {
+				return nil, usageError{fmt.Errorf("governor.job_lease: %w", err)}
+			}
+			a.lease = lease
+		}
 		elector = a.lease
-		locks, err := bsync.NewRedisJobLocks(a.rdb, bsync.LeaseOptions{
-			Key:    bsync.DefaultJobLockPrefix + a.gov.KeyID() + ":",
-			TTL:    a.cfg.Governor.JobLease.Std(),
-			Logger: log,
-		})
+		locks, err := bsync.NewRedisJobLocks(a.rdb, bsync.LeaseOptions{Key: jobLockPrefix(storeID), TTL: ttl, Logger: log})
 		if err != nil {
 			return nil, usageError{fmt.Errorf("governor.job_lease: %w", err)}
 		}
@@ -147,6 +145,17 @@ func (a *app) schedulerWith(metrics *jobMetrics) (*bsync.Scheduler, error) {
 	}
 	return s, err
 }
+
+// jobLeaseKey is the Redis key of the jobs lease of the store storeID:
+// backstop:jobs:leader:<store id>. The store, not the API key, scopes it:
+// serve processes of one store elect one leader whatever key each holds,
+// and those of another store elect their own.
+func jobLeaseKey(storeID string) string { return bsync.DefaultLeaseKey + ":" + storeID }
+
+// jobLockPrefix starts the Redis keys of the job locks of the store
+// storeID: backstop:jobs:lock:<store id>:<job>. A run by hand that holds
+// no API key (a maintenance job) takes the same lock as serve's.
+func jobLockPrefix(storeID string) string { return bsync.DefaultJobLockPrefix + storeID + ":" }
 
 // jobRow is one line of `backstop jobs`.
 type jobRow struct {

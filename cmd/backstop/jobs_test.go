@@ -15,7 +15,6 @@ import (
 
 	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/internal/redistest"
-	"github.com/backstop-sync/backstop/sources/governor"
 	"github.com/backstop-sync/backstop/sources/sim"
 	bsync "github.com/backstop-sync/backstop/sync"
 )
@@ -276,8 +275,14 @@ func TestRunJobSkippedWhileRunningElsewhere(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: rds.Addr()})
 	defer rdb.Close()
 	ctx := context.Background()
-	// The lock's key, as the scheduler names it (see schedulerWith).
-	key := bsync.DefaultJobLockPrefix + governor.KeyID(e.sim.APIKey()) + ":crm-nightly"
+	// The lock's key, as the scheduler names it (see jobLockPrefix).
+	idb := e.openStore()
+	storeID, err := idb.StoreID(ctx)
+	idb.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := bsync.DefaultJobLockPrefix + storeID + ":crm-nightly"
 	if err := rdb.Set(ctx, key, "another-process", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
