@@ -1,19 +1,24 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite"
 
 	"github.com/backstop-sync/backstop/internal/redistest"
 	"github.com/backstop-sync/backstop/sources/sim"
+	bsync "github.com/backstop-sync/backstop/sync"
 )
 
 // jobsJSON runs `backstop jobs --json` and returns the job named name.
@@ -167,5 +172,94 @@ jobs:
 		if code := p.wait(time.Minute); code != 0 {
 			t.Errorf("%s: exit %d after SIGTERM\n%s", p.name, code, p.output())
 		}
+	}
+}
+
+// runAs drives Main in-process with BOTIX_API_KEY set to key, or unset
+// when key is empty, and progress bars drawn when terminal is set.
+func (e *env) runAs(key string, terminal bool, args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	m := &Main{
+		Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb, IsTerminal: terminal,
+		LookupEnv: func(k string) (string, bool) {
+			switch k {
+			case "BOTIX_API_KEY":
+				return key, key != ""
+			case "BACKSTOP_CONFIG":
+				return "", false
+			}
+			return os.LookupEnv(k)
+		},
+	}
+	code := m.Run(context.Background(), append([]string{"--config", e.config}, args...))
+	return code, out.String(), errb.String()
+}
+
+// withRedisLockHeld adds governor.redis to e's configuration and holds job's lock
+// in that Redis as another process would, under the key serve uses (the
+// store's id). It returns a function that releases the lock.
+func (e *env) withRedisLockHeld(job string) (release func()) {
+	e.t.Helper()
+	rds := redistest.Start(e.t)
+	base, err := os.ReadFile(e.config)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.writeConfig(string(base) + "governor:\n  redis: " + rds.URL() + "\n")
+	db := e.openStore()
+	storeID, err := db.StoreID(context.Background())
+	db.Close()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: rds.Addr()})
+	e.t.Cleanup(func() { rdb.Close() })
+	key := bsync.DefaultJobLockPrefix + storeID + ":" + job
+	if err := rdb.Set(context.Background(), key, "another-process", time.Minute).Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	return func() {
+		if err := rdb.Del(context.Background(), key).Err(); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// `backstop run prune` (maintenance: it never calls the platform) runs
+// without BOTIX_API_KEY, and still takes its lock in Redis: held by
+// another process, the run is skipped. It used to fail with exit 2
+// (source.api_key is empty).
+func TestRunMaintenanceJobWithoutAPIKey(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 3, Objects: 5}})
+	e.withJobs()
+	release := e.withRedisLockHeld("prune")
+	code, stdout, stderr := e.runAs("", false, "run", "prune", "--json")
+	if code != exitOK || !strings.Contains(stdout, `"status": "skipped"`) {
+		t.Fatalf("run prune without a key while its lock is held: exit %d, want 0 and skipped\n%s%s", code, stdout, stderr)
+	}
+	release()
+	code, stdout, stderr = e.runAs("", false, "run", "prune", "--json")
+	if code != exitOK || !strings.Contains(stdout, `"status": "ok"`) {
+		t.Fatalf("run prune without a key: exit %d, want 0 and ok\n%s%s", code, stdout, stderr)
+	}
+	// A job that reads the platform still needs the key.
+	if code, _, stderr := e.runAs("", false, "run", "crm-nightly"); code != exitUsage || !strings.Contains(stderr, "BOTIX_API_KEY") {
+		t.Errorf("run crm-nightly without a key: exit %d, want 2 naming BOTIX_API_KEY\n%s", code, stderr)
+	}
+}
+
+// On a terminal, `backstop run` of a job running in another process says
+// why it was skipped: the warning used to go to the progress display after
+// it had shut down, and was lost.
+func TestRunSkippedWarningShowsOnATerminal(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 3, Objects: 5}})
+	e.withJobs()
+	e.withRedisLockHeld("crm-nightly")
+	code, stdout, stderr := e.runAs(e.sim.APIKey(), true, "run", "crm-nightly")
+	if code != exitOK || !strings.Contains(stdout, "skipped") {
+		t.Fatalf("run while running elsewhere: exit %d, want 0 and skipped\n%s%s", code, stdout, stderr)
+	}
+	if !strings.Contains(stderr, "run skipped: the job is running already") {
+		t.Errorf("the terminal does not say why the run was skipped:\n%q", stderr)
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,7 +40,7 @@ interrupted.`,
 		Args:    cobraArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			prog, err := m.jobProgress(g, args[0])
+			prog, maintenance, err := m.jobProgress(g, args[0])
 			if err != nil {
 				return err
 			}
@@ -47,7 +48,11 @@ interrupted.`,
 			if prog != nil {
 				logw = prog.out
 			}
-			a, err := m.openApp(ctx, g, logw)
+			open := m.openApp
+			if maintenance {
+				open = m.openMaintenanceApp
+			}
+			a, err := open(ctx, g, logw)
 			if err != nil {
 				prog.abortIfAny()
 				return err
@@ -67,6 +72,12 @@ interrupted.`,
 			run, runErr := s.RunJob(ctx, args[0])
 			if prog != nil {
 				prog.wait()
+				// The bars are gone, and with them what was written
+				// through them: what is logged from now on (a skipped
+				// run's reason, the app's last words) goes to stderr.
+				if log, err := g.newLogger(m.Stderr); err == nil {
+					a.log = log
+				}
 			}
 			if errors.Is(runErr, bsync.ErrUnknownJob) {
 				return usagef("run %s: no such job in %s (see backstop jobs)", args[0], m.configName(g))
@@ -88,11 +99,14 @@ interrupted.`,
 // jobProgress returns the progress display of the configured job named
 // name when it reads the platform's feeds (sync, backfill, reconcile), or
 // nil: for a maintenance job, or a name not configured (RunJob then says
-// so). It fails as the configuration does.
-func (m *Main) jobProgress(g *globals, name string) (*progress, error) {
-	cfg, err := m.loadConfig(g, false)
+// so). maintenance is true for a maintenance job, which needs no
+// platform (openMaintenanceApp). The configuration is read as local
+// commands read it (the platform's address and key may be missing: the
+// app of a job that needs them says so); it fails as that does.
+func (m *Main) jobProgress(g *globals, name string) (_ *progress, maintenance bool, _ error) {
+	cfg, err := m.loadConfig(g, true)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	for _, j := range cfg.Jobs {
 		if j.Name != name {
@@ -104,11 +118,32 @@ func (m *Main) jobProgress(g *globals, name string) (*progress, error) {
 			if len(resources) == 0 {
 				resources = backstop.Resources
 			}
-			return newProgress(m, j.Kind, resources), nil
+			return newProgress(m, j.Kind, resources), false, nil
+		case bsync.JobMaintenance:
+			return nil, true, nil
 		}
-		return nil, nil
+		return nil, false, nil
 	}
-	return nil, nil
+	return nil, false, nil
+}
+
+// openMaintenanceApp opens what a maintenance job needs: the store, read
+// as local commands read the configuration (it never calls the platform,
+// so source.api_key may be unset), and, with governor.redis, Redis for the
+// job's lock, so that it does not run beside serve's run of it. Redis
+// unreachable is an error, as for every command that uses it (exit 2).
+func (m *Main) openMaintenanceApp(ctx context.Context, g *globals, logw io.Writer) (*app, error) {
+	a, err := m.openAppLocal(ctx, g, logw)
+	if err != nil {
+		return nil, err
+	}
+	if addr := a.cfg.Governor.Redis; addr != "" {
+		if a.rdb, err = connectRedis(ctx, addr.Value()); err != nil {
+			a.Close()
+			return nil, usageError{err}
+		}
+	}
+	return a, nil
 }
 
 // jobStartOver is withCursorHint's startOver for the job named name: a sync
