@@ -224,7 +224,7 @@ func TestPlainBackfillRefusedForMessageUpdatedSubscriber(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.writeConfig(string(base) + `targets:
-  - {name: updates, url: "http://127.0.0.1:9/hook", events: ["*.updated"]}
+  - {name: updates, url: "http://127.0.0.1:9/hook", allow_private: true, events: ["*.updated"]}
 `)
 	ctx := context.Background()
 	if code, _, stderr := e.run(ctx, "backfill", "messages"); code != exitOK {

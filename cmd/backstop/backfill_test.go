@@ -21,7 +21,7 @@ func TestPlainBackfillOnASyncingResourceIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.writeConfig(string(base) + `targets:
-  - {name: crm, url: "http://127.0.0.1:9/hook", events: ["contact.*"]}
+  - {name: crm, url: "http://127.0.0.1:9/hook", allow_private: true, events: ["contact.*"]}
 `)
 	ctx := context.Background()
 	if code, _, stderr := e.run(ctx, "sync", "contacts"); code != exitOK {
