@@ -9,6 +9,7 @@ import (
 
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
+	"github.com/vbauerster/cupwriter"
 )
 
 // globals are the flags every command takes.
@@ -91,8 +92,29 @@ func (g *globals) newLogger(w io.Writer) (*slog.Logger, error) {
 	return nil, usagef("--log-format %q: want text or json", g.logFormat)
 }
 
+// isTerminal reports whether progress bars may be drawn on f: a terminal
+// that knows its size. The bars (mpb) fit themselves to the size the
+// terminal reports, through cupwriter as here, and on one of 0×0 (a pty
+// nobody sized: script without a size, some CI runners, docker exec -t
+// before its resize) they drew nothing and dropped the log lines written
+// above them, level=ERROR included; there the log lines are written
+// plainly instead. A Cygwin terminal, which cupwriter does not measure, is
+// drawn on at mpb's default size.
 func isTerminal(f *os.File) bool {
-	return isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd())
+	fd := f.Fd()
+	if isatty.IsCygwinTerminal(fd) {
+		return true
+	}
+	if !isatty.IsTerminal(fd) {
+		return false
+	}
+	cw := cupwriter.New(f, false)
+	if !cw.IsTerminal() {
+		// mpb does not measure it either: it draws at its default size.
+		return true
+	}
+	width, height, err := cw.GetTermSize()
+	return err == nil && width > 0 && height > 0
 }
 
 // cobraArgs wraps an argument validator so its errors exit 2.
