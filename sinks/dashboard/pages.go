@@ -97,7 +97,7 @@ func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	d.log.Info("dashboard: job run started", "job", name)
-	d.answer(w, r, http.StatusAccepted, fmt.Sprintf("Job %s started; its run shows here when it ends.", name), Prefix+"/jobs")
+	d.answer(w, r, http.StatusAccepted, fmt.Sprintf("Job %s started; its run shows here as running until it ends.", name), Prefix+"/jobs")
 }
 
 // span is a time range a chart covers, cut into periods.
