@@ -261,10 +261,18 @@ func bool01(b bool) float64 {
 
 // openStore opens only the store, for commands that do not call the
 // platform: the configuration need not name the platform's address or key.
+// For the commands that only read it (globals.readsStore), a store.path
+// with no database is a configuration error naming the file, line and
+// key, and no file is created.
 func (m *Main) openStore(ctx context.Context, g *globals) (*store.DB, *config.Config, error) {
 	cfg, err := m.loadConfig(g, true)
 	if err != nil {
 		return nil, nil, err
+	}
+	if g.readsStore {
+		if err := existingStore(cfg); err != nil {
+			return nil, nil, err
+		}
 	}
 	db, err := openConfiguredStore(ctx, cfg, cfg.Store.Synchronous)
 	if err != nil {
@@ -286,6 +294,23 @@ func openConfiguredStore(ctx context.Context, cfg *config.Config, synchronous st
 		return nil, usageError{cfg.Problem("store.path", "%s is not a directory", dir)}
 	}
 	return store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: synchronous})
+}
+
+// existingStore refuses a store.path where no database exists, for the
+// commands that only read it: opening it would create an empty database
+// there, and a mistyped path would look like a mirror with nothing in it.
+func existingStore(cfg *config.Config) error {
+	path := cfg.Store.Path
+	if _, err := os.Stat(filepath.Dir(path)); err != nil {
+		return nil // openConfiguredStore names the directory
+	}
+	switch _, err := os.Stat(path); {
+	case errors.Is(err, fs.ErrNotExist):
+		return usageError{cfg.Problem("store.path", "no database at %s: run backstop sync or serve first, or check store.path", path)}
+	case err != nil:
+		return usageError{cfg.Problem("store.path", "%v", err)}
+	}
+	return nil
 }
 
 // firstError returns the first non-nil error that is not a cancellation, or

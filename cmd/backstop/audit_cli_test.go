@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
 )
 
 // TestZeroSizedTerminalShowsTheLogLines: on a pty nobody gave a size (0×0:
@@ -62,3 +64,43 @@ func TestZeroSizedTerminalShowsTheLogLines(t *testing.T) {
 
 // shellQuote quotes s for sh.
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// TestReadOnlyCommandsRefuseAStorePathWithNoDatabase: cursors, jobs and
+// deliveries list, show and targets with a mistyped store.path used to
+// create an empty database there and answer from it ("no cursors saved
+// yet"). They now exit 2 naming the file, line and key, and create
+// nothing; with the database there they work as before.
+func TestReadOnlyCommandsRefuseAStorePathWithNoDatabase(t *testing.T) {
+	dir := t.TempDir()
+	cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\nstore:\n  path: ./mirorr.db\n" +
+		"targets:\n  - {name: crm, url: \"https://crm.example.com/hooks\"}\n" +
+		"jobs:\n  - {name: nightly, kind: sync, cron: \"0 3 * * *\"}\n"
+	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db := filepath.Join(dir, "mirorr.db")
+	commands := [][]string{{"cursors"}, {"cursors", "--json"}, {"jobs"}, {"deliveries", "list"}, {"deliveries", "show", "1"}, {"deliveries", "targets"}}
+	for _, args := range commands {
+		code, stdout, stderr := runBinaryFor(t, 30*time.Second, dir, nil, args...)
+		want := "backstop: ./schedules.yaml:5: store.path: no database at mirorr.db: run backstop sync or serve first, or check store.path"
+		if code != exitUsage || strings.TrimSpace(stderr) != want || stdout != "" {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit 2 and %q", strings.Join(args, " "), code, stdout, stderr, want)
+		}
+		if matches, _ := filepath.Glob(db + "*"); len(matches) > 0 {
+			t.Fatalf("%s created %v", strings.Join(args, " "), matches)
+		}
+	}
+
+	s, err := store.Open(context.Background(), db, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"cursors"}, {"jobs"}, {"deliveries", "list"}, {"deliveries", "targets"}} {
+		if code, _, stderr := runBinaryFor(t, 30*time.Second, dir, nil, args...); code != exitOK {
+			t.Errorf("%s with the database there: exit %d\n%s", strings.Join(args, " "), code, stderr)
+		}
+	}
+}

@@ -17,6 +17,10 @@ type globals struct {
 	configPath string
 	logFormat  string
 	logLevel   string
+	// readsStore is set by the commands that only read the store (see
+	// readsStore): openStore then refuses a store.path with no database
+	// rather than create an empty one.
+	readsStore bool
 }
 
 func (m *Main) rootCommand() *cobra.Command {
@@ -63,17 +67,61 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 	root.AddCommand(
 		m.syncCommand(g),
 		m.backfillCommand(g),
-		m.cursorsCommand(g),
+		readsStore(g, m.cursorsCommand(g)),
 		m.reconcileCommand(g),
 		m.runCommand(g),
-		m.jobsCommand(g),
+		readsStore(g, m.jobsCommand(g)),
 		m.demoCommand(g),
-		m.deliveriesCommand(g),
+		readsStore(g, m.deliveriesCommand(g), "list", "show", "targets"),
 		m.serveCommand(g),
 		m.simCommand(g),
 		m.versionCommand(),
 	)
 	return root
+}
+
+// readsStore marks cmd, or with names its subcommands of those names (not
+// theirs), as commands that only read the store: a store.path where no
+// database exists, a mistyped one most likely, is refused (openStore)
+// instead of answered from an empty database created there. Commands that
+// write keep creating it.
+func readsStore(g *globals, cmd *cobra.Command, names ...string) *cobra.Command {
+	mark := func(c *cobra.Command) {
+		beforeRun(c, func(*cobra.Command, []string) error {
+			g.readsStore = true
+			return nil
+		})
+	}
+	if len(names) == 0 {
+		mark(cmd)
+		return cmd
+	}
+	for _, name := range names {
+		sub, _, err := cmd.Find([]string{name})
+		if err != nil || sub == cmd || sub.Name() != name {
+			panic(fmt.Sprintf("readsStore: %s has no subcommand %q", cmd.Name(), name))
+		}
+		mark(sub)
+	}
+	return cmd
+}
+
+// beforeRun makes fn run before cmd's own PreRun or PreRunE, if it has one.
+func beforeRun(cmd *cobra.Command, fn func(*cobra.Command, []string) error) {
+	preE, pre := cmd.PreRunE, cmd.PreRun
+	cmd.PreRun = nil
+	cmd.PreRunE = func(c *cobra.Command, args []string) error {
+		if err := fn(c, args); err != nil {
+			return err
+		}
+		switch {
+		case preE != nil:
+			return preE(c, args)
+		case pre != nil:
+			pre(c, args)
+		}
+		return nil
+	}
 }
 
 // newLogger builds the process's one logger, writing to w.
