@@ -104,3 +104,26 @@ func TestReadOnlyCommandsRefuseAStorePathWithNoDatabase(t *testing.T) {
 		}
 	}
 }
+
+// TestBadProgressIntervalIsRefused: a BACKSTOP_PROGRESS_INTERVAL that is
+// not a positive duration ("abc", "-1s") used to be ignored, the run
+// logging every 5s as if it were unset. It now exits 2 naming the variable
+// and what it wants, before any platform request.
+func TestBadProgressIntervalIsRefused(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
+	key := "BOTIX_API_KEY=" + e.sim.APIKey()
+	for _, c := range []struct{ value, command string }{{"abc", "sync"}, {"-1s", "sync"}, {"0", "backfill"}, {"abc", "reconcile"}} {
+		code, _, stderr := runBinaryFor(t, 30*time.Second, e.dir, []string{key, "BACKSTOP_PROGRESS_INTERVAL=" + c.value}, c.command)
+		want := `backstop: BACKSTOP_PROGRESS_INTERVAL "` + c.value + `": want a positive duration such as 5s or 1m`
+		if code != exitUsage || !strings.HasPrefix(stderr, want) {
+			t.Errorf("%s with BACKSTOP_PROGRESS_INTERVAL=%s: exit %d, stderr %q; want exit 2 and %q…", c.command, c.value, code, stderr, want)
+		}
+	}
+	if n := e.sim.Stats().Requests; n != 0 {
+		t.Errorf("%d platform requests made by refused runs", n)
+	}
+	code, _, stderr := runBinaryFor(t, time.Minute, e.dir, []string{key, "BACKSTOP_PROGRESS_INTERVAL=1s"}, "sync")
+	if code != exitOK {
+		t.Errorf("sync with BACKSTOP_PROGRESS_INTERVAL=1s: exit %d\n%s", code, stderr)
+	}
+}

@@ -50,7 +50,12 @@ type counts struct {
 }
 
 func newProgress(m *Main, op string, resources []backstop.Resource) *progress {
-	p := &progress{op: op, out: m.Stderr, interval: progressInterval(m), state: map[backstop.Resource]*resourceProgress{}}
+	interval, err := progressInterval(m)
+	if err != nil {
+		// Refused before the command ran (showsProgress).
+		interval = defaultProgressInterval
+	}
+	p := &progress{op: op, out: m.Stderr, interval: interval, state: map[backstop.Resource]*resourceProgress{}}
 	if m.IsTerminal {
 		// Main.IsTerminal decides, not mpb's own look at the writer.
 		p.bars = mpb.New(mpb.WithOutput(m.Stderr), mpb.WithAutoRefresh(), mpb.WithWidth(16),
@@ -72,17 +77,22 @@ func newProgress(m *Main, op string, resources []backstop.Resource) *progress {
 	return p
 }
 
-// progressInterval is BACKSTOP_PROGRESS_INTERVAL when it is a positive
-// duration, defaultProgressInterval otherwise.
-func progressInterval(m *Main) time.Duration {
-	if m.LookupEnv != nil {
-		if v, ok := m.LookupEnv("BACKSTOP_PROGRESS_INTERVAL"); ok {
-			if d, err := time.ParseDuration(v); err == nil && d > 0 {
-				return d
-			}
-		}
+// progressInterval is BACKSTOP_PROGRESS_INTERVAL, or
+// defaultProgressInterval when it is unset or empty. A value that is not a
+// positive duration is a usage error (exit 2) naming the variable; the
+// commands that show progress check it before they run (showsProgress).
+func progressInterval(m *Main) (time.Duration, error) {
+	if m.LookupEnv == nil {
+		return defaultProgressInterval, nil
 	}
-	return defaultProgressInterval
+	v, ok := m.LookupEnv("BACKSTOP_PROGRESS_INTERVAL")
+	if !ok || v == "" {
+		return defaultProgressInterval, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return d, nil
+	}
+	return 0, usagef("BACKSTOP_PROGRESS_INTERVAL %q: want a positive duration such as 5s or 1m (how often a run without progress bars logs each resource's progress)", v)
 }
 
 // feedCounts are the counters of a sync or backfill.

@@ -65,11 +65,11 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 
 	root.AddCommand(
-		m.syncCommand(g),
-		m.backfillCommand(g),
+		m.showsProgress(m.syncCommand(g)),
+		m.showsProgress(m.backfillCommand(g)),
 		readsStore(g, m.cursorsCommand(g)),
-		m.reconcileCommand(g),
-		m.runCommand(g),
+		m.showsProgress(m.reconcileCommand(g)),
+		m.showsProgress(m.runCommand(g)),
 		readsStore(g, m.jobsCommand(g)),
 		m.demoCommand(g),
 		readsStore(g, m.deliveriesCommand(g), "list", "show", "targets"),
@@ -103,6 +103,17 @@ func readsStore(g *globals, cmd *cobra.Command, names ...string) *cobra.Command 
 		}
 		mark(sub)
 	}
+	return cmd
+}
+
+// showsProgress checks, before cmd runs, the environment that its progress
+// display reads (BACKSTOP_PROGRESS_INTERVAL): a bad value exits 2 instead
+// of being ignored.
+func (m *Main) showsProgress(cmd *cobra.Command) *cobra.Command {
+	beforeRun(cmd, func(*cobra.Command, []string) error {
+		_, err := progressInterval(m)
+		return err
+	})
 	return cmd
 }
 
