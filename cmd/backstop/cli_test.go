@@ -67,7 +67,9 @@ func TestStoreCommandsNeedNoPlatformKey(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
 	e.writeConfig("source:\n  base_url: http://127.0.0.1:9\n  api_key: ${BACKSTOP_TEST_UNSET_KEY}\n" +
 		"targets:\n  - {name: crm, url: \"https://crm.example.com/hooks\"}\n" +
-		"jobs:\n  - {name: nightly, kind: sync, cron: \"0 3 * * *\"}\n")
+		"jobs:\n  - {name: nightly, kind: sync, cron: \"0 3 * * *\"}\n" +
+		"store:\n  path: " + e.db + "\n")
+	e.openStore().Close() // these commands read a database; they do not create one
 	for _, args := range [][]string{{"deliveries", "list"}, {"deliveries", "targets"}, {"cursors"}, {"jobs"}} {
 		if code, _, stderr := e.run(context.Background(), args...); code != 0 {
 			t.Errorf("%v: exit %d, want 0\n%s", args, code, stderr)
@@ -85,6 +87,7 @@ func TestStoreCommandsNeedNoPlatformKey(t *testing.T) {
 // name says so (a typo, most likely).
 func TestDeliveriesErrorsSayWhatIsWrong(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 10}})
+	e.openStore().Close() // deliveries show reads a database; it does not create one
 	for _, args := range [][]string{{"deliveries", "show", "99999"}, {"deliveries", "retry", "99999"}} {
 		code, _, stderr := e.run(context.Background(), args...)
 		if code != 1 || strings.TrimSpace(stderr) != "backstop: no delivery 99999 (see backstop deliveries list)" {

@@ -626,6 +626,7 @@ func TestDashboardOffWithoutToken(t *testing.T) {
 func TestCommandsStoreTheirQuotaSample(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 6, Objects: 30, Limit: 500}})
+	e.openStore().Close() // cursors reads a database; it does not create one
 	if code, _, stderr := e.run(ctx, "cursors"); code != exitOK {
 		t.Fatalf("cursors: exit %d\n%s", code, stderr)
 	}
