@@ -218,8 +218,10 @@ type worker struct {
 	paused   bool
 	disabled bool
 	ahead    claim // claimed while the previous batch was sent
+
 	// countedAt is when the queue depth was last counted, countEvery how
-	// long until the next count (see depthEvery and depthCountShare).
+	// long until the next count (see depthEvery and depthCountShare);
+	// guarded by mu (a batch's senders count it too, see targetQueue).
 	countedAt  time.Time
 	countEvery time.Duration
 
@@ -439,18 +441,12 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	w.mu.Lock()
 	w.dues.drop(now) // this pass claims their rows
 	w.mu.Unlock()
-	counts := w.countedAt.IsZero() || now.Sub(w.countedAt) >= w.countEvery || now.Before(w.countedAt)
-	st, err := d.q.TargetQueue(ctx, w.t.Name, counts)
+	st, err := d.targetQueue(ctx, w)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.logger.Error("read target state", "err", err)
 		}
 		return d.poll
-	}
-	if counts {
-		w.countedAt = now
-		w.countEvery = min(max(depthEvery, depthCountShare*d.now().Sub(now)), depthEveryMax)
-		w.m.depth.Set(float64(st.Pending + st.Retrying))
 	}
 	d.setDisabled(w, st.Disabled)
 	if st.Disabled || st.PausedUntil.After(now) {
@@ -519,6 +515,50 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 		wait = min(wait, max(next.Sub(d.now()), 0))
 	}
 	return wait
+}
+
+// targetQueue reads w's target state and, when the last count is old
+// enough (see depthEvery, depthCountShare), counts its queued rows for the
+// queue depth gauge. A pass reads it, and so do a batch's senders (see
+// readState) and a batch held through a pause (see holdThrough), so that
+// the gauge moves while a worker holds a long batch too.
+func (d *Dispatcher) targetQueue(ctx context.Context, w *worker) (TargetState, error) {
+	now := d.now()
+	w.mu.Lock()
+	counts := w.countedAt.IsZero() || now.Sub(w.countedAt) >= w.countEvery || now.Before(w.countedAt)
+	w.mu.Unlock()
+	st, err := d.q.TargetQueue(ctx, w.t.Name, counts)
+	if err != nil || !counts {
+		return st, err
+	}
+	w.mu.Lock()
+	w.countedAt = now
+	w.countEvery = min(max(depthEvery, depthCountShare*d.now().Sub(now)), depthEveryMax)
+	w.mu.Unlock()
+	w.m.depth.Set(float64(st.Pending + st.Retrying))
+	return st, nil
+}
+
+// holdThrough waits, holding w's batch, until the pause that ends at
+// until has passed (on the real clock, for until.Sub(d.now())), or ctx
+// ends (false). It counts the queue meanwhile, as a pass would.
+func (d *Dispatcher) holdThrough(ctx context.Context, w *worker, until time.Time) bool {
+	end := time.Now().Add(until.Sub(d.now()))
+	for {
+		left := time.Until(end)
+		if left <= 0 {
+			return true
+		}
+		w.mu.Lock()
+		step := max(w.countEvery, depthEvery)
+		w.mu.Unlock()
+		if !sleep(ctx, min(left, step)) {
+			return false
+		}
+		if _, err := d.targetQueue(ctx, w); err != nil && ctx.Err() == nil {
+			w.logger.Error("read target state", "err", err)
+		}
+	}
 }
 
 // claim claims up to limit of w's rows due at now.
@@ -660,7 +700,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		// The rest of the batch is claimed: hold it until the pause ends
 		// rather than leave it to its lease.
 		d.setPaused(w, true)
-		ok := sleep(ctx, until.Sub(d.now()))
+		ok := d.holdThrough(ctx, w, until)
 		d.setPaused(w, false)
 		if !ok {
 			return unsentRows(), false
@@ -694,7 +734,7 @@ func (d *Dispatcher) readState(ctx context.Context, w *worker) {
 	}
 	w.reading = true
 	w.mu.Unlock()
-	st, err := d.q.TargetQueue(ctx, w.t.Name, false)
+	st, err := d.targetQueue(ctx, w)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.reading = false

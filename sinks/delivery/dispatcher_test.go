@@ -999,6 +999,34 @@ func TestRetryAfterStopsSendsBeforeItsBodyIsRead(t *testing.T) {
 	}
 }
 
+// TestQueueDepthMovesWhileABatchIsHeld: a worker holding its batch through
+// a 429's pause makes no pass, yet the queue depth gauge still counts the
+// rows queued meanwhile (it used to stay at its last count for the whole
+// pause, up to the claim's lease).
+func TestQueueDepthMovesWhileABatchIsHeld(t *testing.T) {
+	t.Parallel()
+	limited := newRecorder(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "10")
+		w.WriteHeader(http.StatusTooManyRequests)
+	})
+	q := newStoreQueue(t)
+	first := q.add(t, "limited", "evt_0", "contact.created", `{"id":"ct_0"}`)
+	q.add(t, "limited", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	d := start(t, q, []Target{{Name: "limited", URL: limited.srv.URL, AllowPrivate: true}}, Options{})
+	depth := func() float64 { return testutil.ToFloat64(d.byName["limited"].m.depth) }
+	q.waitFor(t, 10*time.Second, "the 429", func() bool { return q.row(t, first).Attempts == 1 })
+	if got := depth(); got != 2 {
+		t.Fatalf("depth before the pause = %v, want 2", got)
+	}
+	for i := range 5 {
+		q.add(t, "limited", fmt.Sprint("evt_more_", i), "contact.created", `{"id":"ct_2"}`)
+	}
+	q.waitFor(t, 8*time.Second, "a depth of 7 during the pause", func() bool { return depth() == 7 })
+	if n := len(limited.all()); n != 1 {
+		t.Errorf("%d requests to the paused target, want only the one answered 429", n)
+	}
+}
+
 // startCounting queues three rows for crm and starts a dispatcher on clock,
 // set an hour behind the rows' due time: they stay queued, and each pass
 // only reads the state and claims nothing. It returns once the first pass
