@@ -41,21 +41,14 @@ func openAtVersion(t *testing.T, path string, version int) *sqlx.DB {
 	return w
 }
 
-// Migration 0010 keeps every job and reconcile run (and their statuses),
-// gives a run left running the heartbeat of its start, and then accepts
-// the statuses interrupted and abandoned.
-func TestMigration10KeepsRunsAndAddsStatuses(t *testing.T) {
+// openUpgraded creates a store at path whose schema stops at version, runs
+// the statements that fill it there, then opens it with Open, which applies
+// the later migrations; the caller closes the returned store.
+func openUpgraded(t *testing.T, path string, version int, statements ...string) *DB {
+	t.Helper()
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "old.db")
-	w := openAtVersion(t, path, 9)
-	for _, q := range []string{
-		`INSERT INTO job_runs (id, job, kind, started_at, finished_at, status, pages, error)
-			VALUES (7, 'crm-nightly', 'sync', '2026-01-01T03:00:00.000000000Z', '2026-01-01T03:00:09.000000000Z', 'failed', 4, 'context canceled')`,
-		`INSERT INTO reconcile_runs (id, resource, started_at, finished_at, status, scanned)
-			VALUES (1, 'payments', '2026-01-01T01:00:00.000000000Z', '2026-01-01T01:00:05.000000000Z', 'ok', 40)`,
-		`INSERT INTO reconcile_runs (id, resource, started_at, full) VALUES (2, 'contacts', '2026-01-01T02:00:00.000000000Z', 1)`,
-		`INSERT INTO reconcile_seen (run_id, id) VALUES (2, 'ct_1')`,
-	} {
+	w := openAtVersion(t, path, version)
+	for _, q := range statements {
 		if _, err := w.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
@@ -63,11 +56,27 @@ func TestMigration10KeepsRunsAndAddsStatuses(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-
 	db, err := Open(ctx, path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return db
+}
+
+// Migration 0010 keeps every job and reconcile run (and their statuses),
+// gives a run left running the heartbeat of its start, and then accepts
+// the statuses interrupted and abandoned.
+func TestMigration10KeepsRunsAndAddsStatuses(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	db := openUpgraded(t, path, 9,
+		`INSERT INTO job_runs (id, job, kind, started_at, finished_at, status, pages, error)
+			VALUES (7, 'crm-nightly', 'sync', '2026-01-01T03:00:00.000000000Z', '2026-01-01T03:00:09.000000000Z', 'failed', 4, 'context canceled')`,
+		`INSERT INTO reconcile_runs (id, resource, started_at, finished_at, status, scanned)
+			VALUES (1, 'payments', '2026-01-01T01:00:00.000000000Z', '2026-01-01T01:00:05.000000000Z', 'ok', 40)`,
+		`INSERT INTO reconcile_runs (id, resource, started_at, full) VALUES (2, 'contacts', '2026-01-01T02:00:00.000000000Z', 1)`,
+		`INSERT INTO reconcile_seen (run_id, id) VALUES (2, 'ct_1')`,
+	)
 	defer db.Close()
 	runs, err := db.JobRuns(ctx, "crm-nightly", 0)
 	if err != nil || len(runs) != 1 || runs[0].ID != 7 || runs[0].Status != "failed" || runs[0].Counts.Pages != 4 {
@@ -114,25 +123,12 @@ func TestMigration10KeepsRunsAndAddsStatuses(t *testing.T) {
 func TestMigration12KeepsJobRunsAndAddsRunningAndStoreID(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "old.db")
-	w := openAtVersion(t, path, 11)
-	for _, q := range []string{
+	db := openUpgraded(t, path, 11,
 		`INSERT INTO job_runs (id, job, kind, started_at, finished_at, status, pages, error)
 			VALUES (7, 'crm-nightly', 'sync', '2026-01-01T03:00:00.000000000Z', '2026-01-01T03:00:09.000000000Z', 'interrupted', 4, 'context canceled')`,
 		`INSERT INTO job_runs (id, job, kind, started_at, finished_at, status)
 			VALUES (8, 'crm-nightly', 'sync', '2026-01-01T03:01:00.000000000Z', '2026-01-01T03:01:00.000000000Z', 'skipped')`,
-	} {
-		if _, err := w.ExecContext(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-
-	db, err := Open(ctx, path, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	)
 	runs, err := db.JobRuns(ctx, "crm-nightly", 0)
 	if err != nil || len(runs) != 2 || runs[1].ID != 7 || runs[1].Status != "interrupted" || runs[1].Counts.Pages != 4 ||
 		runs[1].Error != "context canceled" || runs[0].Status != "skipped" {
