@@ -44,9 +44,7 @@ func TestTruncatedEventIsCompletedFromTheAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	routes := []backstop.Route{{Target: "crm", Events: []string{"message.*"}}}
-	if res, err := db.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitAccepted {
-		t.Fatalf("emit truncated: %v %v", res, err)
-	}
+	emitTruncated(t, db, ev, routes)
 
 	metrics := intake.NewMetrics(prometheus.NewRegistry())
 	now := time.Now()
@@ -101,15 +99,9 @@ func TestTruncatedEventIsCompletedFromTheAPI(t *testing.T) {
 func TestTruncatedEventWithoutObjectIsGivenUp(t *testing.T) {
 	_, client, db := truncatedSetup(t, sim.Options{Seed: 3, Objects: 20})
 	created := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
-	body := []byte(`{"event_id":"evt_gone","event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","truncated":true,"data":{"id":"pay_doesnotexist"}}`)
-	ev, err := intake.ParseEnvelope(body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ev := truncatedPayment(t, "evt_gone", "pay_doesnotexist")
 	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
-	if res, err := db.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitAccepted {
-		t.Fatalf("emit truncated: %v %v", res, err)
-	}
+	emitTruncated(t, db, ev, routes)
 
 	metrics := intake.NewMetrics(prometheus.NewRegistry())
 	var mu sync.Mutex
@@ -205,6 +197,27 @@ func truncatedSetup(t *testing.T, o sim.Options) (*sim.Sim, *sources.Client, *st
 	return s, client, db
 }
 
+// truncatedPayment is a truncated payment.succeeded webhook, eventID,
+// created 2026-03-01T10:00:00Z, whose data names only the payment objectID.
+func truncatedPayment(t *testing.T, eventID, objectID string) backstop.Event {
+	t.Helper()
+	body := []byte(`{"event_id":"` + eventID + `","event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","truncated":true,"data":{"id":"` + objectID + `"}}`)
+	ev, err := intake.ParseEnvelope(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+// emitTruncated stores ev in db for routes and fails the test unless it
+// is accepted.
+func emitTruncated(t *testing.T, db *store.DB, ev backstop.Event, routes []backstop.Route) {
+	t.Helper()
+	if res, err := db.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitAccepted {
+		t.Fatalf("emit truncated: %v %v", res, err)
+	}
+}
+
 // sharedStoreFetchers is a simulator with latency behind a server that counts
 // the GETs of each object, a store file, and a shared fake clock, for
 // fetchers running as separate processes would: each on its own handle on
@@ -288,16 +301,10 @@ func TestTruncatedFetchOncePerStepAcrossProcesses(t *testing.T) {
 	// The latency keeps each fetch in flight long enough for another
 	// process's fetcher, polling every few milliseconds, to see the event.
 	h := newSharedStoreFetchers(t, created.Add(time.Minute), 200*time.Millisecond) // within the not-found grace
-	body := []byte(`{"event_id":"evt_gone","event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","truncated":true,"data":{"id":"pay_notyet"}}`)
-	ev, err := intake.ParseEnvelope(body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ev := truncatedPayment(t, "evt_gone", "pay_notyet")
 	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
 	a, b := h.open(), h.open()
-	if res, err := a.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitAccepted {
-		t.Fatalf("emit truncated: %v %v", res, err)
-	}
+	emitTruncated(t, a, ev, routes)
 	stopA := h.start(a, routes, nil)
 	stopB := h.start(b, routes, nil)
 
@@ -340,19 +347,13 @@ func TestTruncatedFetchOncePerStepAcrossProcesses(t *testing.T) {
 func TestTruncatedEventCompletedOnceAcrossProcesses(t *testing.T) {
 	h := newSharedStoreFetchers(t, time.Now(), 200*time.Millisecond)
 	pay := h.sim.Objects(backstop.Payments)[0]
-	body := []byte(`{"event_id":"evt_big","event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","truncated":true,"data":{"id":"` + pay.ID + `"}}`)
-	ev, err := intake.ParseEnvelope(body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ev := truncatedPayment(t, "evt_big", pay.ID)
 	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
 	a, b := h.open(), h.open()
 	ma, mb := intake.NewMetrics(prometheus.NewRegistry()), intake.NewMetrics(prometheus.NewRegistry())
 	stopA := h.start(a, routes, ma)
 	stopB := h.start(b, routes, mb)
-	if res, err := a.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitAccepted {
-		t.Fatalf("emit truncated: %v %v", res, err)
-	}
+	emitTruncated(t, a, ev, routes)
 	waitFor(t, func() bool {
 		pe, _, _ := b.ProcessedEvent(context.Background(), "evt_big")
 		return !pe.Truncated
@@ -376,16 +377,10 @@ func TestTruncatedEventCompletedOnceAcrossProcesses(t *testing.T) {
 func TestTruncatedFetchStoppedMidwayIsHandedBack(t *testing.T) {
 	h := newSharedStoreFetchers(t, time.Now(), 2*time.Second) // long enough to stop the fetch midway
 	pay := h.sim.Objects(backstop.Payments)[0]
-	body := []byte(`{"event_id":"evt_big","event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","truncated":true,"data":{"id":"` + pay.ID + `"}}`)
-	ev, err := intake.ParseEnvelope(body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ev := truncatedPayment(t, "evt_big", pay.ID)
 	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
 	a, b := h.open(), h.open()
-	if res, err := a.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitAccepted {
-		t.Fatalf("emit truncated: %v %v", res, err)
-	}
+	emitTruncated(t, a, ev, routes)
 	stopA := h.start(a, routes, nil)
 	waitFor(t, func() bool { return h.getsOf(pay.ID) == 1 }) // in flight (the API's latency)
 	stopA()
