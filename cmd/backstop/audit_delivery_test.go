@@ -103,6 +103,20 @@ func TestA429dRowIsSentBeforeTheRowsQueuedDuringItsPause(t *testing.T) {
 	}
 }
 
+// serveWithDashboard starts the real binary's serve with the webhook
+// secret and the dashboard token in its environment and waits until it is
+// serving; stop sends it SIGTERM and waits for it to exit.
+func (e *env) serveWithDashboard() (stop func()) {
+	e.t.Helper()
+	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DASHBOARD_TOKEN="+uiToken)
+	proc, lines := e.startBinaryEnv(env, "serve")
+	waitLines(e.t, lines, "serving", 1, stepTimeout)
+	return func() {
+		proc.cmd.Process.Signal(syscall.SIGTERM)
+		proc.cmd.Wait()
+	}
+}
+
 // The dashboard says when a queued delivery is really attempted, as
 // deliveries list does: not its own (past) time while its target is paused
 // for longer, disabled after a 410, or gone from the configuration.
@@ -135,13 +149,8 @@ dashboard:
 	}
 	db.Close()
 
-	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DASHBOARD_TOKEN="+uiToken)
-	proc, lines := e.startBinaryEnv(env, "serve")
-	waitLines(t, lines, "serving", 1, stepTimeout)
-	defer func() {
-		proc.cmd.Process.Signal(syscall.SIGTERM)
-		proc.cmd.Wait()
-	}()
+	stop := e.serveWithDashboard()
+	defer stop()
 	b := newBrowser(t, "http://"+addr)
 	b.open(fmt.Sprintf("/ui/deliveries/%d", ids["paused"]))
 	b.waitLocation("/ui/login")
@@ -279,26 +288,11 @@ dashboard:
 		t.Fatal(err)
 	}
 	db.Close()
-	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DASHBOARD_TOKEN="+uiToken)
-	proc, lines := e.startBinaryEnv(env, "serve")
-	waitLines(t, lines, "serving", 1, stepTimeout)
-	defer func() {
-		proc.cmd.Process.Signal(syscall.SIGTERM)
-		proc.cmd.Wait()
-	}()
+	stop := e.serveWithDashboard()
+	defer stop()
 	redirect := func(id int64, to string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("http://%s/ui/deliveries/%d/redirect", addr, id),
-			strings.NewReader(url.Values{"url": {to}}.Encode()))
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.Header.Set("Authorization", "Bearer "+uiToken)
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(b)
+		return dashboardPost(t, addr, fmt.Sprintf("/ui/deliveries/%d/redirect", id), url.Values{"url": {to}})
 	}
 	code, body := redirect(ids["billing"], "http://127.0.0.1:9/inspect")
 	if code != http.StatusUnprocessableEntity || !strings.Contains(body, "refused: 127.0.0.1 is a loopback address") ||
@@ -309,6 +303,39 @@ dashboard:
 	if code != http.StatusConflict || !strings.Contains(body, "removed, which is not in the configuration") {
 		t.Errorf("redirect of a removed target's delivery: %d %s; want 409 saying why", code, body)
 	}
+}
+
+// dashboardPost posts form to the dashboard's path on serve at addr,
+// signed in with the dashboard token, and returns the answer's status code
+// and body.
+func dashboardPost(t *testing.T, addr, path string, form url.Values) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+path, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer "+uiToken)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// enqueueDeadLetter queues eventID for target, enqueued at at, and records
+// its first attempt, to targetURL, answered status: the delivery is then a
+// dead letter. It returns the delivery's id.
+func enqueueDeadLetter(t *testing.T, ctx context.Context, db *store.DB, target, eventID, targetURL string, status int, at time.Time) int64 {
+	t.Helper()
+	id, err := db.Enqueue(ctx, target, eventID, "proxy", []byte(`{"n":1}`), at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.RecordAttempt(ctx, store.Attempt{DeliveryID: id, Target: target, URL: targetURL, Attempt: 1,
+		StatusCode: status, RequestID: "req", At: at}, store.Outcome{Status: store.StatusDeadLetter, Failures: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
 
 // Retrying a delivery (or a target's dead letters) of a target a 410
@@ -329,14 +356,7 @@ dashboard:
 	now := time.Now()
 	dead := map[string][]int64{}
 	for _, target := range []string{"crm", "crm", "crm", "discord", "discord"} {
-		id, err := db.Enqueue(ctx, target, fmt.Sprintf("evt_%s_%d", target, len(dead[target])), "proxy", []byte(`{"n":1}`), now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := db.RecordAttempt(ctx, store.Attempt{DeliveryID: id, Target: target, URL: "http://x.invalid/hook", Attempt: 1,
-			StatusCode: 410, RequestID: "req", At: now}, store.Outcome{Status: store.StatusDeadLetter, Failures: 1}); err != nil {
-			t.Fatal(err)
-		}
+		id := enqueueDeadLetter(t, ctx, db, target, fmt.Sprintf("evt_%s_%d", target, len(dead[target])), "http://x.invalid/hook", 410, now)
 		dead[target] = append(dead[target], id)
 	}
 	if err := db.DisableTarget(ctx, "crm", "HTTP 410 Gone from the test", now); err != nil {
@@ -358,35 +378,17 @@ dashboard:
 		t.Errorf("retry of a paused target's delivery: exit %d, does not give the pause's end\n%s%s", code, stdout, stderr)
 	}
 
-	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DASHBOARD_TOKEN="+uiToken)
-	proc, lines := e.startBinaryEnv(env, "serve")
-	waitLines(t, lines, "serving", 1, stepTimeout)
-	defer func() {
-		proc.cmd.Process.Signal(syscall.SIGTERM)
-		proc.cmd.Wait()
-	}()
-	post := func(path string, form url.Values) (int, string) {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+path, strings.NewReader(form.Encode()))
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.Header.Set("Authorization", "Bearer "+uiToken)
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(b)
-	}
-	code, body := post(fmt.Sprintf("/ui/deliveries/%d/retry", dead["crm"][1]), nil)
+	stop := e.serveWithDashboard()
+	defer stop()
+	code, body := dashboardPost(t, addr, fmt.Sprintf("/ui/deliveries/%d/retry", dead["crm"][1]), nil)
 	if code != http.StatusOK || !strings.Contains(body, enable) || strings.Contains(body, "within a second") {
 		t.Errorf("dashboard Retry of a disabled target's delivery: %d %s; want it to say it waits for %q", code, body, enable)
 	}
-	code, body = post("/ui/targets/crm/retry-dead", nil)
+	code, body = dashboardPost(t, addr, "/ui/targets/crm/retry-dead", nil)
 	if code != http.StatusOK || !strings.Contains(body, enable) {
 		t.Errorf("dashboard retry-all of a disabled target: %d %s; want it to say it waits for %q", code, body, enable)
 	}
-	code, body = post("/ui/targets/discord/retry-dead", nil)
+	code, body = dashboardPost(t, addr, "/ui/targets/discord/retry-dead", nil)
 	if code != http.StatusOK || !strings.Contains(body, "paused until") || strings.Contains(body, "within a second") {
 		t.Errorf("dashboard retry-all of a paused target: %d %s; want it to give the pause's end", code, body)
 	}
@@ -430,14 +432,7 @@ func TestDeliveriesListShowsOldDeadLetters(t *testing.T) {
 	ctx := context.Background()
 	db := e.openStore()
 	old := time.Now().Add(-20 * 24 * time.Hour)
-	dead, err := db.Enqueue(ctx, "recorder", "evt_old_dead", "proxy", []byte(`{"n":1}`), old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.RecordAttempt(ctx, store.Attempt{DeliveryID: dead, Target: "recorder", URL: "http://127.0.0.1:9/hook", Attempt: 1,
-		StatusCode: 400, RequestID: "req", At: old}, store.Outcome{Status: store.StatusDeadLetter, Failures: 1}); err != nil {
-		t.Fatal(err)
-	}
+	enqueueDeadLetter(t, ctx, db, "recorder", "evt_old_dead", "http://127.0.0.1:9/hook", 400, old)
 	if _, err := db.Enqueue(ctx, "recorder", "evt_old_queued", "proxy", []byte(`{"n":1}`), old); err != nil {
 		t.Fatal(err)
 	}
@@ -486,13 +481,8 @@ dashboard:
 		t.Fatal(err)
 	}
 	db.Close()
-	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DASHBOARD_TOKEN="+uiToken)
-	proc, lines := e.startBinaryEnv(env, "serve")
-	waitLines(t, lines, "serving", 1, stepTimeout)
-	defer func() {
-		proc.cmd.Process.Signal(syscall.SIGTERM)
-		proc.cmd.Wait()
-	}()
+	stop := e.serveWithDashboard()
+	defer stop()
 	req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("http://%s/ui/deliveries/%d/redirect", addr, id),
 		strings.NewReader(url.Values{"url": {slow.URL + "/in"}}.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
@@ -518,14 +508,7 @@ func TestDeliveriesRetryRefusesTargetWithoutDead(t *testing.T) {
 	e.writeDeliveryConfig(freeAddr(t), "http://127.0.0.1:9/hook")
 	ctx := context.Background()
 	db := e.openStore()
-	id, err := db.Enqueue(ctx, "recorder", "evt_dead", "proxy", []byte(`{"n":1}`), time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.RecordAttempt(ctx, store.Attempt{DeliveryID: id, Target: "recorder", URL: "http://127.0.0.1:9/hook", Attempt: 1,
-		StatusCode: 400, RequestID: "req", At: time.Now()}, store.Outcome{Status: store.StatusDeadLetter, Failures: 1}); err != nil {
-		t.Fatal(err)
-	}
+	id := enqueueDeadLetter(t, ctx, db, "recorder", "evt_dead", "http://127.0.0.1:9/hook", 400, time.Now())
 	db.Close()
 	code, stdout, stderr := e.run(ctx, "deliveries", "retry", fmt.Sprint(id), "--target", "billing")
 	if code != exitUsage || !strings.Contains(stderr, "--target goes with --dead") {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -40,13 +39,8 @@ dashboard:
 		t.Fatal(err)
 	}
 	db.Close()
-	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DASHBOARD_TOKEN="+uiToken)
-	proc, lines := e.startBinaryEnv(env, "serve")
-	waitLines(t, lines, "serving", 1, stepTimeout)
-	defer func() {
-		proc.cmd.Process.Signal(syscall.SIGTERM)
-		proc.cmd.Wait()
-	}()
+	stop := e.serveWithDashboard()
+	defer stop()
 	b := newBrowser(t, "http://"+addr)
 	b.open("/ui/login?next=/ui/deliveries")
 	b.do("sign in", chromedp.SendKeys(chromedp.CSS("#token"), uiToken), chromedp.Click(chromedp.CSS("#sign-in")))
