@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/backstop-sync/backstop/cmd/backstop/config"
 	"github.com/backstop-sync/backstop/sinks/delivery"
@@ -87,13 +90,59 @@ func (t cappedTicket) Abort() {
 	t.limit.Abort()
 }
 
+// targetRedisPrefix namespaces the target governors' budgets in Redis,
+// apart from the API key's (governor.DefaultRedisPrefix + its key id):
+// backstop:governor:target:<id>, the id a hash of the target's name and
+// URL (and, for its rate_limit's cap, of the rate).
+const targetRedisPrefix = governor.DefaultRedisPrefix + "target:"
+
+// targetGovernorStore returns the store of the target governors. With
+// governor.redis (rdb not nil), every process delivering to a target shares
+// its budgets there, so that a rate_limit, and a budget learned from the
+// target's headers, hold for all of them together; while Redis is
+// unreachable each process paces alone at governor.fallback_share of them,
+// as the API key's governor does. The store's probe of Redis in the
+// background ends with ctx. Without Redis it returns nil: each target's
+// governors keep their budgets in the process.
+func targetGovernorStore(ctx context.Context, rdb *redis.Client, cfg *config.Config, log *slog.Logger) governor.Store {
+	if rdb == nil || len(cfg.Targets) == 0 {
+		return nil
+	}
+	// A process's requests in flight count until it last wrote plus this:
+	// longer than any delivery can take.
+	ttl := governor.DefaultHolderTTL
+	for _, t := range cfg.Targets {
+		ttl = max(ttl, 2*(t.ConnectTimeout.Std()+t.Timeout.Std()))
+	}
+	f := governor.NewFallbackStore(
+		governor.NewRedisStore(rdb, governor.RedisOptions{Prefix: targetRedisPrefix, HolderTTL: ttl}),
+		governor.FallbackOptions{Share: cfg.Governor.FallbackShare, Logger: log},
+	)
+	context.AfterFunc(ctx, func() { f.Close() })
+	log.Info("governor: sharing the targets' rate limits through Redis", "targets", len(cfg.Targets))
+	return f
+}
+
+// deliveryPacers returns serve's target pacers: targetPacers over
+// targetGovernorStore, shared through the app's Redis when it has one.
+func (a *app) deliveryPacers(ctx context.Context, log *slog.Logger) map[string]delivery.Pacer {
+	return targetPacers(a.cfg.Targets, targetGovernorStore(ctx, a.rdb, a.cfg, log), log)
+}
+
+// targetKey names a target's budget: its name and URL, so that processes
+// sharing a Redis but not a configuration (another deployment with a
+// target of the same name) do not share a budget by accident.
+func targetKey(t config.Target) string { return t.Name + " " + t.URL }
+
 // targetPacers makes one pacer per target: a governor seeded from its
 // rate_limit (or, without one, a budget that binds only once the target's
 // own headers say so) and learning from its headers, and, with a
 // rate_limit, a cap at that rate that holds whether or not the target
 // sends headers. No requests are kept in reserve: a target's budget is its
-// own.
-func targetPacers(targets []config.Target, log *slog.Logger) map[string]delivery.Pacer {
+// own. The governors keep their budgets in store (see
+// targetGovernorStore), shared by every process using it; nil gives each
+// governor its own, so that the rate_limit holds per process.
+func targetPacers(targets []config.Target, store governor.Store, log *slog.Logger) map[string]delivery.Pacer {
 	out := make(map[string]delivery.Pacer, len(targets))
 	for _, t := range targets {
 		limit, window, capped := 1_000_000, time.Minute, true
@@ -105,13 +154,17 @@ func targetPacers(targets []config.Target, log *slog.Logger) map[string]delivery
 		default:
 			capped = false
 		}
-		p := governorPacer{g: governor.New("target:"+t.Name, governor.Options{
-			Limit: limit, Window: window, Reserve: -1, Logger: log.With("target", t.Name),
+		key := targetKey(t)
+		p := governorPacer{g: governor.New("target:"+key, governor.Options{
+			Limit: limit, Window: window, Reserve: -1, Store: store, Logger: log.With("target", t.Name),
 		})}
 		if capped {
 			// Its 429 pauses repeat the target's: not logged twice.
-			p.limit = governor.New("target-rate-limit:"+t.Name, governor.Options{
-				Limit: limit, Window: window, Reserve: -1, Logger: slog.New(slog.DiscardHandler),
+			// Its key names the rate too: processes configured with
+			// another rate (during a change of it) keep their own cap
+			// rather than apply whichever rate seeded the shared one.
+			p.limit = governor.New(fmt.Sprintf("target-rate-limit:%s %d/%s", key, limit, window), governor.Options{
+				Limit: limit, Window: window, Reserve: -1, Store: store, Logger: slog.New(slog.DiscardHandler),
 			})
 		}
 		out[t.Name] = p

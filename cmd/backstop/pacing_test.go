@@ -89,7 +89,7 @@ func deliverPaced(t *testing.T, target config.Target, url string, concurrency, n
 	}
 	d, err := delivery.New(deliveryQueue{db}, []delivery.Target{{Name: target.Name, URL: url, AllowPrivate: true,
 		Concurrency: concurrency, RetrySchedule: []time.Duration{time.Second}}},
-		delivery.Options{Poll: 20 * time.Millisecond, Pacers: targetPacers([]config.Target{target}, slog.New(slog.DiscardHandler))})
+		delivery.Options{Poll: 20 * time.Millisecond, Pacers: targetPacers([]config.Target{target}, nil, slog.New(slog.DiscardHandler))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestTargetPacedFromItsHeaders(t *testing.T) {
 // target will be tried again rather than the answer's Retry-After alone.
 func TestTargetPacerReportsItsPause(t *testing.T) {
 	target := config.Target{Name: "paced", RateLimit: config.TargetRateLimit{PerSecond: 100}}
-	p := targetPacers([]config.Target{target}, slog.New(slog.DiscardHandler))["paced"].(delivery.PauseReporter)
+	p := targetPacers([]config.Target{target}, nil, slog.New(slog.DiscardHandler))["paced"].(delivery.PauseReporter)
 	ctx := context.Background()
 	rateLimited := func() {
 		t.Helper()

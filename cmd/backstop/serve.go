@@ -136,7 +136,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	queue := newDeliveryQueue(a.db)
 	dispatcher, err := delivery.New(queue, deliveryTargets(cfg), delivery.Options{
 		Logger: log, Registerer: reg, // the dispatcher names its component itself
-		Pacers: targetPacers(cfg.Targets, log.With("component", "target-governor")),
+		Pacers: a.deliveryPacers(ctx, log.With("component", "target-governor")),
 	})
 	if err != nil {
 		ln.Close()
