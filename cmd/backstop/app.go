@@ -169,6 +169,7 @@ func (a *app) Close() error {
 		return nil
 	}
 	if a.fallback != nil {
+		a.fallback.Close() // its background probe of Redis, before the client closes
 		if st := a.fallback.Stats(); st.Fallbacks > 0 {
 			a.log.Warn("governor: this run paced locally while Redis was unreachable",
 				"fallbacks", st.Fallbacks, "local_requests", st.LocalGrants)

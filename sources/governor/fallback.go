@@ -2,10 +2,13 @@ package governor
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Defaults of FallbackOptions.
@@ -16,6 +19,14 @@ const (
 	// DefaultFallbackRetry is how often the shared store is tried again
 	// while it is unreachable.
 	DefaultFallbackRetry = time.Second
+)
+
+// A background probe of the shared store is given Retry to answer, at least
+// minProbeTimeout (a Redis dial may take a moment) and at most
+// maxProbeTimeout; the Redis client's own timeouts are usually shorter.
+const (
+	minProbeTimeout = 2 * time.Second
+	maxProbeTimeout = 5 * time.Second
 )
 
 // FallbackOptions configure a FallbackStore. Zero fields take the defaults.
@@ -44,7 +55,13 @@ type FallbackStats struct {
 // answers and paces locally, at Share of the budget, while it does not:
 // losing Redis in the middle of a run slows the process down instead of
 // stopping it or letting it take a whole key's budget. The shared store is
-// tried again every Retry; the first call that succeeds switches back.
+// tried again every Retry by a probe in the background, so that the calls
+// made meanwhile never wait on it and a process making no calls (or only
+// Snapshots) still notices it is back; its first answer switches back.
+// The probe runs only while pacing locally: it starts with the fallback and
+// ends on the switch back, on Close, or once the shared store's Redis
+// client has been closed. Without it (after Close), one of the calls made
+// meanwhile tries the shared store once per Retry instead.
 //
 // The local budget follows every response, also while the shared store
 // answers, so it knows the window and any 429 pause at the moment it takes
@@ -68,6 +85,12 @@ type FallbackStore struct {
 	grants    map[grantKey]int // local grants not yet observed
 	fallbacks int64
 	granted   int64
+
+	// The background probe: stopProbe ends the one running (nil when none
+	// runs); probes counts the probe goroutines still running, for Close.
+	stopProbe context.CancelFunc
+	probes    sync.WaitGroup
+	closed    bool
 }
 
 var _ Store = (*FallbackStore)(nil)
@@ -122,7 +145,7 @@ func (f *FallbackStore) Reserve(ctx context.Context, key string, now time.Time, 
 			f.mu.Unlock()
 			return 0, false, err
 		}
-		f.failed(now, err)
+		f.failed(key, now, p, err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -163,7 +186,7 @@ func (f *FallbackStore) Observe(ctx context.Context, key string, now time.Time, 
 	case err == nil:
 		f.recovered()
 	case live.Err() == nil:
-		f.failed(now, err)
+		f.failed(key, now, p, err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -174,7 +197,10 @@ func (f *FallbackStore) Observe(ctx context.Context, key string, now time.Time, 
 }
 
 // Snapshot implements Store: the shared state, or the local one (scaled)
-// while pacing locally.
+// while pacing locally. It does not try the shared store while pacing
+// locally (a dashboard refreshing would wait on an unreachable Redis each
+// time): the background probe switches back within about Retry of Redis
+// answering again.
 func (f *FallbackStore) Snapshot(ctx context.Context, key string, now time.Time, p Policy) (State, error) {
 	f.mu.Lock()
 	local := f.local
@@ -190,16 +216,17 @@ func (f *FallbackStore) Snapshot(ctx context.Context, key string, now time.Time,
 }
 
 // useShared reports whether to ask the shared store: always while it
-// answers; while it does not, one caller once per Retry. live is done
-// when the shared store fails meanwhile (nil for the caller trying it
-// again).
+// answers; while it does not, never while the background probe tries it
+// (a request would wait on an unreachable Redis, which can take most of a
+// second), else one caller once per Retry. live is done when the shared
+// store fails meanwhile (nil for the caller trying it again).
 func (f *FallbackStore) useShared(now time.Time) (live context.Context, ok bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.local {
 		return f.live, true
 	}
-	if f.trying || now.Before(f.nextTry) {
+	if f.trying || f.stopProbe != nil || now.Before(f.nextTry) {
 		return nil, false
 	}
 	f.trying = true
@@ -220,8 +247,10 @@ func whileLive(ctx, live context.Context) (_ context.Context, stop func()) {
 	}
 }
 
-// failed switches to local pacing (or stays there) after err.
-func (f *FallbackStore) failed(now time.Time, err error) {
+// failed switches to local pacing (or stays there) after a call on key,
+// with policy p, failed with err. Switching, it starts the background
+// probe, which asks the shared store about key.
+func (f *FallbackStore) failed(key string, now time.Time, p Policy, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.trying = false
@@ -234,9 +263,16 @@ func (f *FallbackStore) failed(now time.Time, err error) {
 	f.fallbacks++
 	f.log.Warn("governor: shared budget unreachable: pacing locally",
 		"share", f.share, "retry_every", f.retry, "err", err)
+	if !f.closed && f.stopProbe == nil {
+		ctx, stop := context.WithCancel(context.Background())
+		f.stopProbe = stop
+		f.probes.Add(1)
+		go f.probe(ctx, key, p)
+	}
 }
 
-// recovered switches back to the shared store after a call succeeded.
+// recovered switches back to the shared store after a call succeeded, and
+// ends the background probe.
 func (f *FallbackStore) recovered() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -246,7 +282,65 @@ func (f *FallbackStore) recovered() {
 	}
 	f.local = false
 	f.live, f.endLive = context.WithCancel(context.Background())
+	if f.stopProbe != nil {
+		f.stopProbe()
+		f.stopProbe = nil
+	}
 	f.log.Info("governor: shared budget reachable again: pacing through it", "local_grants", f.granted)
+}
+
+// probe asks the shared store for key's state every Retry while pacing
+// locally, and switches back to it once it answers. It ends then, when ctx
+// is done (the switch back was made by a call, or Close), or when the
+// shared store's Redis client is closed: it would never answer again.
+func (f *FallbackStore) probe(ctx context.Context, key string, p Policy) {
+	defer f.probes.Done()
+	timer := time.NewTimer(f.retry)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, min(max(f.retry, minProbeTimeout), maxProbeTimeout))
+		_, err := f.shared.Snapshot(pctx, key, time.Now(), p)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			f.recovered()
+			return
+		case errors.Is(err, redis.ErrClosed):
+			f.mu.Lock()
+			if f.stopProbe != nil && ctx.Err() == nil {
+				f.stopProbe()
+				f.stopProbe = nil
+			}
+			f.mu.Unlock()
+			f.log.Info("governor: shared budget's Redis client closed: no longer trying it in the background")
+			return
+		}
+		timer.Reset(f.retry)
+	}
+}
+
+// Close ends the background probe, if one runs, and waits for it. The
+// store stays usable: while pacing locally, its calls still try the shared
+// store once per Retry, but nothing does in the background any more. It
+// does not close the shared store (the caller owns its Redis client).
+// Close is idempotent and always returns nil.
+func (f *FallbackStore) Close() error {
+	f.mu.Lock()
+	f.closed = true
+	if f.stopProbe != nil {
+		f.stopProbe()
+		f.stopProbe = nil
+	}
+	f.mu.Unlock()
+	f.probes.Wait()
+	return nil
 }
 
 func (f *FallbackStore) budget(key string) *Budget {

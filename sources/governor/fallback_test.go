@@ -24,6 +24,9 @@ func (f funcStore) Observe(ctx context.Context, key string, now time.Time, obs O
 }
 
 func (f funcStore) Snapshot(ctx context.Context, key string, now time.Time, p Policy) (State, error) {
+	if f.SnapshotFunc == nil {
+		return State{}, errors.New("funcStore: no Snapshot")
+	}
 	return f.SnapshotFunc(ctx, key, now, p)
 }
 
@@ -53,6 +56,9 @@ func TestFallbackStoreObservesWhereGranted(t *testing.T) {
 		SnapshotFunc: mem.Snapshot,
 	}
 	f := NewFallbackStore(shared, FallbackOptions{Share: 0.5, Retry: time.Second})
+	// The calls run on virtual time: no probe in the background, on real
+	// time, switches back behind their backs.
+	f.Close()
 	pol := Policy{Limit: 100, Window: time.Minute, MaxPause: time.Minute, ResetMargin: 100 * time.Millisecond}
 	t0 := time.Unix(1_700_000_000, 0)
 	reserve := func(at time.Time) {
@@ -126,6 +132,7 @@ func TestFallbackStoreReleasesWaitersWhenSharedFails(t *testing.T) {
 		},
 	}
 	f := NewFallbackStore(shared, FallbackOptions{Share: 0.5})
+	t.Cleanup(func() { f.Close() })
 	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
 	t0 := time.Unix(1_700_000_000, 0)
 	results := make(chan error, 2)
@@ -151,5 +158,53 @@ func TestFallbackStoreReleasesWaitersWhenSharedFails(t *testing.T) {
 	}
 	if st := f.Stats(); !st.Local || st.Fallbacks != 1 || st.LocalGrants < 1 {
 		t.Errorf("stats %+v, want local, 1 fallback, local grants", st)
+	}
+}
+
+// While the background probe tries the shared store, the calls pace
+// locally without trying it themselves: none waits on an unreachable
+// Redis (a refused dial alone takes most of a second with go-redis's
+// retries).
+func TestFallbackStoreCallsLeaveRetriesToTheProbe(t *testing.T) {
+	ctx := context.Background()
+	var reserves, snapshots atomic.Int32
+	down := errors.New("connection refused")
+	shared := funcStore{
+		ReserveFunc: func(context.Context, string, time.Time, Policy) (time.Duration, bool, error) {
+			reserves.Add(1)
+			return 0, false, down
+		},
+		SnapshotFunc: func(context.Context, string, time.Time, Policy) (State, error) {
+			snapshots.Add(1)
+			return State{}, down
+		},
+	}
+	f := NewFallbackStore(shared, FallbackOptions{Retry: 20 * time.Millisecond})
+	t.Cleanup(func() { f.Close() })
+	pol := Policy{Limit: 1000, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+	t0 := time.Now()
+	for i := range 20 {
+		// Well past Retry each time: without the probe, each would try.
+		if _, _, err := f.Reserve(ctx, "k", t0.Add(time.Duration(i)*time.Second), pol); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := reserves.Load(); n != 1 {
+		t.Errorf("the shared store was asked %d times, want once (the call that found it down)", n)
+	}
+	waitUntil := time.Now().Add(10 * time.Second)
+	for snapshots.Load() < 2 {
+		if time.Now().After(waitUntil) {
+			t.Fatal("the background probe did not try the shared store twice in 10 s")
+		}
+		time.Sleep(5 * time.Millisecond) // polling the probe's count, with a deadline
+	}
+	f.Close()
+	// Closed, the probe is gone: a call tries the shared store again.
+	if _, _, err := f.Reserve(ctx, "k", t0.Add(time.Minute), pol); err != nil {
+		t.Fatal(err)
+	}
+	if n := reserves.Load(); n != 2 {
+		t.Errorf("after Close the shared store was asked %d times, want twice", n)
 	}
 }

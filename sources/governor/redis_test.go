@@ -1,8 +1,10 @@
 package governor
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"net/http"
@@ -246,6 +248,9 @@ func TestFallbackStoreSurvivesRedisRestart(t *testing.T) {
 	srv, rdb := newRedis(t)
 	ctx := context.Background()
 	f := NewFallbackStore(NewRedisStore(rdb, RedisOptions{}), FallbackOptions{Share: 0.25, Retry: 10 * time.Second})
+	// The calls run on virtual time: the probe in the background is left
+	// out (TestFallbackStoreProbesInTheBackground covers it).
+	f.Close()
 	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
 	now := time.Unix(1_700_000_000, 0)
 	step := func(granted time.Time) {
@@ -338,5 +343,159 @@ func TestRedisStoreVersionsDoNotRepeatAfterALostKey(t *testing.T) {
 		if err := rdb.FlushAll(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// probesEnded reports whether the store's background probes have all
+// ended within d.
+func probesEnded(f *FallbackStore, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		f.probes.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// fallBack makes f lose its shared store (srv stopped): a reservation on
+// "k" fails there and f paces locally.
+func fallBack(t *testing.T, f *FallbackStore, pol Policy) {
+	t.Helper()
+	if _, _, err := f.Reserve(context.Background(), "k", time.Now(), pol); err != nil {
+		t.Fatalf("reserve with Redis down: %v, want local pacing's answer", err)
+	}
+	if st := f.Stats(); !st.Local || st.Fallbacks != 1 {
+		t.Fatalf("stats with Redis down: %+v, want local after 1 fallback", st)
+	}
+}
+
+// A process that makes no more calls once Redis is back (a serve process
+// with nothing to fetch) still switches back to it: a probe in the
+// background tries it every Retry, says so in the log, and ends. The
+// budget it shows (the dashboard's quota page) is the shared one again.
+func TestFallbackStoreProbesInTheBackground(t *testing.T) {
+	srv, rdb := newRedis(t)
+	ctx := context.Background()
+	var logs syncBuffer
+	const retry = 100 * time.Millisecond
+	f := NewFallbackStore(NewRedisStore(rdb, RedisOptions{}), FallbackOptions{Share: 0.25, Retry: retry,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	t.Cleanup(func() { f.Close() })
+	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+
+	now := time.Now()
+	if _, ok, err := f.Reserve(ctx, "k", now, pol); err != nil || !ok {
+		t.Fatalf("reserve: %v %v", ok, err)
+	}
+	obs := Observation{Status: 200, HasBudget: true, Limit: 100, Remaining: 80, Reset: now.Add(time.Minute), Granted: now}
+	if err := f.Observe(ctx, "k", now, obs, pol); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	fallBack(t, f, pol)
+	if st, _ := f.Snapshot(ctx, "k", time.Now(), pol); st.Limit != 25 {
+		t.Fatalf("budget shown with Redis down: %+v, want the local quarter (limit 25)", st)
+	}
+	// Redis still down: the probe keeps trying, and the store stays local.
+	time.Sleep(5 * retry)
+	if !f.Stats().Local {
+		t.Fatal("switched back to Redis while it was down")
+	}
+	if probesEnded(f, 0) {
+		t.Fatal("the background probe gave up while Redis was down")
+	}
+
+	srv.Restart()
+	restarted := time.Now()
+	deadline := restarted.Add(10 * time.Second)
+	for f.Stats().Local {
+		if time.Now().After(deadline) {
+			t.Fatalf("still pacing locally 10 s after Redis came back, with no calls made; logs:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the store's state, with a deadline
+	}
+	t.Logf("switched back %s after Redis restarted (retry every %s)", time.Since(restarted).Round(time.Millisecond), retry)
+	if !strings.Contains(logs.String(), "reachable again") {
+		t.Errorf("no \"reachable again\" in the logs:\n%s", logs.String())
+	}
+	if st := f.Stats(); st.Fallbacks != 1 {
+		t.Errorf("stats after the switch back: %+v, want 1 fallback", st)
+	}
+	// The restarted Redis is empty: the shared budget is the seed.
+	if st, err := f.Snapshot(ctx, "k", time.Now(), pol); err != nil || st.Limit != 100 {
+		t.Errorf("budget shown once Redis is back: %+v (%v), want the shared one (limit 100)", st, err)
+	}
+	if !probesEnded(f, 5*time.Second) {
+		t.Error("the background probe still runs after the switch back")
+	}
+}
+
+// Close ends the background probe at once, Redis down or not, and none
+// runs after it: the store no longer changes by itself.
+func TestFallbackStoreCloseEndsTheProbe(t *testing.T) {
+	srv, rdb := newRedis(t)
+	const retry = 50 * time.Millisecond
+	f := NewFallbackStore(NewRedisStore(rdb, RedisOptions{}), FallbackOptions{Retry: retry})
+	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+	srv.Stop()
+	fallBack(t, f, pol)
+	time.Sleep(3 * retry) // the probe has tried a few times
+	closed := make(chan struct{})
+	go func() {
+		f.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still waits for the background probe after 10 s")
+	}
+	if !probesEnded(f, time.Second) {
+		t.Fatal("a probe still runs after Close")
+	}
+	srv.Restart()
+	time.Sleep(10 * retry)
+	if !f.Stats().Local {
+		t.Error("switched back to Redis after Close with no call made: a probe ran after Close")
+	}
+	f.Close() // again: nothing happens
+}
+
+// A probe ends by itself once the Redis client it would use is closed (the
+// process closing it on its way out without closing the store): it would
+// never answer again.
+func TestFallbackStoreProbeEndsWithItsClient(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: time.Second})
+	const retry = 50 * time.Millisecond
+	f := NewFallbackStore(NewRedisStore(rdb, RedisOptions{}), FallbackOptions{Retry: retry})
+	t.Cleanup(func() { f.Close() })
+	rdb.Close()
+	fallBack(t, f, Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond})
+	if !probesEnded(f, 10*time.Second) {
+		t.Fatal("the background probe still runs 10 s after its Redis client was closed")
 	}
 }
