@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -83,11 +82,7 @@ func TestInvalidCursorHintFitsTheCommand(t *testing.T) {
 func TestIntervalJobRunsAfterRestartWhenDue(t *testing.T) {
 	addr := freeAddr(t)
 	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 12, Objects: 20}})
-	base, err := os.ReadFile(e.config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.writeConfig(string(base) + `jobs:
+	e.appendConfig(`jobs:
   - {name: overdue, kind: sync, resources: [payments], every: 1h}
   - {name: recent, kind: maintenance, every: 1h}
 `)
@@ -219,11 +214,7 @@ func TestRunJobPrintsStoredRunID(t *testing.T) {
 // target never gets them.
 func TestPlainBackfillRefusedForMessageUpdatedSubscriber(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 15, Objects: 40}})
-	base, err := os.ReadFile(e.config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.writeConfig(string(base) + `targets:
+	e.appendConfig(`targets:
   - {name: updates, url: "http://127.0.0.1:9/hook", allow_private: true, events: ["*.updated"]}
 `)
 	ctx := context.Background()

@@ -116,20 +116,7 @@ func TestServeOfTwoStoresOnOneKeyBothRunJobs(t *testing.T) {
 	base := newSimServer(t, s)
 	config := func(name string) string {
 		dir := t.TempDir()
-		return writeFile(t, dir, "schedules.yaml", fmt.Sprintf(`source:
-  base_url: %s
-  api_key: ${BOTIX_API_KEY}
-store:
-  path: %s
-governor:
-  redis: %s
-  job_lease: %s
-intake:
-  listen: 127.0.0.1:0
-  secret: ${BOTIX_WEBHOOK_SECRET}
-jobs:
-  - {name: tick, kind: maintenance, every: %s}
-`, base, filepath.Join(dir, name+".db"), rds.URL(), lease, every))
+		return writeTickConfig(t, dir, base, filepath.Join(dir, name+".db"), rds.URL(), lease, every)
 	}
 	cfgA, cfgB := config("a"), config("b")
 	env := []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}
@@ -201,11 +188,7 @@ func (e *env) runAs(key string, terminal bool, args ...string) (int, string, str
 func (e *env) withRedisLockHeld(job string) (release func()) {
 	e.t.Helper()
 	rds := redistest.Start(e.t)
-	base, err := os.ReadFile(e.config)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.writeConfig(string(base) + "governor:\n  redis: " + rds.URL() + "\n")
+	e.appendConfig("governor:\n  redis: " + rds.URL() + "\n")
 	db := e.openStore()
 	storeID, err := db.StoreID(context.Background())
 	db.Close()

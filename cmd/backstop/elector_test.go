@@ -43,6 +43,28 @@ func awaitLeader(t *testing.T, procs []*fleetProc, within time.Duration) *fleetP
 	}
 }
 
+// writeTickConfig writes dir/schedules.yaml for serve against the source at
+// baseURL, with its store at dbPath, the job lease (of length lease) taken
+// in the Redis at redisURL, and one maintenance job, tick, run every every;
+// it returns the file's path.
+func writeTickConfig(t *testing.T, dir, baseURL, dbPath, redisURL string, lease, every time.Duration) string {
+	t.Helper()
+	return writeFile(t, dir, "schedules.yaml", fmt.Sprintf(`source:
+  base_url: %s
+  api_key: ${BOTIX_API_KEY}
+store:
+  path: %s
+governor:
+  redis: %s
+  job_lease: %s
+intake:
+  listen: 127.0.0.1:0
+  secret: ${BOTIX_WEBHOOK_SECRET}
+jobs:
+  - {name: tick, kind: maintenance, every: %s}
+`, baseURL, dbPath, redisURL, lease, every))
+}
+
 // Three serve processes with one job every 2 s on one Redis: only the
 // leader runs it, once per tick; SIGKILLed, another takes over within the
 // lease and goes on running it once per tick.
@@ -56,20 +78,7 @@ func TestJobsRunOnceAcrossServeProcesses(t *testing.T) {
 	s := sim.New(sim.Options{Seed: 5, Objects: 10})
 	dir := t.TempDir()
 	dbPath := filepath.Join(dir, "shared.db")
-	cfg := writeFile(t, dir, "schedules.yaml", fmt.Sprintf(`source:
-  base_url: %s
-  api_key: ${BOTIX_API_KEY}
-store:
-  path: %s
-governor:
-  redis: %s
-  job_lease: %s
-intake:
-  listen: 127.0.0.1:0
-  secret: ${BOTIX_WEBHOOK_SECRET}
-jobs:
-  - {name: tick, kind: maintenance, every: %s}
-`, newSimServer(t, s), dbPath, rds.URL(), lease, every))
+	cfg := writeTickConfig(t, dir, newSimServer(t, s), dbPath, rds.URL(), lease, every)
 	env := []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}
 	var procs []*fleetProc
 	for i := range 3 {

@@ -113,6 +113,16 @@ func (e *env) writeConfig(text string) {
 	}
 }
 
+// appendConfig adds extra (more YAML) to the end of e's configuration file.
+func (e *env) appendConfig(extra string) {
+	e.t.Helper()
+	base, err := os.ReadFile(e.config)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.writeConfig(string(base) + extra)
+}
+
 func (e *env) environ(key string) []string {
 	return append(os.Environ(), "BOTIX_API_KEY="+key, "BACKSTOP_CONFIG=")
 }
