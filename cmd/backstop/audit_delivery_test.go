@@ -117,6 +117,21 @@ func (e *env) serveWithDashboard() (stop func()) {
 	}
 }
 
+// enqueueEach queues one delivery, evt_<target>, for each of targets,
+// enqueued at at, and returns their ids by target.
+func enqueueEach(t *testing.T, ctx context.Context, db *store.DB, at time.Time, targets ...string) map[string]int64 {
+	t.Helper()
+	ids := map[string]int64{}
+	for _, target := range targets {
+		id, err := db.Enqueue(ctx, target, "evt_"+target, "proxy", []byte(`{"n":1}`), at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[target] = id
+	}
+	return ids
+}
+
 // The dashboard says when a queued delivery is really attempted, as
 // deliveries list does: not its own (past) time while its target is paused
 // for longer, disabled after a 410, or gone from the configuration.
@@ -132,14 +147,7 @@ dashboard:
 	ctx := context.Background()
 	db := e.openStore()
 	now := time.Now()
-	ids := map[string]int64{}
-	for _, target := range []string{"paused", "off", "gone"} {
-		id, err := db.Enqueue(ctx, target, "evt_"+target, "proxy", []byte(`{"n":1}`), now.Add(-time.Minute))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[target] = id
-	}
+	ids := enqueueEach(t, ctx, db, now.Add(-time.Minute), "paused", "off", "gone")
 	until := now.Add(time.Hour).UTC().Truncate(time.Second)
 	if err := db.PauseTarget(ctx, "paused", until); err != nil {
 		t.Fatal(err)
@@ -275,14 +283,7 @@ dashboard:
 `)
 	ctx := context.Background()
 	db := e.openStore()
-	ids := map[string]int64{}
-	for _, target := range []string{"billing", "removed"} {
-		id, err := db.Enqueue(ctx, target, "evt_"+target, "proxy", []byte(`{"n":1}`), time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[target] = id
-	}
+	ids := enqueueEach(t, ctx, db, time.Now(), "billing", "removed")
 	// Keep billing's row from being attempted meanwhile.
 	if err := db.DisableTarget(ctx, "billing", "held by the test", time.Now()); err != nil {
 		t.Fatal(err)

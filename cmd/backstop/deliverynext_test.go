@@ -30,14 +30,7 @@ func TestDeliveriesSayWhenAQueuedRowIsSent(t *testing.T) {
 	ctx := context.Background()
 	db := e.openStore()
 	now := time.Now()
-	ids := map[string]int64{}
-	for _, target := range []string{"paused", "off", "gone", "held"} {
-		id, err := db.Enqueue(ctx, target, "evt_"+target, "proxy", []byte(`{"n":1}`), now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[target] = id
-	}
+	ids := enqueueEach(t, ctx, db, now, "paused", "off", "gone", "held")
 	until := now.Add(time.Hour).UTC().Truncate(time.Second)
 	if err := db.PauseTarget(ctx, "paused", until); err != nil {
 		t.Fatal(err)
