@@ -5,7 +5,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,13 +119,7 @@ func TestServeOfTwoStoresOnOneKeyBothRunJobs(t *testing.T) {
 	}
 	cfgA, cfgB := config("a"), config("b")
 	env := []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}
-	var procsA []*fleetProc
-	for i := range 2 {
-		// One at a time, so that they do not race to migrate the new store.
-		p := startProc(t, fmt.Sprintf("serve-a%d", i), cfgA, s.APIKey(), env, "serve")
-		p.waitCount("msg=serving", 1, 30*time.Second)
-		procsA = append(procsA, p)
-	}
+	procsA := startServes(t, "serve-a", 2, cfgA, s.APIKey(), env)
 	leaderA := awaitLeader(t, procsA, 10*time.Second)
 	b := startProc(t, "serve-b", cfgB, s.APIKey(), env, "serve")
 	b.waitCount("msg=serving", 1, 30*time.Second)

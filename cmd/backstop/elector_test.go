@@ -65,6 +65,20 @@ jobs:
 `, baseURL, dbPath, redisURL, lease, every))
 }
 
+// startServes starts n serve processes on config, named prefix0,
+// prefix1, ..., each once the one before it is serving.
+func startServes(t *testing.T, prefix string, n int, config, key string, env []string) []*fleetProc {
+	t.Helper()
+	var procs []*fleetProc
+	for i := range n {
+		// One at a time, so that they do not race to migrate the new store.
+		p := startProc(t, fmt.Sprintf("%s%d", prefix, i), config, key, env, "serve")
+		p.waitCount("msg=serving", 1, 30*time.Second)
+		procs = append(procs, p)
+	}
+	return procs
+}
+
 // Three serve processes with one job every 2 s on one Redis: only the
 // leader runs it, once per tick; SIGKILLed, another takes over within the
 // lease and goes on running it once per tick.
@@ -80,13 +94,7 @@ func TestJobsRunOnceAcrossServeProcesses(t *testing.T) {
 	dbPath := filepath.Join(dir, "shared.db")
 	cfg := writeTickConfig(t, dir, newSimServer(t, s), dbPath, rds.URL(), lease, every)
 	env := []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}
-	var procs []*fleetProc
-	for i := range 3 {
-		// One at a time, so that they do not race to migrate the new store.
-		p := startProc(t, fmt.Sprintf("serve-%d", i), cfg, s.APIKey(), env, "serve")
-		p.waitCount("msg=serving", 1, 30*time.Second)
-		procs = append(procs, p)
-	}
+	procs := startServes(t, "serve-", 3, cfg, s.APIKey(), env)
 
 	leader := awaitLeader(t, procs, 10*time.Second)
 	leader.waitCount(jobDone, 5, 30*time.Second)
