@@ -63,9 +63,7 @@ func TestBaseURLTheClientCannotUseIsAConfigError(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.url, func(t *testing.T) {
 			cfg := "source:\n  base_url: \"" + c.url + "\"\n  api_key: k\nstore:\n  path: ./b.db\n"
-			if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			writeFile(t, dir, "schedules.yaml", cfg)
 			code, _, stderr := runBinary(t, dir, nil, "sync")
 			if code != exitUsage {
 				t.Fatalf("exit %d, want 2\n%s", code, stderr)
@@ -211,9 +209,7 @@ func TestStorePathItCannotOpenIsAConfigError(t *testing.T) {
 	}
 	for _, c := range cases {
 		cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\nstore:\n  path: \"" + c.path + "\"\n"
-		if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		writeFile(t, dir, "schedules.yaml", cfg)
 		for _, command := range []string{"sync", "cursors"} {
 			code, _, stderr := runBinaryFor(t, 20*time.Second, dir, nil, command)
 			want := "backstop: ./schedules.yaml:5: store.path: "
@@ -260,9 +256,7 @@ targets:
       Authorization: "Bearer ${AUDIT_CRM_TOKEN}"
       X-Static: plain
 `
-	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, dir, "schedules.yaml", cfg)
 	cmd := exec.Command(binPath, "serve")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "BACKSTOP_CONFIG=", "AUDIT_SLACK_PATH=", "AUDIT_CRM_TOKEN=")
@@ -315,9 +309,7 @@ func TestVersionFlag(t *testing.T) {
 func TestReserveDefaultAboveTariffSaysItIsTheDefault(t *testing.T) {
 	dir := t.TempDir()
 	cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\n  rate_limit: {per_minute: 3}\n"
-	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, dir, "schedules.yaml", cfg)
 	code, _, stderr := runBinary(t, dir, nil, "sync")
 	want := "./schedules.yaml:4: source.rate_limit.reserve: want 0..2 (less than per_minute), got 5 (the default: write a smaller reserve beside per_minute)"
 	if code != exitUsage || !strings.Contains(stderr, want) {
@@ -331,9 +323,7 @@ func TestReserveDefaultAboveTariffSaysItIsTheDefault(t *testing.T) {
 func TestCronSundaySevenSaysUseZero(t *testing.T) {
 	dir := t.TempDir()
 	cfg := "jobs:\n  - {name: weekly, kind: maintenance, cron: \"0 3 * * 7\"}\n"
-	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, dir, "schedules.yaml", cfg)
 	code, _, stderr := runBinary(t, dir, nil, "jobs")
 	want := `./schedules.yaml:2: jobs[0].cron: day-of-week field "7": 7 is out of range 0-6 (Sunday is 0 or SUN)`
 	if code != exitUsage || !strings.Contains(stderr, want) {
@@ -348,9 +338,7 @@ func TestCronSundaySevenSaysUseZero(t *testing.T) {
 func TestTargetRateLimitBothPerSecondAndPerMinuteRefused(t *testing.T) {
 	dir := t.TempDir()
 	cfg := "targets:\n  - name: crm\n    url: https://crm.example.com/hooks\n    rate_limit: {per_second: 5, per_minute: 100}\n"
-	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, dir, "schedules.yaml", cfg)
 	code, _, stderr := runBinary(t, dir, nil, "deliveries", "targets")
 	want := "./schedules.yaml:4: targets[0].rate_limit.per_minute: set either per_second or per_minute, not both"
 	if code != exitUsage || !strings.Contains(stderr, want) {
@@ -367,9 +355,7 @@ func TestTargetRateLimitBothPerSecondAndPerMinuteRefused(t *testing.T) {
 func TestTypeErrorsDoNotShowSecretVariables(t *testing.T) {
 	dir := t.TempDir()
 	cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\n  timeout: ${BOTIX_WEBHOOK_SECRET}\n"
-	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, dir, "schedules.yaml", cfg)
 	code, _, stderr := runBinary(t, dir, []string{"BOTIX_WEBHOOK_SECRET=s3cr3t-value"}, "sync")
 	if code != exitUsage || !strings.Contains(stderr, "./schedules.yaml:4: source.timeout: want a duration") ||
 		!strings.Contains(stderr, "${BOTIX_WEBHOOK_SECRET}") {
@@ -379,9 +365,7 @@ func TestTypeErrorsDoNotShowSecretVariables(t *testing.T) {
 		t.Errorf("the error shows the secret:\n%s", stderr)
 	}
 	cfg = "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\n  page_size: ${AUDIT_PS}\n"
-	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, dir, "schedules.yaml", cfg)
 	_, _, stderr = runBinary(t, dir, []string{"AUDIT_PS=abc"}, "sync")
 	if !strings.Contains(stderr, `got "abc" (from ${AUDIT_PS})`) {
 		t.Errorf("a value that is no secret is not quoted:\n%s", stderr)
