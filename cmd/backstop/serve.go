@@ -36,18 +36,23 @@ const shutdownTimeout = 30 * time.Second
 // quick.
 const drainPeriod = 2 * time.Second
 
-// drainPeriod is BACKSTOP_DRAIN_PERIOD when it is a duration of 0 or more
-// (a load balancer that takes longer to stop sending may need more), the
-// drainPeriod constant otherwise.
-func (m *Main) drainPeriod() time.Duration {
-	if m.LookupEnv != nil {
-		if v, ok := m.LookupEnv("BACKSTOP_DRAIN_PERIOD"); ok {
-			if d, err := time.ParseDuration(v); err == nil && d >= 0 {
-				return d
-			}
-		}
+// drainPeriod is BACKSTOP_DRAIN_PERIOD, a duration of 0 or more (a load
+// balancer that takes longer to stop sending may need more), or the
+// drainPeriod constant when it is unset or empty; any other value is a
+// usage error, so that a typo is not a silent 2 s.
+func (m *Main) drainPeriod() (time.Duration, error) {
+	if m.LookupEnv == nil {
+		return drainPeriod, nil
 	}
-	return drainPeriod
+	v, ok := m.LookupEnv("BACKSTOP_DRAIN_PERIOD")
+	if !ok || v == "" {
+		return drainPeriod, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, usagef("BACKSTOP_DRAIN_PERIOD %q: want a duration of 0 or more such as 2s or 30s", v)
+	}
+	return d, nil
 }
 
 func (m *Main) serveCommand(g *globals) *cobra.Command {
@@ -83,6 +88,10 @@ and commits in flight, exit 0.`,
 }
 
 func (m *Main) serve(ctx context.Context, g *globals) error {
+	drain, err := m.drainPeriod()
+	if err != nil {
+		return err
+	}
 	a, err := m.openAppWith(ctx, g, m.Stderr, func(c *config.Config) string { return c.Intake.Synchronous })
 	if err != nil {
 		return err
@@ -229,7 +238,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	// New requests on the open connections are answered 503 and close
 	// them, while the requests in flight finish.
 	handler.Drain()
-	drainEnd := time.NewTimer(m.drainPeriod())
+	drainEnd := time.NewTimer(drain)
 	defer drainEnd.Stop()
 	// Running jobs see their context cancelled: a sync finishes its page
 	// and saves its cursor; the stop timeout bounds the wait.

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"syscall"
@@ -171,6 +173,27 @@ func TestServeNeedsASecret(t *testing.T) {
 	// configuration error does.
 	if code != 2 || !regexp.MustCompile(`schedules\.yaml:\d+: intake\.secret is (empty|required)`).MatchString(stderr) {
 		t.Fatalf("exit %d, want 2 naming schedules.yaml, a line and intake.secret\n%s", code, stderr)
+	}
+}
+
+// A BACKSTOP_DRAIN_PERIOD that is not a duration of 0 or more is refused
+// at start (exit 2, naming the variable), rather than silently replaced
+// by the default 2 s; an empty one is the default.
+func TestServeRefusesABadDrainPeriod(t *testing.T) {
+	e := newServeEnv(t, freeAddr(t), envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	for _, v := range []string{"abc", "-1s", "5"} {
+		// A serve that took the value would run until killed.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, binPath, "--config", e.config, "serve")
+		cmd.Env = append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret, "BACKSTOP_DRAIN_PERIOD="+v)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(stderr.String(), `BACKSTOP_DRAIN_PERIOD "`+v+`": want a duration of 0 or more`) {
+			t.Errorf("serve with BACKSTOP_DRAIN_PERIOD=%s: %v, want exit 2 naming the variable\n%s", v, err, stderr.String())
+		}
 	}
 }
 
