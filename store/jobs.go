@@ -197,8 +197,10 @@ func (db *DB) startJobRun(ctx context.Context, run JobRun) (int64, error) {
 	if _, err := db.abandonStaleJobRuns(ctx, tx, run.Job); err != nil {
 		return 0, fmt.Errorf("abandon stale runs: %w", err)
 	}
-	res, err := tx.ExecContext(ctx, `INSERT INTO job_runs (job, kind, started_at, status, heartbeat_at)
-		VALUES (?, ?, ?, 'running', ?)`, run.Job, run.Kind, backstop.CanonicalTime(run.StartedAt), backstop.CanonicalTime(now))
+	// finished_at holds the last heartbeat while the run goes on (see
+	// migration 0012): never NULL, for binaries that read it as a string.
+	res, err := tx.ExecContext(ctx, `INSERT INTO job_runs (job, kind, started_at, finished_at, status, heartbeat_at)
+		VALUES (?1, ?2, ?3, ?4, 'running', ?4)`, run.Job, run.Kind, backstop.CanonicalTime(run.StartedAt), backstop.CanonicalTime(now))
 	if err != nil {
 		return 0, err
 	}
@@ -217,7 +219,7 @@ func (db *DB) startJobRun(ctx context.Context, run JobRun) (int64, error) {
 // as abandoned while it went on) is left alone and an error says so; it
 // returns ErrNotFound when there is no run id.
 func (db *DB) JobRunHeartbeat(ctx context.Context, id int64) error {
-	res, err := db.w.ExecContext(ctx, `UPDATE job_runs SET heartbeat_at = ? WHERE id = ? AND status = 'running'`,
+	res, err := db.w.ExecContext(ctx, `UPDATE job_runs SET heartbeat_at = ?1, finished_at = ?1 WHERE id = ?2 AND status = 'running'`,
 		backstop.CanonicalTime(db.now()), id)
 	if err != nil {
 		return fmt.Errorf("job run %d heartbeat: %w", id, err)

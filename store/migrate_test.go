@@ -149,6 +149,12 @@ func TestMigration12KeepsJobRunsAndAddsRunningAndStoreID(t *testing.T) {
 	if last, _, err := db.LastJobRun(ctx, "crm-nightly"); err != nil || last.ID != id || last.Status != "running" {
 		t.Errorf("last run: %+v, %v; want %d running", last, err, id)
 	}
+	// A binary from before the migration still running on the store reads
+	// finished_at into a plain string: a running run must not hold NULL.
+	var finished []string
+	if err := db.r.SelectContext(ctx, &finished, `SELECT finished_at FROM job_runs`); err != nil {
+		t.Errorf("job_runs as an older binary reads it: %v", err)
+	}
 	// A binary from before the migration still running on the store
 	// stores finished runs without a heartbeat.
 	if _, err := db.w.ExecContext(ctx, `INSERT INTO job_runs (job, kind, started_at, finished_at, status)

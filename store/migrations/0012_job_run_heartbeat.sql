@@ -2,15 +2,18 @@
 --
 -- job_runs: a run is inserted as 'running' when it starts, with
 -- heartbeat_at (its start, then beaten while it runs), and finished in
--- place; finished_at is NULL until then. A 'running' run whose heartbeat
+-- place. finished_at stays NOT NULL: while the run goes on it holds its
+-- last heartbeat, so that a binary from before this migration still
+-- running on the store (a rolling deploy) reads such a row as it reads
+-- any other (it scans finished_at into a plain string). A 'running' run whose heartbeat
 -- stopped long ago (its process was killed or crashed) is closed as
 -- 'abandoned' by the next run of its job or by maintenance
 -- (store.AbandonStaleJobRuns), as reconcile runs are since 0010. Runs
 -- stored before this migration keep their statuses; their heartbeat is
 -- their end.
 --
--- ALTER TABLE ADD COLUMN cannot change the status CHECK constraint nor
--- drop NOT NULL from finished_at: the table is rebuilt as in 0010 (it holds
+-- ALTER TABLE ADD COLUMN cannot change the status CHECK constraint: the
+-- table is rebuilt as in 0010 (it holds
 -- the 30 days maintenance keeps) and its indexes made again.
 --
 -- store_meta: one row, whose store_id is a random id made once, when the
@@ -23,7 +26,7 @@ CREATE TABLE job_runs_new (
     job          TEXT NOT NULL,
     kind         TEXT NOT NULL,
     started_at   TEXT NOT NULL,
-    finished_at  TEXT,
+    finished_at  TEXT NOT NULL,
     status       TEXT NOT NULL
                  CHECK (status IN ('running', 'ok', 'failed', 'interrupted', 'skipped', 'abandoned')),
     pages        INTEGER NOT NULL DEFAULT 0,
