@@ -573,14 +573,19 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 	// The run is stored as running from its start, and beats while it
 	// goes on: a process killed mid-run leaves a trace, closed as
 	// abandoned once its heartbeat is old.
+	// Should its start not be stored (the store busy past its timeout, a
+	// full disk), the run still runs, and is stored in one go when it
+	// ends, as a run that did not start is.
 	id, err := s.opts.Store.StartJobRun(context.WithoutCancel(ctx), run)
-	if err != nil {
-		run.Status, run.FinishedAt, run.Err = JobFailed, s.opts.Now(), err
-		return run, fmt.Errorf("job %s: store run: %w", j.Name, err)
+	started := err == nil
+	stopBeat := func() {}
+	if started {
+		run.ID = id
+		stopBeat = s.heartbeat(ctx, id, log)
+		log.Info("job started", "run", id)
+	} else {
+		log.Error("job started, but its start could not be stored: it is stored when it ends", "err", err)
 	}
-	run.ID = id
-	stopBeat := s.heartbeat(ctx, id, log)
-	log.Info("job started", "run", id)
 	run.Counts, err = s.work(ctx, j)
 	stopBeat()
 	run.FinishedAt = s.opts.Now()
@@ -591,7 +596,13 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 		err = fmt.Errorf("%w: %w", cause, err)
 	}
 	run.Err = err
-	if serr := s.opts.Store.FinishJobRun(context.WithoutCancel(ctx), run); serr != nil {
+	var serr error
+	if started {
+		serr = s.opts.Store.FinishJobRun(context.WithoutCancel(ctx), run)
+	} else {
+		run.ID, serr = s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)
+	}
+	if serr != nil {
 		err = errors.Join(err, fmt.Errorf("job %s: store run: %w", j.Name, serr))
 	}
 	log.Info("job finished", "status", run.Status, "duration", run.FinishedAt.Sub(run.StartedAt),

@@ -463,6 +463,40 @@ func TestNextRunOfIntervalJobFollowsHistory(t *testing.T) {
 // A run is stored as running when it starts, beats while it goes on
 // (even while it waits, here on a page that does not come), and is
 // finished in place.
+// startFails is a job store whose StartJobRun fails, as a store busy past
+// its timeout would.
+type startFails struct{ jobStore }
+
+func (startFails) StartJobRun(context.Context, bsync.JobRun) (int64, error) {
+	return 0, errors.New("database is locked")
+}
+
+// A run whose start cannot be stored still runs, and is stored when it
+// ends: losing the start's record must not cost the run (nor its record).
+func TestJobRunsWhenItsStartCannotBeStored(t *testing.T) {
+	db := openStore(t)
+	var lists atomic.Int32
+	src := funcSource{ListFunc: func(ctx context.Context, req backstop.ListRequest) (backstop.Page, error) {
+		lists.Add(1)
+		return backstop.Page{Cost: backstop.Cost{Requests: 1}}, nil
+	}}
+	s, err := bsync.NewScheduler([]bsync.Job{{
+		Name: "nightly", Kind: bsync.JobSync, Resources: []backstop.Resource{backstop.Contacts}, Cron: "0 3 * * *",
+	}}, bsync.SchedulerOptions{Engine: &bsync.Engine{Source: src, Mirror: db}, Store: startFails{jobStore{db}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	run, err := s.RunJob(t.Context(), "nightly")
+	if err != nil || run.Status != bsync.JobOK || lists.Load() == 0 {
+		t.Fatalf("RunJob = %+v, %v after %d pages read; want the run made, ok", run, err, lists.Load())
+	}
+	runs, err := db.JobRuns(t.Context(), "nightly", 0)
+	if err != nil || len(runs) != 1 || runs[0].ID != run.ID || runs[0].Status != "ok" || runs[0].Counts.Requests != 1 {
+		t.Errorf("stored runs %+v (%v), want the run, ok, stored when it ended", runs, err)
+	}
+}
+
 func TestJobRunIsStoredRunningAndBeats(t *testing.T) {
 	db := openStore(t)
 	release := make(chan struct{})
