@@ -5,9 +5,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	stdsync "sync"
 	"syscall"
@@ -243,5 +245,46 @@ func TestTargetPacersFallBackWhileRedisIsDown(t *testing.T) {
 	send(300 * time.Millisecond)
 	if keys, _ := rdb.Keys(ctx, targetRedisPrefix+"*").Result(); len(keys) != 2 {
 		t.Errorf("target keys in the restarted Redis: %q, want the target's and its rate_limit's again", keys)
+	}
+}
+
+// A target without a rate_limit is paced by its X-RateLimit-* headers
+// only: with Redis, it costs no Redis round trip per delivery until it
+// answers with such headers, and from then on its budget is shared.
+func TestUncappedTargetGoesThroughRedisOnceItSendsHeaders(t *testing.T) {
+	t.Parallel()
+	cfg := &config.Config{
+		Governor: config.Governor{FallbackShare: 0.5},
+		Targets: []config.Target{{Name: "crm", URL: "http://127.0.0.1:9/hook",
+			Timeout: config.Duration(30 * time.Second), ConnectTimeout: config.Duration(10 * time.Second)}},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rds := redistest.Start(t)
+	rdb, err := connectRedis(ctx, rds.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	pacer := targetPacers(cfg.Targets, targetGovernorStore(ctx, rdb, cfg, slog.New(slog.DiscardHandler)), slog.New(slog.DiscardHandler))["crm"]
+	deliver := func(h http.Header) {
+		t.Helper()
+		tk, err := pacer.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.Done(http.StatusOK, h)
+	}
+	for range 20 {
+		deliver(nil)
+	}
+	if keys, _ := rdb.Keys(ctx, targetRedisPrefix+"*").Result(); len(keys) != 0 {
+		t.Fatalf("a target that sends no rate-limit headers has keys in Redis: %q", keys)
+	}
+	reset := strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10)
+	deliver(http.Header{"X-Ratelimit-Remaining": {"100"}, "X-Ratelimit-Reset": {reset}})
+	deliver(http.Header{"X-Ratelimit-Remaining": {"99"}, "X-Ratelimit-Reset": {reset}})
+	if keys, _ := rdb.Keys(ctx, targetRedisPrefix+"*").Result(); len(keys) != 1 {
+		t.Errorf("target keys in Redis once it sent rate-limit headers: %q, want its budget's", keys)
 	}
 }

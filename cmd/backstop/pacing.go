@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -90,6 +91,67 @@ func (t cappedTicket) Abort() {
 	t.limit.Abort()
 }
 
+// headerPacer paces a target without a rate_limit, whose budget is only
+// what its X-RateLimit-* headers say, when the target governors share
+// their budgets in Redis: in the process (local) until the target first
+// answers with such headers, then through Redis (shared), for good. A
+// target that never sends them (most do not) costs no Redis round trip per
+// delivery for a budget that never binds.
+type headerPacer struct {
+	local, shared governorPacer
+	on            *atomic.Bool // shared from now on
+	log           *slog.Logger
+}
+
+var _ delivery.PauseReporter = headerPacer{}
+
+// Acquire implements delivery.Pacer.
+func (p headerPacer) Acquire(ctx context.Context) (delivery.PaceTicket, error) {
+	if p.on.Load() {
+		return p.shared.Acquire(ctx)
+	}
+	t, err := p.local.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return watchedTicket{PaceTicket: t, p: p}, nil
+}
+
+// PausedUntil implements delivery.PauseReporter: the later of the two
+// governors' pauses.
+func (p headerPacer) PausedUntil(ctx context.Context) (time.Time, error) {
+	until, err := p.local.PausedUntil(ctx)
+	if err != nil || !p.on.Load() {
+		return until, err
+	}
+	shared, err := p.shared.PausedUntil(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if shared.After(until) {
+		until = shared
+	}
+	return until, nil
+}
+
+// watchedTicket is a local ticket of a headerPacer: the first answer with
+// rate-limit headers moves the pacer to the shared budget.
+type watchedTicket struct {
+	delivery.PaceTicket
+	p headerPacer
+}
+
+// Done implements delivery.PaceTicket.
+func (t watchedTicket) Done(status int, h http.Header) {
+	t.PaceTicket.Done(status, h)
+	if h.Get("X-RateLimit-Remaining") == "" && h.Get("X-RateLimit-Reset-After") == "" {
+		return
+	}
+	if t.p.on.CompareAndSwap(false, true) {
+		t.p.log.Info("target answers with rate-limit headers: pacing it through Redis with the other processes")
+	}
+}
+
 // targetRedisPrefix namespaces the target governors' budgets in Redis,
 // apart from the API key's (governor.DefaultRedisPrefix + its key id):
 // backstop:governor:target:<id>, the id a hash of the target's name and
@@ -155,9 +217,18 @@ func targetPacers(targets []config.Target, store governor.Store, log *slog.Logge
 			capped = false
 		}
 		key := targetKey(t)
+		tlog := log.With("target", t.Name)
 		p := governorPacer{g: governor.New("target:"+key, governor.Options{
-			Limit: limit, Window: window, Reserve: -1, Store: store, Logger: log.With("target", t.Name),
+			Limit: limit, Window: window, Reserve: -1, Store: store, Logger: tlog,
 		})}
+		if !capped && store != nil {
+			// Shared only once the target's headers give it a budget.
+			local := governorPacer{g: governor.New("target:"+key, governor.Options{
+				Limit: limit, Window: window, Reserve: -1, Logger: tlog,
+			})}
+			out[t.Name] = headerPacer{local: local, shared: p, on: new(atomic.Bool), log: tlog}
+			continue
+		}
 		if capped {
 			// Its 429 pauses repeat the target's: not logged twice.
 			// Its key names the rate too: processes configured with
