@@ -24,22 +24,14 @@ import (
 // a 3 s timeout: a claim may send its rows for 3 s, so a 429 asking for 4 s
 // outlasts it and the row it answered is released back to the queue.
 func (e *env) writeOrderConfig(addr, targetURL string) {
-	e.writeConfig(fmt.Sprintf(`source:
-  base_url: %s
-  api_key: ${BOTIX_API_KEY}
-store:
-  path: %s
-intake:
-  listen: %s
-  secret: ${BOTIX_WEBHOOK_SECRET}
-  proxy_token: proxy-secret-token
+	e.writeServeConfig(addr, fmt.Sprintf(`  proxy_token: proxy-secret-token
 targets:
   - name: recorder
     url: %s
     allow_private: true
     connect_timeout: 1s
     timeout: 3s
-`, e.srv.URL, e.db, addr, targetURL))
+`, targetURL))
 }
 
 // A row answered 429 keeps its place in its target's queue: once the pause

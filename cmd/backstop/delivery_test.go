@@ -49,15 +49,7 @@ func (rc *recorder) counts() (distinct, total int) {
 }
 
 func (e *env) writeDeliveryConfig(addr, targetURL string) {
-	e.writeConfig(fmt.Sprintf(`source:
-  base_url: %s
-  api_key: ${BOTIX_API_KEY}
-store:
-  path: %s
-intake:
-  listen: %s
-  secret: ${BOTIX_WEBHOOK_SECRET}
-  proxy_token: proxy-secret-token
+	e.writeServeConfig(addr, fmt.Sprintf(`  proxy_token: proxy-secret-token
 targets:
   - name: recorder
     url: %s
@@ -66,7 +58,7 @@ targets:
     connect_timeout: 1s
     timeout: 1s
     retry_schedule: [100ms, 200ms, 400ms, 800ms]
-`, e.srv.URL, e.db, addr, targetURL))
+`, targetURL))
 }
 
 func proxyPost(t *testing.T, addr, eventID, body string) {

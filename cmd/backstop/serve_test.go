@@ -57,7 +57,7 @@ targets:
 // writeServeConfig writes a configuration for serve with its intake on
 // addr: the platform and store as newEnv has them, the webhook secret from
 // BOTIX_WEBHOOK_SECRET, and then extra (more top-level YAML: targets,
-// dashboard, ...).
+// dashboard, ...; indented lines first go on under intake).
 func (e *env) writeServeConfig(addr, extra string) {
 	e.t.Helper()
 	e.writeConfig(fmt.Sprintf(`source:
