@@ -307,28 +307,17 @@ func TestVersionFlag(t *testing.T) {
 // "source.rate_limit.reserve: want 0..2 (less than per_minute), got 5",
 // a 5 the file does not hold; the error now says it is the default.
 func TestReserveDefaultAboveTariffSaysItIsTheDefault(t *testing.T) {
-	dir := t.TempDir()
-	cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\n  rate_limit: {per_minute: 3}\n"
-	writeFile(t, dir, "schedules.yaml", cfg)
-	code, _, stderr := runBinary(t, dir, nil, "sync")
-	want := "./schedules.yaml:4: source.rate_limit.reserve: want 0..2 (less than per_minute), got 5 (the default: write a smaller reserve beside per_minute)"
-	if code != exitUsage || !strings.Contains(stderr, want) {
-		t.Errorf("exit %d, want 2 and %q:\n%s", code, want, stderr)
-	}
+	wantConfigError(t,
+		"source:\n  base_url: http://127.0.0.1:1\n  api_key: k\n  rate_limit: {per_minute: 3}\n",
+		"./schedules.yaml:4: source.rate_limit.reserve: want 0..2 (less than per_minute), got 5 (the default: write a smaller reserve beside per_minute)",
+		"sync")
 }
 
 // TestCronSundaySevenSaysUseZero: "0 3 * * 7", Sunday in system cron, is
 // refused by the scheduler's syntax; the error used to say only "7 is out
 // of range 0-6" and now says how to write Sunday.
 func TestCronSundaySevenSaysUseZero(t *testing.T) {
-	dir := t.TempDir()
-	cfg := "jobs:\n  - {name: weekly, kind: maintenance, cron: \"0 3 * * 7\"}\n"
-	writeFile(t, dir, "schedules.yaml", cfg)
-	code, _, stderr := runBinary(t, dir, nil, "jobs")
-	want := `./schedules.yaml:2: jobs[0].cron: day-of-week field "7": 7 is out of range 0-6 (Sunday is 0 or SUN)`
-	if code != exitUsage || !strings.Contains(stderr, want) {
-		t.Errorf("exit %d, want 2 and %q:\n%s", code, want, stderr)
-	}
+	wantConfigError(t, "jobs:\n  - {name: weekly, kind: maintenance, cron: \"0 3 * * 7\"}\n", `./schedules.yaml:2: jobs[0].cron: day-of-week field "7": 7 is out of range 0-6 (Sunday is 0 or SUN)`, "jobs")
 }
 
 // TestTargetRateLimitBothPerSecondAndPerMinuteRefused: a target with
@@ -336,14 +325,10 @@ func TestCronSundaySevenSaysUseZero(t *testing.T) {
 // second, its per_minute silently ignored; setting both is now a
 // configuration error naming the line and key (exit 2).
 func TestTargetRateLimitBothPerSecondAndPerMinuteRefused(t *testing.T) {
-	dir := t.TempDir()
-	cfg := "targets:\n  - name: crm\n    url: https://crm.example.com/hooks\n    rate_limit: {per_second: 5, per_minute: 100}\n"
-	writeFile(t, dir, "schedules.yaml", cfg)
-	code, _, stderr := runBinary(t, dir, nil, "deliveries", "targets")
-	want := "./schedules.yaml:4: targets[0].rate_limit.per_minute: set either per_second or per_minute, not both"
-	if code != exitUsage || !strings.Contains(stderr, want) {
-		t.Errorf("exit %d, want 2 and %q:\n%s", code, want, stderr)
-	}
+	wantConfigError(t,
+		"targets:\n  - name: crm\n    url: https://crm.example.com/hooks\n    rate_limit: {per_second: 5, per_minute: 100}\n",
+		"./schedules.yaml:4: targets[0].rate_limit.per_minute: set either per_second or per_minute, not both",
+		"deliveries", "targets")
 }
 
 // TestTypeErrorsDoNotShowSecretVariables: a secret's variable written by
@@ -369,5 +354,16 @@ func TestTypeErrorsDoNotShowSecretVariables(t *testing.T) {
 	_, _, stderr = runBinary(t, dir, []string{"AUDIT_PS=abc"}, "sync")
 	if !strings.Contains(stderr, `got "abc" (from ${AUDIT_PS})`) {
 		t.Errorf("a value that is no secret is not quoted:\n%s", stderr)
+	}
+}
+
+// wantConfigError runs the binary with cfg as its schedules.yaml and args,
+// and fails t unless it exits 2 with want in its stderr.
+func wantConfigError(t *testing.T, cfg, want string, args ...string) {
+	t.Helper()
+	dir := t.TempDir()
+	writeFile(t, dir, "schedules.yaml", cfg)
+	if code, _, stderr := runBinary(t, dir, nil, args...); code != exitUsage || !strings.Contains(stderr, want) {
+		t.Errorf("exit %d, want 2 and %q:\n%s", code, want, stderr)
 	}
 }
