@@ -3,6 +3,7 @@ package intake
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -30,8 +32,14 @@ type Enqueuer interface {
 // send any JSON body with a bearer token and get 202 once it is durable in
 // the target's queue; backstop owns the retries from there.
 type Proxy struct {
-	queue   Enqueuer
-	token   string
+	queue Enqueuer
+	token string
+	// tokenSum is the SHA-256 of token: presented tokens are compared
+	// over their hashes, in constant time, so that neither the token's
+	// bytes nor its length leak.
+	tokenSum [sha256.Size]byte
+	// failed counts wrong tokens per client address.
+	failed  AuthFailures
 	targets map[string]bool
 	logger  *slog.Logger
 	now     func() time.Time
@@ -59,8 +67,8 @@ type ProxyOptions struct {
 
 // NewProxy returns the webhook-proxy endpoint over queue.
 func NewProxy(queue Enqueuer, opts ProxyOptions) *Proxy {
-	p := &Proxy{queue: queue, token: opts.Token, targets: map[string]bool{}, logger: opts.Logger, now: opts.Now, wake: opts.OnQueued,
-		bodyTimeout: opts.BodyTimeout}
+	p := &Proxy{queue: queue, token: opts.Token, tokenSum: sha256.Sum256([]byte(opts.Token)), targets: map[string]bool{},
+		logger: opts.Logger, now: opts.Now, wake: opts.OnQueued, bodyTimeout: opts.BodyTimeout}
 	if p.bodyTimeout <= 0 {
 		p.bodyTimeout = DefaultBodyTimeout
 	}
@@ -81,7 +89,9 @@ func NewProxy(queue Enqueuer, opts ProxyOptions) *Proxy {
 // call is queued once; without one a new key is made. The key and
 // X-Event-Type follow the intake's rule for ids (CheckID). The key is what
 // the target is sent as X-Event-Id and webhook-id, and what the 202 answer
-// reports as event_id.
+// reports as event_id. An address that sent MaxAuthFailures wrong tokens
+// within AuthFailureWindow is answered 429, with Retry-After, until the
+// window ends, whatever token it sends meanwhile.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.token == "" {
 		WriteError(w, http.StatusNotFound, "proxy_off", "webhook-proxy mode is off: set intake.proxy_token to turn it on")
@@ -92,8 +102,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST to queue a payload")
 		return
 	}
-	auth, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(auth), []byte(p.token)) != 1 {
+	addr := ClientAddr(r)
+	if wait := p.failed.Blocked(addr, p.now()); wait > 0 {
+		secs := strconv.Itoa(int((wait + time.Second - 1) / time.Second))
+		w.Header().Set("Retry-After", secs)
+		WriteError(w, http.StatusTooManyRequests, "too_many_failures",
+			"too many wrong bearer tokens from this address; try again in "+secs+" s")
+		return
+	}
+	if !p.tokenOK(r.Header.Get("Authorization")) {
+		p.logger.Warn("proxy: missing or wrong bearer token", "remote", r.RemoteAddr)
+		p.failed.Fail(addr, p.now())
 		WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
 		return
 	}
@@ -160,6 +179,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.wake(target)
 	}
 	writeJSON(w, http.StatusAccepted, map[string]any{"status": "queued", "id": id, "event_id": eventID})
+}
+
+// tokenOK reports whether an Authorization header value carries the
+// proxy's bearer token, comparing SHA-256 hashes in constant time.
+func (p *Proxy) tokenOK(authorization string) bool {
+	tok, ok := strings.CutPrefix(authorization, "Bearer ")
+	if !ok {
+		return false
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+	return subtle.ConstantTimeCompare(sum[:], p.tokenSum[:]) == 1
 }
 
 // invalidUTF8 returns the offset of the first byte of b that does not
