@@ -201,7 +201,7 @@ func (d *Dashboard) login(w http.ResponseWriter, r *http.Request) {
 	next := safeNext(r.PostFormValue("next"))
 	if !d.keys.tokenOK(r.PostFormValue("token")) {
 		d.log.Warn("dashboard: failed sign-in", "remote", r.RemoteAddr)
-		d.failed.fail(clientAddr(r), d.now())
+		d.failed.Fail(clientAddr(r), d.now())
 		d.render(w, r, http.StatusUnauthorized, "login", page{Title: "Sign in",
 			Data: loginData{Next: next, Error: "That is not the dashboard token (dashboard.token in the configuration)."}})
 		return

@@ -83,7 +83,7 @@ type Dashboard struct {
 	mu      sync.Mutex
 	running map[string]bool
 
-	failed failures // failed sign-ins per client address
+	failed intake.AuthFailures // failed sign-ins per client address
 }
 
 // New returns the dashboard. It fails without a token or a backend.
@@ -203,7 +203,7 @@ func (d *Dashboard) guard(h http.HandlerFunc) http.Handler {
 		if err != nil {
 			if errors.Is(err, errBadBearer) {
 				d.log.Warn("dashboard: wrong bearer token", "remote", r.RemoteAddr)
-				d.failed.fail(clientAddr(r), d.now())
+				d.failed.Fail(clientAddr(r), d.now())
 			}
 			if r.Method == http.MethodGet && wantsHTML(r) && !errors.Is(err, errBadBearer) {
 				http.Redirect(w, r, Prefix+"/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)

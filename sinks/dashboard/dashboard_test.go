@@ -582,14 +582,40 @@ func TestWrongBearerTokensCount(t *testing.T) {
 	}
 }
 
-func TestFailuresForgetOldAddresses(t *testing.T) {
-	var f failures
-	now := time.Unix(1_700_000_000, 0)
-	for i := range maxTracked + 10 {
-		f.fail(fmt.Sprint("10.0.", i/256, ".", i%256), now.Add(time.Duration(i)*time.Millisecond))
+// A host holds a whole IPv6 /64 and could sign in from a fresh address of
+// it for every guess: wrong tokens from one /64 count together, and another
+// /64 is not held back by them.
+func TestWrongTokensFromOneIPv6Slash64CountTogether(t *testing.T) {
+	fb := &fakeBackend{}
+	d, err := New(Options{Token: testToken, Backend: fb, Now: (&clock{t: t0}).Now})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(f.addrs) > maxTracked {
-		t.Errorf("%d addresses tracked, want at most %d", len(f.addrs), maxTracked)
+	// The peer's address comes from the test, as a server reached over
+	// IPv6 would see it.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.RemoteAddr = r.Header.Get("X-Test-Peer")
+		d.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		srv.Close()
+		d.Close(context.Background())
+	})
+	login := func(peer, token string) int {
+		return do(t, client(t), "POST", srv.URL+"/ui/login", url.Values{"token": {token}},
+			map[string]string{"Accept": "text/html", "X-Test-Peer": peer}).status
+	}
+	for i := range maxFailures {
+		peer := fmt.Sprintf("[2001:db8:7:7::%x]:4%03d", i+1, i)
+		if got := login(peer, fmt.Sprint("guess", i)); got != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d from %s: %d, want 401", i+1, peer, got)
+		}
+	}
+	if got := login("[2001:db8:7:7:abcd::1]:5000", testToken); got != http.StatusTooManyRequests {
+		t.Errorf("a new address of the same /64 after %d wrong tokens: %d, want 429", maxFailures, got)
+	}
+	if got := login("[2001:db8:7:8::1]:5000", testToken); got != http.StatusSeeOther {
+		t.Errorf("an address of another /64: %d, want 303 (signed in)", got)
 	}
 }
 
