@@ -78,6 +78,11 @@ var (
 	}
 	nat64Prefix = netip.MustParsePrefix("64:ff9b::/96")
 	sixToFour   = netip.MustParsePrefix("2002::/16")
+	// translated is SIIT's IPv4-translated form (RFC 2765), ::ffff:0:a.b.c.d.
+	translated = netip.MustParsePrefix("::ffff:0:0:0/96")
+	// teredo addresses (RFC 4380) carry the Teredo server's IPv4 address
+	// in bits 32-63 and the client's, inverted, in bits 96-127.
+	teredo = netip.MustParsePrefix("2001::/32")
 )
 
 // CheckAddr returns a *RefusedError when ip is in a range a target may not
@@ -85,7 +90,8 @@ var (
 // (with the 169.254.169.254 metadata address), carrier-grade NAT,
 // unspecified, multicast, reserved, unique local (fc00::/7), or an IPv6
 // address that embeds such an IPv4 address (IPv4-mapped, NAT64
-// 64:ff9b::/96, 6to4). It returns nil for any other address.
+// 64:ff9b::/96, 6to4, IPv4-translated ::ffff:0:0:0/96, or either address
+// of a Teredo 2001::/32 one). It returns nil for any other address.
 func CheckAddr(ip netip.Addr) error {
 	ip = ip.WithZone("")
 	if ip.Is4() {
@@ -104,6 +110,17 @@ func CheckAddr(ip netip.Addr) error {
 	if sixToFour.Contains(ip) {
 		b := ip.As16()
 		return embedded(ip, netip.AddrFrom4([4]byte(b[2:6])), "a 6to4 address")
+	}
+	if translated.Contains(ip) {
+		b := ip.As16()
+		return embedded(ip, netip.AddrFrom4([4]byte(b[12:16])), "an IPv4-translated address")
+	}
+	if teredo.Contains(ip) {
+		b := ip.As16()
+		if err := embedded(ip, netip.AddrFrom4([4]byte(b[4:8])), "a Teredo address with server"); err != nil {
+			return err
+		}
+		return embedded(ip, netip.AddrFrom4([4]byte{^b[12], ^b[13], ^b[14], ^b[15]}), "a Teredo address with client")
 	}
 	for _, r := range v6Ranges {
 		if r.prefix.Contains(ip) {

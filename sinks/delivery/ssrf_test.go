@@ -126,3 +126,30 @@ func TestNewClientRefusesAtDialTime(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// An IPv4 address the guard refuses cannot hide in the IPv6 forms that
+// carry one: SIIT's IPv4-translated ::ffff:0:a.b.c.d, and a Teredo
+// address's server or (inverted) client address. The same forms around a
+// public address pass.
+func TestCheckAddrRefusesIPv4HiddenInTranslatedAndTeredo(t *testing.T) {
+	tests := []struct{ addr, want string }{
+		{"::ffff:0:7f00:1", "refused: ::ffff:0:7f00:1 is an IPv4-translated address of 127.0.0.1, a loopback address (set allow_private on the target to allow)"},
+		{"::ffff:0:a9fe:a9fe", "refused: ::ffff:0:a9fe:a9fe is an IPv4-translated address of 169.254.169.254, a cloud metadata address (set allow_private on the target to allow)"},
+		{"2001:0:a9fe:a9fe::f7f7:f7f7", "refused: 2001:0:a9fe:a9fe::f7f7:f7f7 is a Teredo address with server of 169.254.169.254, a cloud metadata address (set allow_private on the target to allow)"},
+		{"2001:0:808:808::f5ff:fffe", "refused: 2001:0:808:808::f5ff:fffe is a Teredo address with client of 10.0.0.1, a private address (RFC 1918) (set allow_private on the target to allow)"},
+	}
+	for _, tt := range tests {
+		err := CheckAddr(netip.MustParseAddr(tt.addr))
+		if err == nil || err.Error() != tt.want {
+			t.Errorf("CheckAddr(%s) = %v, want %q", tt.addr, err, tt.want)
+		}
+		if u := "http://[" + tt.addr + "]/"; CheckURL(u) == nil {
+			t.Errorf("CheckURL(%q) = nil, want refused", u)
+		}
+	}
+	for _, s := range []string{"::ffff:0:808:808", "2001:0:808:808::f7f7:f7f7"} {
+		if err := CheckAddr(netip.MustParseAddr(s)); err != nil {
+			t.Errorf("CheckAddr(%s) = %v, want nil", s, err)
+		}
+	}
+}
