@@ -132,11 +132,14 @@ type caller struct {
 var errBadBearer = errors.New("wrong bearer token")
 
 // identify returns who r comes from: a script with the right bearer token,
-// a browser with a valid session cookie, or an error.
+// a browser with a valid session cookie, or an error. An Authorization
+// header of another scheme (the Basic credentials of a proxy in front,
+// which a browser sends with every request) is not the dashboard's: the
+// request is identified by its session cookie, and so needs the CSRF
+// token like any other browser's.
 func (d *Dashboard) identify(r *http.Request) (caller, error) {
-	if h := r.Header.Get("Authorization"); h != "" {
-		tok, ok := strings.CutPrefix(h, "Bearer ")
-		if !ok || !d.keys.tokenOK(strings.TrimSpace(tok)) {
+	if scheme, tok, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " "); strings.EqualFold(scheme, "Bearer") {
+		if !d.keys.tokenOK(strings.TrimSpace(tok)) {
 			return caller{}, errBadBearer
 		}
 		return caller{bearer: true}, nil

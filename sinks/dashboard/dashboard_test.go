@@ -772,3 +772,37 @@ func TestUnknownRangeIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// Behind a proxy that asks for HTTP Basic credentials, the browser sends
+// them with every request: they are not a wrong dashboard token. The
+// operator signs in and uses the dashboard with a session as anywhere
+// else (its POSTs still need the CSRF token), and the proxy's credentials
+// never count toward the limit on wrong tokens.
+func TestBasicCredentialsOfAProxyInFrontAreNotAWrongToken(t *testing.T) {
+	srv, fb, _ := serve(t)
+	c := client(t)
+	basic := map[string]string{"Accept": "text/html", "Authorization": "Basic b3BlcmF0b3I6cHJveHktcGFzc3dvcmQ="}
+	for i := range maxFailures + 1 {
+		if a := do(t, c, "GET", srv.URL+"/ui/login", nil, basic); a.status != http.StatusOK {
+			t.Fatalf("login page %d with the proxy's credentials: %d, want 200", i+1, a.status)
+		}
+	}
+	a := do(t, c, "POST", srv.URL+"/ui/login", url.Values{"token": {testToken}, "next": {"/ui/deliveries"}}, basic)
+	if a.status != http.StatusSeeOther || a.header.Get("Location") != "/ui/deliveries" {
+		t.Fatalf("sign-in with the proxy's credentials: %d to %q, want 303 to /ui/deliveries", a.status, a.header.Get("Location"))
+	}
+	page := do(t, c, "GET", srv.URL+"/ui/deliveries", nil, basic)
+	m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(page.body)
+	if page.status != http.StatusOK || m == nil {
+		t.Fatalf("deliveries page with the proxy's credentials: %d, CSRF token found: %v", page.status, m != nil)
+	}
+	retry := srv.URL + "/ui/deliveries/7/retry"
+	form := url.Values{"status": {"dead_letter"}, "version": {backstop.CanonicalTime(t0.Add(-30 * time.Minute))}}
+	if a := do(t, c, "POST", retry, form, basic); a.status != http.StatusForbidden {
+		t.Errorf("POST without the CSRF token: %d, want 403", a.status)
+	}
+	form.Set("csrf", m[1])
+	if a := do(t, c, "POST", retry, form, basic); a.status != http.StatusSeeOther || fb.retries != 1 {
+		t.Errorf("POST with the CSRF token: %d, %d retries; want 303 and one retry", a.status, fb.retries)
+	}
+}
