@@ -227,6 +227,43 @@ func (db *DB) Ping(ctx context.Context) error {
 // Path returns the file name the store was opened with.
 func (db *DB) Path() string { return db.path }
 
+// ErrClaimed is returned by Claim when another connection, in this process
+// or another one, holds the claim.
+var ErrClaimed = errors.New("claimed by another process")
+
+// Claim takes the claim called name on the store, for as long as the
+// process keeps it: an exclusive SQLite lock on the file next to the
+// database, path + "." + name + "-lock", so that it works wherever SQLite's
+// own locking does and ends with the process, however it dies. It fails
+// with an error wrapping ErrClaimed, at once, while another holder has it.
+// The returned func releases it.
+func (db *DB) Claim(ctx context.Context, name string) (release func() error, err error) {
+	file := db.path + "." + name + "-lock"
+	c, err := sqlx.Open(driverName, file+"?_pragma=busy_timeout(0)&_pragma=locking_mode(EXCLUSIVE)")
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", file, err)
+	}
+	c.SetMaxOpenConns(1)
+	c.SetMaxIdleConns(1)
+	c.SetConnMaxLifetime(0)
+	c.SetConnMaxIdleTime(0)
+	// In EXCLUSIVE locking mode the first write takes the file's exclusive
+	// lock and the connection keeps it until it closes.
+	if _, err = c.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS claim (at TEXT NOT NULL)`); err == nil {
+		if _, err = c.ExecContext(ctx, `DELETE FROM claim`); err == nil {
+			_, err = c.ExecContext(ctx, `INSERT INTO claim (at) VALUES (?)`, backstop.CanonicalTime(db.now()))
+		}
+	}
+	if err != nil {
+		c.Close()
+		if isBusy(err) {
+			return nil, fmt.Errorf("claim %s: %w", file, ErrClaimed)
+		}
+		return nil, fmt.Errorf("claim %s: %w", file, err)
+	}
+	return c.Close, nil
+}
+
 // migration is one embedded schema change, applied once, in version order.
 type migration struct {
 	version int

@@ -7,8 +7,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -92,12 +95,32 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	if err != nil {
 		return err
 	}
+	// serve does not reload its configuration: SIGHUP (systemctl reload, a
+	// closed terminal) is logged and otherwise ignored, rather than kill
+	// the process at once as Go's default would, without draining.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	a, err := m.openAppWith(ctx, g, m.Stderr, func(c *config.Config) string { return c.Intake.Synchronous })
 	if err != nil {
 		return err
 	}
 	defer a.Close()
 	cfg, log := a.cfg, a.log
+	if cfg.Governor.Redis == "" {
+		// Without Redis nothing would stop a second serve on this store
+		// from running every job again and spending the API budget twice.
+		release, err := a.db.Claim(ctx, "serve")
+		if errors.Is(err, store.ErrClaimed) {
+			return fmt.Errorf("the store %s is in use by another backstop serve: without governor.redis only one serve may run on a store "+
+				"(each would run every scheduled job and spend the API budget on its own); stop the other one, or set governor.redis to run several", a.db.Path())
+		}
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
+	warnUnpruned(cfg, log)
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration: "+w.Key+" "+w.Msg, "file", w.File, "line", w.Line, "key", w.Key)
 	}
@@ -224,16 +247,24 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	fmt.Fprintf(m.Stdout, "listening on http://%s\n", ln.Addr())
 
 	var runErr error
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down: draining requests and commits in flight")
-		// No new connection: the listener closes, and Serve returns
-		// (its error is that one) once it has handed over every
-		// connection it accepted.
-		ln.Close()
-		<-serveErr
-	case err := <-serveErr:
-		runErr = fmt.Errorf("serve: %w", err)
+wait:
+	for {
+		select {
+		case <-hup:
+			log.Warn("SIGHUP ignored: serve does not reload its configuration; to apply changes to "+g.configPath+
+				", stop it (SIGTERM) and start it again", "config", g.configPath)
+		case <-ctx.Done():
+			log.Info("shutting down: draining requests and commits in flight")
+			// No new connection: the listener closes, and Serve returns
+			// (its error is that one) once it has handed over every
+			// connection it accepted.
+			ln.Close()
+			<-serveErr
+			break wait
+		case err := <-serveErr:
+			runErr = fmt.Errorf("serve: %w", err)
+			break wait
+		}
 	}
 	// New requests on the open connections are answered 503 and close
 	// them, while the requests in flight finish.
@@ -272,6 +303,19 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		log.Info("stopped cleanly")
 	}
 	return runErr
+}
+
+// warnUnpruned warns when no maintenance job is configured: nothing then
+// prunes processed_events, the delivery log or the job runs, and the store
+// grows without end.
+func warnUnpruned(cfg *config.Config, log *slog.Logger) {
+	for _, j := range cfg.Jobs {
+		if j.Kind == config.KindMaintenance {
+			return
+		}
+	}
+	log.Warn("no maintenance job in jobs: processed events, delivered deliveries, delivery attempts and job runs are never pruned and the store grows without end; " +
+		`add one, e.g. {name: prune, kind: maintenance, cron: "30 4 * * *"}`)
 }
 
 // routesOf lists the targets' subscriptions for the emit path.

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop/sources/sim"
+)
+
+// opsServe starts serve on a fresh serve environment (no jobs) and waits
+// until it listens; it returns the environment, the process and its
+// address.
+func opsServe(t *testing.T) (*env, *fleetProc, string) {
+	t.Helper()
+	addr := freeAddr(t)
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
+	p := startProc(t, "serve", e.config, e.sim.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
+	p.waitCount("msg=serving", 1, 30*time.Second)
+	return e, p, addr
+}
+
+// getStatus answers GET url's status code, or fails the test.
+func getStatus(t *testing.T, url string) int {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	res.Body.Close()
+	return res.StatusCode
+}
+
+// SIGHUP (systemctl reload, a terminal closing) used to kill serve at once,
+// Go's default, without draining or stopping its jobs; serve does not
+// reload its configuration, so it now says so and goes on serving, and
+// SIGTERM still stops it cleanly with exit 0.
+func TestOpsServeSIGHUPIsLoggedNotFatal(t *testing.T) {
+	_, p, addr := opsServe(t)
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	p.waitCount("SIGHUP ignored: serve does not reload its configuration", 1, 15*time.Second)
+	if got := getStatus(t, "http://"+addr+"/healthz"); got != http.StatusOK {
+		t.Fatalf("/healthz after SIGHUP: %d, want 200", got)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(45 * time.Second); code != 0 {
+		t.Fatalf("serve exited %d after SIGTERM, want 0:\n%s", code, p.output())
+	}
+	if p.count("stopped cleanly") != 1 {
+		t.Fatalf("no clean stop:\n%s", p.output())
+	}
+}
+
+// A second serve started by mistake on the same store without
+// governor.redis used to start silently and run every scheduled job a
+// second time (each process with its own API budget); it now exits 1 at
+// once with a message saying why and what to do, the first one serves on,
+// and once the first is SIGKILLed a new serve starts on the store.
+func TestOpsSecondServeOnOneStoreWithoutRedisIsRefused(t *testing.T) {
+	e, first, addr := opsServe(t)
+	data, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := freeAddr(t)
+	second := writeFile(t, e.dir, "second.yaml", strings.Replace(string(data), addr, other, 1))
+	env := []string{"BOTIX_API_KEY=" + e.sim.APIKey(), "BOTIX_WEBHOOK_SECRET=" + webhookSecret}
+	code, _, stderr := runBinaryFor(t, 30*time.Second, e.dir, env, "--config", second, "serve")
+	if code != 1 || !strings.Contains(stderr, "in use by another backstop serve") || !strings.Contains(stderr, "governor.redis") {
+		t.Fatalf("second serve: exit %d, stderr:\n%s\nwant exit 1 naming the other serve and governor.redis", code, stderr)
+	}
+	if got := getStatus(t, "http://"+addr+"/readyz"); got != http.StatusOK {
+		t.Fatalf("first serve's /readyz after the second was refused: %d", got)
+	}
+
+	// SIGKILLed, the first leaves no claim behind.
+	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	first.wait(30 * time.Second)
+	p := startProc(t, "serve-after-kill", second, e.sim.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
+	p.waitCount("msg=serving", 1, 30*time.Second)
+}
+
+// Without a maintenance job nothing prunes processed_events, the delivery
+// log or job_runs, and the store grows for ever; serve used to say nothing
+// of it. It now warns at start, and does not when one is configured.
+func TestOpsServeWarnsWithoutMaintenanceJob(t *testing.T) {
+	const warning = "no maintenance job in jobs"
+	e, p, _ := opsServe(t)
+	p.waitCount(warning, 1, 10*time.Second)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(45 * time.Second)
+
+	e.appendConfig("jobs:\n  - {name: prune, kind: maintenance, cron: \"30 4 * * *\"}\n")
+	q := startProc(t, "serve-pruned", e.config, e.sim.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
+	q.waitCount("msg=serving", 1, 30*time.Second)
+	if q.count(warning) != 0 {
+		t.Fatalf("warned with a maintenance job configured:\n%s", q.output())
+	}
+}
