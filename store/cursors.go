@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/backstop-sync/backstop"
 )
 
@@ -162,31 +164,165 @@ func (db *DB) AdvanceCursor(ctx context.Context, cur backstop.Cursor) (bool, err
 	return n > 0, nil
 }
 
+// cursorGenerationSQL reads how many times a cursor was reset (0 when never).
+const cursorGenerationSQL = `SELECT coalesce((SELECT generation FROM cursor_resets WHERE resource = ? AND kind = ?), 0)`
+
+// bumpGenerationSQL counts one more reset of a cursor.
+const bumpGenerationSQL = `INSERT INTO cursor_resets (resource, kind, generation, reset_at) VALUES (?, ?, 1, ?)
+	ON CONFLICT (resource, kind) DO UPDATE SET generation = generation + 1, reset_at = excluded.reset_at`
+
+// CursorGeneration returns what Cursor returns and, read together with it,
+// the cursor's reset generation: the number of times it was reset
+// (ResetCursor, ResetCursors). A run that pages from the cursor passes the
+// generation to ApplyPageAt or EmitPageAt, whose commits are refused once
+// the cursor has been reset since, so a reset is never undone by a run
+// that started before it.
+func (db *DB) CursorGeneration(ctx context.Context, r backstop.Resource, kind backstop.CursorKind) (backstop.Cursor, bool, int64, error) {
+	if err := checkCursor(backstop.Cursor{Resource: r, Kind: kind}); err != nil {
+		return backstop.Cursor{}, false, 0, fmt.Errorf("read %w", err)
+	}
+	// One read transaction: the cursor and its generation are one snapshot.
+	tx, err := db.r.BeginTxx(ctx, nil)
+	if err != nil {
+		return backstop.Cursor{}, false, 0, fmt.Errorf("read cursor %s/%s: begin: %w", r, kind, err)
+	}
+	defer tx.Rollback()
+	var gen int64
+	if err := tx.GetContext(ctx, &gen, cursorGenerationSQL, string(r), string(kind)); err != nil {
+		return backstop.Cursor{}, false, 0, fmt.Errorf("read cursor %s/%s generation: %w", r, kind, err)
+	}
+	var row cursorRow
+	err = tx.GetContext(ctx, &row, `SELECT `+cursorColumns+` FROM cursors WHERE resource = ? AND kind = ?`,
+		string(r), string(kind))
+	if errors.Is(err, sql.ErrNoRows) {
+		return backstop.Cursor{}, false, gen, nil
+	}
+	if err != nil {
+		return backstop.Cursor{}, false, 0, fmt.Errorf("read cursor %s/%s: %w", r, kind, err)
+	}
+	c, err := row.cursor()
+	if err != nil {
+		return backstop.Cursor{}, false, 0, fmt.Errorf("read %w", err)
+	}
+	return c, true, gen, nil
+}
+
+// sameGeneration reports, inside the write transaction tx, whether the
+// cursor of cur's resource and kind has not been reset since a run read
+// it at generation gen.
+func sameGeneration(ctx context.Context, tx *sqlx.Tx, cur backstop.Cursor, gen int64) (bool, error) {
+	var now int64
+	if err := tx.GetContext(ctx, &now, cursorGenerationSQL, string(cur.Resource), string(cur.Kind)); err != nil {
+		return false, fmt.Errorf("read cursor generation: %w", err)
+	}
+	return now == gen, nil
+}
+
+// EmitPageAt is EmitPage for a run that read its cursor at reset
+// generation gen (CursorGeneration): when the cursor has been reset since,
+// it commits nothing, neither the events nor the cursor, and reports
+// reset=true, so the run stops instead of writing its position over the
+// reset.
+func (db *DB) EmitPageAt(ctx context.Context, gen int64, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) (_ []backstop.EmitResult, reset bool, _ error) {
+	out, reset, err := db.emitPageAt(ctx, gen, events, routes, cur)
+	if err != nil {
+		return nil, false, fmt.Errorf("emit %s page: %w", cur.Resource, err)
+	}
+	return out, reset, nil
+}
+
+func (db *DB) emitPageAt(ctx context.Context, gen int64, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, bool, error) {
+	if err := checkCursor(cur); err != nil {
+		return nil, false, err
+	}
+	if err := checkRoutes(routes); err != nil {
+		return nil, false, err
+	}
+	now := db.now()
+	stamp := backstop.CanonicalTime(now)
+
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, false, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+
+	// As in EmitPage: statements run without ctx's cancellation; ctx is
+	// checked between events and by the commit.
+	sctx := context.WithoutCancel(ctx)
+	if ok, err := sameGeneration(sctx, tx, cur, gen); err != nil {
+		return nil, false, err
+	} else if !ok {
+		return nil, true, nil
+	}
+	out, err := db.emitInTx(ctx, sctx, tx, now, stamp, events, routes)
+	if err != nil {
+		return nil, false, err
+	}
+	row := newCursorRow(cur, now)
+	// saveCursor never moves the cursor back (saveCursorSQL).
+	if _, err := tx.StmtxContext(sctx, db.saveCursor).ExecContext(sctx,
+		row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt); err != nil {
+		return nil, false, fmt.Errorf("save cursor: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, false, fmt.Errorf("commit %d events and cursor: %w", len(events), err)
+	}
+	return out, false, nil
+}
+
 // ResetCursor deletes the saved cursor of r and kind, so that the next
 // page commit of that kind saves whatever position it reaches: page commits
 // never move a saved cursor back, and this is how a run that means to start
-// over (backfill --restart) does. Deleting a cursor that does not exist is
-// not an error. It fails on an unknown resource or kind.
+// over (backfill --restart) does. It also counts the reset (the cursor's
+// generation, see CursorGeneration), so a run that read the cursor before
+// can no longer save over it. Deleting a cursor that does not exist is not
+// an error. It fails on an unknown resource or kind.
 func (db *DB) ResetCursor(ctx context.Context, r backstop.Resource, kind backstop.CursorKind) error {
 	if err := checkCursor(backstop.Cursor{Resource: r, Kind: kind}); err != nil {
 		return fmt.Errorf("reset %w", err)
 	}
-	if _, err := db.w.ExecContext(ctx, `DELETE FROM cursors WHERE resource = ? AND kind = ?`,
-		string(r), string(kind)); err != nil {
+	if err := db.resetCursors(ctx, r, kind); err != nil {
 		return fmt.Errorf("reset cursor %s/%s: %w", r, kind, err)
 	}
 	return nil
 }
 
 // ResetCursors deletes both cursors (sync and backfill) of r, so the next
-// sync and backfill start from the beginning. Deleting cursors that do not
-// exist is not an error.
+// sync and backfill start from the beginning, and counts the reset of each
+// (see ResetCursor): a sync or backfill of r running meanwhile stops at its
+// next page instead of saving its position over the reset. Deleting
+// cursors that do not exist is not an error.
 func (db *DB) ResetCursors(ctx context.Context, r backstop.Resource) error {
 	if _, err := tableFor(r); err != nil {
 		return fmt.Errorf("reset cursors: %w", err)
 	}
-	if _, err := db.w.ExecContext(ctx, `DELETE FROM cursors WHERE resource = ?`, string(r)); err != nil {
+	if err := db.resetCursors(ctx, r, backstop.CursorSync, backstop.CursorBackfill); err != nil {
 		return fmt.Errorf("reset cursors %s: %w", r, err)
+	}
+	return nil
+}
+
+// resetCursors deletes r's cursors of kinds and counts their resets, in
+// one transaction.
+func (db *DB) resetCursors(ctx context.Context, r backstop.Resource, kinds ...backstop.CursorKind) error {
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	stamp := backstop.CanonicalTime(db.now())
+	for _, kind := range kinds {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM cursors WHERE resource = ? AND kind = ?`,
+			string(r), string(kind)); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, bumpGenerationSQL, string(r), string(kind), stamp); err != nil {
+			return fmt.Errorf("count the reset: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
 }

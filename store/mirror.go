@@ -134,39 +134,60 @@ func checkObject(o backstop.Object) error {
 // cursor first (ResetCursor, ResetCursors). It fails on an unknown
 // resource, an object without id or data, or an invalid cursor.
 func (db *DB) ApplyPage(ctx context.Context, objs []backstop.Object, cur backstop.Cursor) (backstop.ApplyResult, error) {
-	res, err := db.applyPage(ctx, objs, cur)
+	res, _, err := db.applyPage(ctx, objs, cur, nil)
 	if err != nil {
 		return backstop.ApplyResult{}, fmt.Errorf("apply %s page: %w", cur.Resource, err)
 	}
 	return res, nil
 }
 
-func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backstop.Cursor) (backstop.ApplyResult, error) {
+// ApplyPageAt is ApplyPage for a run that read its cursor at reset
+// generation gen (CursorGeneration): when the cursor has been reset since
+// (backstop cursors reset while the run was going), it commits nothing,
+// neither the objects nor the cursor, and reports reset=true, so the run
+// stops instead of writing its position over the reset.
+func (db *DB) ApplyPageAt(ctx context.Context, gen int64, objs []backstop.Object, cur backstop.Cursor) (_ backstop.ApplyResult, reset bool, _ error) {
+	res, reset, err := db.applyPage(ctx, objs, cur, &gen)
+	if err != nil {
+		return backstop.ApplyResult{}, false, fmt.Errorf("apply %s page: %w", cur.Resource, err)
+	}
+	return res, reset, nil
+}
+
+// applyPage is ApplyPage, and ApplyPageAt when gen is not nil.
+func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backstop.Cursor, gen *int64) (backstop.ApplyResult, bool, error) {
 	var res backstop.ApplyResult
 	if err := checkCursor(cur); err != nil {
-		return res, err
+		return res, false, err
 	}
 	now := db.now()
 
 	tx, err := db.w.BeginTxx(ctx, nil)
 	if err != nil {
-		return res, fmt.Errorf("begin: %w", err)
+		return res, false, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback()
+	if gen != nil {
+		if ok, err := sameGeneration(ctx, tx, cur, *gen); err != nil {
+			return res, false, err
+		} else if !ok {
+			return res, true, nil
+		}
+	}
 
 	mw := db.mirrorWriter(tx, now)
 	for _, g := range groupByResource(objs) {
 		t, err := tableFor(g.resource)
 		if err != nil {
-			return res, err
+			return res, false, err
 		}
 		stored, err := storedVersions(ctx, tx, t, g.objs)
 		if err != nil {
-			return res, err
+			return res, false, err
 		}
 		for _, o := range g.objs {
 			if err := checkObject(o); err != nil {
-				return res, err
+				return res, false, err
 			}
 			v := backstop.CanonicalTime(o.UpdatedAt)
 			old, ok := stored[o.ID]
@@ -180,7 +201,7 @@ func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backsto
 				continue
 			}
 			if _, err := mw.write(ctx, o); err != nil {
-				return res, err
+				return res, false, err
 			}
 			stored[o.ID] = v // a later copy in the same page compares with this one
 		}
@@ -190,12 +211,12 @@ func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backsto
 	// saveCursor never moves the cursor back (saveCursorSQL).
 	if _, err := tx.StmtxContext(ctx, db.saveCursor).ExecContext(ctx,
 		row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt); err != nil {
-		return res, fmt.Errorf("save cursor: %w", err)
+		return res, false, fmt.Errorf("save cursor: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return res, fmt.Errorf("commit: %w", err)
+		return res, false, fmt.Errorf("commit: %w", err)
 	}
-	return res, nil
+	return res, false, nil
 }
 
 // mirrorWriter writes objects to the mirror inside one write transaction,

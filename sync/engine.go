@@ -77,16 +77,73 @@ func (e *Engine) logger() *slog.Logger {
 // not moved past it). The returned stats are complete either way; the error
 // is ctx.Err() when cancelled, or the source's or mirror's error, which names
 // the resource.
+//
+// When r's cursors are reset (backstop cursors reset) while it runs, and
+// the Mirror is a CursorGuard (store.DB is), its next page is not committed
+// and it stops with an error that wraps ErrCursorReset: the reset stands,
+// and the next run starts from it.
 func (e *Engine) Sync(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
-	cur, ok, err := e.Mirror.Cursor(ctx, r, backstop.CursorSync)
+	cur, gen, err := e.syncCursor(ctx, r)
 	if err != nil {
-		return e.done(backstop.RunStats{Resource: r}, fmt.Errorf("sync %s: %w", r, err))
+		return e.done(backstop.RunStats{Resource: r}, err)
+	}
+	st, _, err := e.pages(ctx, cur, gen, "sync", nil)
+	return e.done(st, err)
+}
+
+// ErrCursorReset is wrapped by the error of a sync or backfill whose
+// cursor was reset (backstop cursors reset, or a backfill --restart) while
+// it ran: it stopped without committing its page, so the reset stands.
+var ErrCursorReset = errors.New("its cursor was reset while it ran")
+
+// CursorGuard is a Mirror that counts the resets of each cursor (its
+// generation), so that a run that read a cursor before a reset cannot save
+// its position over it. store.DB is one. With a Mirror that is not, runs
+// page as before and a reset made while one runs can be undone by it.
+type CursorGuard interface {
+	// CursorGeneration is Cursor that also returns the cursor's reset
+	// generation, read together with it.
+	CursorGeneration(ctx context.Context, r backstop.Resource, kind backstop.CursorKind) (backstop.Cursor, bool, int64, error)
+	// ApplyPageAt is ApplyPage that commits nothing and reports
+	// reset=true when the cursor's generation is no longer gen.
+	ApplyPageAt(ctx context.Context, gen int64, objs []backstop.Object, cur backstop.Cursor) (backstop.ApplyResult, bool, error)
+}
+
+// unguarded is the generation of a run over a Mirror that is not a
+// CursorGuard.
+const unguarded int64 = -1
+
+// cursor reads r's cursor of kind and its reset generation (unguarded when
+// the Mirror does not count resets). With none saved it returns the start
+// of the feed.
+func (e *Engine) cursor(ctx context.Context, r backstop.Resource, kind backstop.CursorKind) (backstop.Cursor, bool, int64, error) {
+	var (
+		cur backstop.Cursor
+		ok  bool
+		gen = unguarded
+		err error
+	)
+	if g, guarded := e.Mirror.(CursorGuard); guarded {
+		cur, ok, gen, err = g.CursorGeneration(ctx, r, kind)
+	} else {
+		cur, ok, err = e.Mirror.Cursor(ctx, r, kind)
+	}
+	if err != nil {
+		return backstop.Cursor{}, false, unguarded, err
 	}
 	if !ok {
-		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorSync}
+		cur = backstop.Cursor{Resource: r, Kind: kind}
 	}
-	st, _, err := e.pages(ctx, cur, "sync", nil)
-	return e.done(st, err)
+	return cur, ok, gen, nil
+}
+
+// syncCursor is r's sync cursor and generation for Sync and SyncEmit.
+func (e *Engine) syncCursor(ctx context.Context, r backstop.Resource) (backstop.Cursor, int64, error) {
+	cur, _, gen, err := e.cursor(ctx, r, backstop.CursorSync)
+	if err != nil {
+		return cur, gen, fmt.Errorf("sync %s: %w", r, err)
+	}
+	return cur, gen, nil
 }
 
 // Backfill reads r's whole change feed from the start into the mirror,
@@ -106,7 +163,7 @@ func (e *Engine) Backfill(ctx context.Context, r backstop.Resource, restart bool
 }
 
 func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool, em *pageEmitter) (backstop.RunStats, error) {
-	cur, ok, err := e.Mirror.Cursor(ctx, r, backstop.CursorBackfill)
+	cur, ok, gen, err := e.cursor(ctx, r, backstop.CursorBackfill)
 	if err != nil {
 		return backstop.RunStats{Resource: r}, fmt.Errorf("backfill %s: %w", r, err)
 	}
@@ -130,12 +187,18 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 			if !cur.Done {
 				e.logger().Info("discarding unfinished backfill checkpoint", "resource", r, "position", cur.Position)
 			}
+			// The reset counted one more generation: this run starts
+			// from it.
+			if cur, _, gen, err = e.cursor(ctx, r, backstop.CursorBackfill); err != nil {
+				err = fmt.Errorf("backfill %s: %w", r, err)
+				return backstop.RunStats{Resource: r, Err: err}, err
+			}
 		}
 		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorBackfill}
 	case cur.Value != "":
 		e.logger().Info("resuming backfill", "resource", r, "position", cur.Position)
 	}
-	st, last, err := e.pages(ctx, cur, "backfill", em)
+	st, last, err := e.pages(ctx, cur, gen, "backfill", em)
 	if err != nil {
 		return st, err
 	}
@@ -185,8 +248,10 @@ func (e *Engine) resetCursor(ctx context.Context, r backstop.Resource, kind back
 
 // pages walks the feed from cur until has_more is false, saving cur's kind.
 // Each page is committed with ApplyPage, or through the emit path when em
-// is not nil. It returns the last cursor saved.
-func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, op string, em *pageEmitter) (st backstop.RunStats, _ backstop.Cursor, _ error) {
+// is not nil; with a generation other than unguarded, only while cur's
+// cursor has not been reset since it was read at gen (ErrCursorReset
+// otherwise). It returns the last cursor saved.
+func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, gen int64, op string, em *pageEmitter) (st backstop.RunStats, _ backstop.Cursor, _ error) {
 	r := cur.Resource
 	log := e.logger().With("resource", r, "op", op)
 	st = backstop.RunStats{Resource: r}
@@ -233,11 +298,22 @@ func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, op string, em *
 		next.Done = cur.Kind == backstop.CursorBackfill && !page.HasMore
 		// A fetched page is always committed, even when ctx was cancelled
 		// meanwhile: finishing it is what makes Ctrl-C safe and cheap.
-		var res backstop.ApplyResult
-		if em != nil {
-			res, err = em.commit(context.WithoutCancel(ctx), r, page.Objects, next)
-		} else {
+		var (
+			res   backstop.ApplyResult
+			reset bool
+		)
+		switch {
+		case em != nil:
+			res, reset, err = em.commit(context.WithoutCancel(ctx), gen, r, page.Objects, next)
+		case gen != unguarded:
+			res, reset, err = e.Mirror.(CursorGuard).ApplyPageAt(context.WithoutCancel(ctx), gen, page.Objects, next)
+		default:
 			res, err = e.Mirror.ApplyPage(context.WithoutCancel(ctx), page.Objects, next)
+		}
+		if err == nil && reset {
+			err = e.resetWhileRunning(cur, op)
+			st.Err = err
+			return st, cur, err
 		}
 		if err != nil {
 			err = fmt.Errorf("%s %s: commit page: %w", op, r, err)
@@ -258,6 +334,19 @@ func (e *Engine) pages(ctx context.Context, cur backstop.Cursor, op string, em *
 			return st, cur, nil
 		}
 	}
+}
+
+// resetWhileRunning logs and returns the error of a run whose cursor cur
+// was reset since it read it: the page it fetched was not committed.
+func (e *Engine) resetWhileRunning(cur backstop.Cursor, op string) error {
+	how := "`backstop cursors reset " + string(cur.Resource) + "`"
+	if cur.Kind == backstop.CursorBackfill {
+		how += " or `backstop backfill " + string(cur.Resource) + " --restart`"
+	}
+	e.logger().Warn("cursor reset while the run was reading; stopped without saving over the reset",
+		"resource", cur.Resource, "op", op, "kind", cur.Kind, "position", cur.Position)
+	return fmt.Errorf("%s %s: %w (by %s): stopped without committing its page or moving the %s cursor; the next %s starts from the reset cursor",
+		op, cur.Resource, ErrCursorReset, how, cur.Kind, op)
 }
 
 // PageStore is what SyncEmit and BackfillEmit need from the store: the
@@ -294,16 +383,12 @@ func (e *Engine) SyncEmit(ctx context.Context, r backstop.Resource, routes []bac
 		st, err := e.done(backstop.RunStats{Resource: r, Err: err}, err)
 		return st, EmitStats{}, err
 	}
-	cur, ok, err := e.Mirror.Cursor(ctx, r, backstop.CursorSync)
+	cur, gen, err := e.syncCursor(ctx, r)
 	if err != nil {
-		err = fmt.Errorf("sync %s: %w", r, err)
 		st, err := e.done(backstop.RunStats{Resource: r, Err: err}, err)
 		return st, EmitStats{}, err
 	}
-	if !ok {
-		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorSync}
-	}
-	st, _, err := e.pages(ctx, cur, "sync", em)
+	st, _, err := e.pages(ctx, cur, gen, "sync", em)
 	st, err = e.done(st, err)
 	return st, em.stats, err
 }
@@ -326,22 +411,35 @@ func (e *Engine) emitter(r backstop.Resource, routes []backstop.Route, origin ba
 	if !ok {
 		return nil, fmt.Errorf("%s %s: the mirror %T keeps no events", origin, r, e.Mirror)
 	}
-	return &pageEmitter{store: ps, routes: routes, origin: origin, now: e.now}, nil
+	em := &pageEmitter{store: ps, routes: routes, origin: origin, now: e.now}
+	em.guarded, _ = e.Mirror.(GuardedPageStore)
+	return em, nil
+}
+
+// GuardedPageStore is a PageStore whose page commits can be refused when
+// the cursor was reset since a run read it (see CursorGuard); store.DB is
+// one.
+type GuardedPageStore interface {
+	// EmitPageAt is EmitPage that commits nothing and reports reset=true
+	// when the cursor's reset generation is no longer gen.
+	EmitPageAt(ctx context.Context, gen int64, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, bool, error)
 }
 
 // pageEmitter commits feed pages through the emit path and counts.
 type pageEmitter struct {
-	store  PageStore
-	routes []backstop.Route
-	origin backstop.Origin
-	now    func() time.Time
-	stats  EmitStats
+	store   PageStore
+	guarded GuardedPageStore // store, when it is one
+	routes  []backstop.Route
+	origin  backstop.Origin
+	now     func() time.Time
+	stats   EmitStats
 }
 
 // commit emits the events of objs' new and changed objects and saves next,
-// in one transaction. The ApplyResult is counted against the mirror as it
-// was before the page.
-func (em *pageEmitter) commit(ctx context.Context, r backstop.Resource, objs []backstop.Object, next backstop.Cursor) (backstop.ApplyResult, error) {
+// in one transaction, unless the cursor was reset since it was read at gen
+// (reset=true, nothing committed; see pages). The ApplyResult is counted
+// against the mirror as it was before the page.
+func (em *pageEmitter) commit(ctx context.Context, gen int64, r backstop.Resource, objs []backstop.Object, next backstop.Cursor) (_ backstop.ApplyResult, reset bool, _ error) {
 	var res backstop.ApplyResult
 	ids := make([]string, len(objs))
 	for i, o := range objs {
@@ -349,7 +447,7 @@ func (em *pageEmitter) commit(ctx context.Context, r backstop.Resource, objs []b
 	}
 	stored, err := em.store.Versions(ctx, r, ids)
 	if err != nil {
-		return res, err
+		return res, false, err
 	}
 	now := em.now()
 	events := make([]backstop.Event, 0, len(objs))
@@ -367,7 +465,7 @@ func (em *pageEmitter) commit(ctx context.Context, r backstop.Resource, objs []b
 		stored[o.ID] = o.UpdatedAt // a later copy in the same page compares with this one
 		typ := backstop.EventTypeFor(r, o.Data, !ok)
 		if typ == "" {
-			return res, fmt.Errorf("%s: no event type for its state", o.ID)
+			return res, false, fmt.Errorf("%s: no event type for its state", o.ID)
 		}
 		events = append(events, backstop.Event{
 			ID:        backstop.EventID(backstop.DedupKey(r, o.ID, o.UpdatedAt)),
@@ -380,9 +478,14 @@ func (em *pageEmitter) commit(ctx context.Context, r backstop.Resource, objs []b
 			Data:      o.Data,
 		})
 	}
-	out, err := em.store.EmitPage(ctx, events, em.routes, next)
-	if err != nil {
-		return backstop.ApplyResult{}, err
+	var out []backstop.EmitResult
+	if em.guarded != nil && gen != unguarded {
+		out, reset, err = em.guarded.EmitPageAt(ctx, gen, events, em.routes, next)
+	} else {
+		out, err = em.store.EmitPage(ctx, events, em.routes, next)
+	}
+	if err != nil || reset {
+		return backstop.ApplyResult{}, reset, err
 	}
 	for _, x := range out {
 		switch x.Status {
@@ -392,5 +495,5 @@ func (em *pageEmitter) commit(ctx context.Context, r backstop.Resource, objs []b
 			em.stats.Suppressed++
 		}
 	}
-	return res, nil
+	return res, false, nil
 }

@@ -286,3 +286,65 @@ func TestSyncAfterCursorsResetStartsOver(t *testing.T) {
 		t.Errorf("sync cursor after reset and one page: %v, want at object 10", c.Position)
 	}
 }
+
+// `backstop cursors reset` while a sync (or backfill) of that resource is
+// running wins: the running run's next page is not committed over it, the
+// run stops with ErrCursorReset, and the next run starts from the reset
+// cursor (the beginning of the feed).
+func TestCursorsResetWhileRunningWins(t *testing.T) {
+	routes := []backstop.Route{{Target: "crm", Events: []string{"*"}}}
+	runs := map[string]func(w *world, ctx context.Context, r backstop.Resource) (backstop.RunStats, error){
+		"sync": func(w *world, ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
+			return w.engine.Sync(ctx, r)
+		},
+		"sync-emit": func(w *world, ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
+			st, _, err := w.engine.SyncEmit(ctx, r, routes)
+			return st, err
+		},
+		"backfill": func(w *world, ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
+			return w.engine.Backfill(ctx, r, false)
+		},
+		"backfill-emit": func(w *world, ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
+			st, _, err := w.engine.BackfillEmit(ctx, r, false, routes)
+			return st, err
+		},
+	}
+	for name, run := range runs {
+		t.Run(name, func(t *testing.T) {
+			w := newWorld(t, 100)
+			ctx := context.Background()
+			r := backstop.Contacts
+			// The reset comes between the running run's third and fourth
+			// page, from another connection to the store.
+			other, err := store.Open(ctx, w.db.Path(), store.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Close()
+			w.engine.OnPage = func(st backstop.RunStats) {
+				if st.Pages == 3 {
+					if err := other.ResetCursors(ctx, r); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+			st, err := run(w, ctx, r)
+			if !errors.Is(err, bsync.ErrCursorReset) || st.Pages != 3 {
+				t.Fatalf("run across a reset: pages=%d err=%v, want 3 pages and ErrCursorReset", st.Pages, err)
+			}
+			curs, err := w.db.Cursors(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(curs) != 0 {
+				t.Fatalf("cursors after the reset and the running run's next page: %+v, want none (the reset stands)", curs)
+			}
+			// The next run starts at the beginning and reads it all.
+			w.engine.OnPage = nil
+			st, err = run(w, ctx, r)
+			if err != nil || st.Objects != 100 {
+				t.Fatalf("run after the reset: objects=%d err=%v, want all 100 from the start", st.Objects, err)
+			}
+		})
+	}
+}

@@ -80,7 +80,9 @@ func (m *Main) cursorsResetCommand(g *globals) *cobra.Command {
 		Short: "Forget a resource's cursors so the next sync starts from the beginning",
 		Long: `reset deletes both saved cursors of RESOURCE (sync and backfill). The mirror is
 kept: the next sync reads the whole feed again and, since the mirror never goes
-back in time, only writes objects newer than what it holds.`,
+back in time, only writes objects newer than what it holds. A sync or backfill
+of RESOURCE running meanwhile stops at its next page, without saving its
+position over the reset (it exits 1 and says so).`,
 		Args: cobraArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := backstop.ParseResource(args[0])

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sources/sim"
+)
+
+// TestCursorsResetDuringSyncWins: `backstop cursors reset` run while a
+// `backstop sync` of that resource was going used to be undone by the
+// sync's next page, which wrote its cursor over the reset. Now the reset
+// stands: the running sync stops that resource (exit 1) with a message that
+// says its cursor was reset, and the next sync reads the feed from the
+// start.
+func TestCursorsResetDuringSyncWins(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 5, Objects: 600, Latency: 25 * time.Millisecond}, pageSize: 10})
+	r := backstop.Contacts
+	cmd, lines := e.startBinary("sync", string(r))
+	// The sync has committed some pages, with many to go.
+	db := e.openStore()
+	waitFor(t, 30*time.Second, func() bool {
+		c, ok, err := db.Cursor(context.Background(), r, backstop.CursorSync)
+		return err == nil && ok && c.Position.Compare(e.sim.Objects(r)[49].Position()) >= 0
+	})
+	db.Close()
+	if code, out, stderr := e.run(context.Background(), "cursors", "reset", string(r)); code != 0 {
+		t.Fatalf("cursors reset: exit %d\n%s%s", code, out, stderr)
+	}
+	var all []string
+	for l := range lines {
+		all = append(all, l)
+	}
+	cmd.Wait()
+	stderr := strings.Join(all, "\n")
+	if code := cmd.ProcessState.ExitCode(); code != exitFailure {
+		t.Fatalf("the sync across the reset exited %d, want 1 (the resource stopped)\n%s", code, stderr)
+	}
+	if !strings.Contains(stderr, "sync contacts: its cursor was reset while it ran (by `backstop cursors reset contacts`)") {
+		t.Errorf("the sync's error does not say its cursor was reset:\n%s", stderr)
+	}
+	code, out, stderr2 := e.run(context.Background(), "cursors", "--json")
+	if code != 0 || strings.Contains(out, `"resource": "contacts"`) {
+		t.Fatalf("cursors after the reset and the running sync: exit %d\n%s%s\nwant no contacts cursor (the reset stands)", code, out, stderr2)
+	}
+	// The next sync starts over and reads the whole feed.
+	code, out, stderr2 = e.run(context.Background(), "sync", string(r), "--json")
+	if code != 0 {
+		t.Fatalf("sync after the reset: exit %d\n%s", code, stderr2)
+	}
+	if s := parseSummary(t, out); s.Resources[0].Objects != 600 {
+		t.Errorf("sync after the reset read %d objects, want all 600 from the start", s.Resources[0].Objects)
+	}
+	e.assertMirrorEqualsSim(r)
+}
