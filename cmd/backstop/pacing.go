@@ -21,23 +21,37 @@ import (
 // counts every answer against that rate and never reads the target's
 // headers, so the configured rate caps the target whatever its headers
 // allow; the target's own budget binds when it is the smaller.
+//
+// With a rate_limit, when the governors share their budgets in Redis
+// (headers set), g is left out until the target first answers with
+// rate-limit headers: until then its budget, seeded from the same rate and
+// told the same answers as limit, adds nothing to the cap but two Redis
+// round trips per delivery (and one more per pacing wait).
 type governorPacer struct {
-	g     *governor.Governor
-	limit *governor.Governor // nil without a rate_limit
+	g       *governor.Governor
+	limit   *governor.Governor // nil without a rate_limit
+	headers *atomic.Bool       // nil: g always; else g once it is true
+	log     *slog.Logger       // says when headers turns true
 }
 
 var _ delivery.PauseReporter = governorPacer{}
+
+// useTarget reports whether requests go through g.
+func (p governorPacer) useTarget() bool { return p.headers == nil || p.headers.Load() }
 
 // PausedUntil implements delivery.PauseReporter: the end of the later of
 // the two governors' 429 pauses (each doubles after consecutive 429s), so
 // that what the dispatcher stores and logs after a 429 is when the target
 // will really be tried again.
 func (p governorPacer) PausedUntil(ctx context.Context) (time.Time, error) {
-	st, err := p.g.State(ctx)
-	if err != nil {
-		return time.Time{}, err
+	var until time.Time
+	if p.useTarget() {
+		st, err := p.g.State(ctx)
+		if err != nil {
+			return time.Time{}, err
+		}
+		until = st.PausedUntil
 	}
-	until := st.PausedUntil
 	if p.limit != nil {
 		ls, err := p.limit.State(ctx)
 		if err != nil {
@@ -54,6 +68,13 @@ func (p governorPacer) PausedUntil(ctx context.Context) (time.Time, error) {
 // the request is sent, so that a wait on the target's own budget is not
 // spent holding it.
 func (p governorPacer) Acquire(ctx context.Context) (delivery.PaceTicket, error) {
+	if p.limit != nil && !p.useTarget() {
+		c, err := p.limit.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return cappedTicket{limit: c, p: p}, nil
+	}
 	t, err := p.g.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -66,18 +87,27 @@ func (p governorPacer) Acquire(ctx context.Context) (delivery.PaceTicket, error)
 		t.Abort()
 		return nil, err
 	}
-	return cappedTicket{t, c}, nil
+	return cappedTicket{target: t, limit: c, p: p}, nil
 }
 
-// cappedTicket is a request granted both by the target's budget and by its
-// rate_limit.
-type cappedTicket struct{ target, limit *governor.Ticket }
+// cappedTicket is a request granted by its target's rate_limit and, unless
+// target is nil (its pacer leaves g out until the target sends rate-limit
+// headers), by the target's budget.
+type cappedTicket struct {
+	target, limit *governor.Ticket
+	p             governorPacer
+}
 
 // Done implements delivery.PaceTicket. The rate_limit's governor gets the
 // answer without its X-RateLimit-* headers, so that it counts the request
-// against the configured rate; a 429's Retry-After pauses both.
+// against the configured rate; a 429's Retry-After pauses both (the cap
+// alone while g is left out, which is enough: every request takes it).
 func (t cappedTicket) Done(status int, h http.Header) {
-	t.target.Done(status, h)
+	if t.target != nil {
+		t.target.Done(status, h)
+	} else if hasRateLimitHeaders(h) && t.p.headers.CompareAndSwap(false, true) {
+		t.p.log.Info("target answers with rate-limit headers: pacing it by them too, through Redis with the other processes")
+	}
 	var rest http.Header
 	if ra := h.Values("Retry-After"); len(ra) > 0 {
 		rest = http.Header{"Retry-After": ra}
@@ -87,8 +117,17 @@ func (t cappedTicket) Done(status int, h http.Header) {
 
 // Abort implements delivery.PaceTicket.
 func (t cappedTicket) Abort() {
-	t.target.Abort()
+	if t.target != nil {
+		t.target.Abort()
+	}
 	t.limit.Abort()
+}
+
+// hasRateLimitHeaders reports whether an answer carries a rate-limit budget
+// the governor can read (X-RateLimit-Remaining, or Discord's
+// X-RateLimit-Reset-After).
+func hasRateLimitHeaders(h http.Header) bool {
+	return h.Get("X-RateLimit-Remaining") != "" || h.Get("X-RateLimit-Reset-After") != ""
 }
 
 // headerPacer paces a target without a rate_limit, whose budget is only
@@ -144,7 +183,7 @@ type watchedTicket struct {
 // Done implements delivery.PaceTicket.
 func (t watchedTicket) Done(status int, h http.Header) {
 	t.PaceTicket.Done(status, h)
-	if h.Get("X-RateLimit-Remaining") == "" && h.Get("X-RateLimit-Reset-After") == "" {
+	if !hasRateLimitHeaders(h) {
 		return
 	}
 	if t.p.on.CompareAndSwap(false, true) {
@@ -237,6 +276,11 @@ func targetPacers(targets []config.Target, store governor.Store, log *slog.Logge
 			p.limit = governor.New(fmt.Sprintf("target-rate-limit:%s %d/%s", key, limit, window), governor.Options{
 				Limit: limit, Window: window, Reserve: -1, Store: store, Logger: slog.New(slog.DiscardHandler),
 			})
+			if store != nil {
+				// The target's own budget only once it sends headers
+				// (see governorPacer).
+				p.headers, p.log = new(atomic.Bool), tlog
+			}
 		}
 		out[t.Name] = p
 	}

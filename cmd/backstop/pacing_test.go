@@ -9,11 +9,16 @@ import (
 	"path/filepath"
 	"slices"
 	stdsync "sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/backstop-sync/backstop/cmd/backstop/config"
+	"github.com/backstop-sync/backstop/internal/redistest"
 	"github.com/backstop-sync/backstop/sinks/delivery"
+	"github.com/backstop-sync/backstop/sources/governor"
 	"github.com/backstop-sync/backstop/store"
 )
 
@@ -197,5 +202,92 @@ func TestTargetPacerReportsItsPause(t *testing.T) {
 	second, err := p.PausedUntil(ctx)
 	if err != nil || !second.After(first) {
 		t.Errorf("after a second 429: paused until %v (%v), want later than %v", second, err, first)
+	}
+}
+
+// redisRoundTrips is a go-redis hook that counts the commands a client
+// sends, each a round trip to Redis, leaving out the handshake of a new
+// connection.
+type redisRoundTrips struct{ n atomic.Int64 }
+
+func (r *redisRoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *redisRoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name != "hello" && name != "client" {
+			r.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (r *redisRoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// With governor.redis, a delivery to a target with a rate_limit goes
+// through Redis for that cap only (a reservation and an answer: two round
+// trips) until the target answers with rate-limit headers; from then on
+// its own budget, learned from them, is shared too (four round trips).
+func TestCappedTargetTakesTwoRedisRoundTripsPerDelivery(t *testing.T) {
+	t.Parallel()
+	target := config.Target{Name: "crm", URL: "http://127.0.0.1:9/hook",
+		RateLimit: config.TargetRateLimit{PerSecond: 1_000_000}, // never binds here: no pacing waits
+		Timeout:   config.Duration(30 * time.Second), ConnectTimeout: config.Duration(10 * time.Second)}
+	cfg := &config.Config{Governor: config.Governor{FallbackShare: 0.5}, Targets: []config.Target{target}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rds := redistest.Start(t)
+	rdb, err := connectRedis(ctx, rds.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	rt := &redisRoundTrips{}
+	rdb.AddHook(rt)
+	pacer := targetPacers(cfg.Targets, targetGovernorStore(ctx, rdb, cfg, slog.New(slog.DiscardHandler)), slog.New(slog.DiscardHandler))["crm"]
+	deliver := func(n int, h http.Header) {
+		t.Helper()
+		for range n {
+			tk, err := pacer.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tk.Done(http.StatusOK, h)
+		}
+	}
+	ownBudget := targetRedisPrefix + governor.KeyID("target:"+targetKey(target))
+	hasOwnBudget := func() bool {
+		t.Helper()
+		n, err := rdb.Exists(ctx, ownBudget).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+
+	deliver(3, nil) // loads the scripts into Redis
+	rt.n.Store(0)
+	const n = 40
+	deliver(n, nil)
+	if got := rt.n.Load(); got > 2*n {
+		t.Errorf("%d deliveries to a capped target without rate-limit headers: %d Redis round trips, want at most %d", n, got, 2*n)
+	}
+	if hasOwnBudget() {
+		t.Error("the target's own budget is in Redis before it sent rate-limit headers")
+	}
+
+	headers := http.Header{"X-Ratelimit-Remaining": {"1000000000"}, "X-Ratelimit-Reset-After": {"60"}}
+	deliver(3, headers)
+	if !hasOwnBudget() {
+		t.Fatal("the target's own budget is not shared in Redis after it sent rate-limit headers")
+	}
+	rt.n.Store(0)
+	deliver(n, headers)
+	if got := rt.n.Load(); got > 4*n {
+		t.Errorf("%d deliveries to a capped target with rate-limit headers: %d Redis round trips, want at most %d", n, got, 4*n)
 	}
 }
