@@ -83,7 +83,9 @@ type redisKey struct {
 	// out counts this store's grants not yet observed.
 	out int
 	// version and raw are the state last read or written, tried first by
-	// the next call (a lost race costs one extra round trip).
+	// the next call, so that a call takes one round trip while no other
+	// process writes the key; a lost race costs one more, and refreshes
+	// them. known is false before the first call and after a failure.
 	version int64
 	raw     []byte
 	known   bool
@@ -178,13 +180,14 @@ func (s *RedisStore) update(ctx context.Context, key string, now time.Time, obse
 		return err
 	}
 
+	// The state last read or written is tried first. With none (the first
+	// call on the key, or the first after a failure, when Redis may have
+	// lost it), the key is taken to be absent: the compare-and-set creates
+	// it, or answers with the state that is there, so that trying costs no
+	// more than reading first.
 	version, raw, fresh := k.version, k.raw, false
 	if !k.known {
-		var err error
-		if version, raw, err = s.read(ctx, rkey); err != nil {
-			return fail(err)
-		}
-		fresh = true
+		version, raw = 0, nil
 	}
 	for range maxCASAttempts {
 		st, err := decodeShared(raw)

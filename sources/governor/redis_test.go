@@ -9,8 +9,10 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +28,178 @@ func newRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: time.Second})
 	t.Cleanup(func() { rdb.Close() })
 	return srv, rdb
+}
+
+// roundTrips is a go-redis hook that counts the commands a client sends,
+// each a round trip to Redis, leaving out the handshake of a new
+// connection.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name != "hello" && name != "client" {
+			r.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// take returns the round trips counted since the last take.
+func (r *roundTrips) take() int64 { return r.n.Swap(0) }
+
+// countedRedis returns a client of srv whose round trips rt counts, as the
+// client of a process of its own.
+func countedRedis(t *testing.T, srv *redistest.Server) (*redis.Client, *roundTrips) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: time.Second})
+	t.Cleanup(func() { rdb.Close() })
+	rt := &roundTrips{}
+	rdb.AddHook(rt)
+	return rdb, rt
+}
+
+// A process alone on a key spends one Redis round trip per Reserve and
+// per Observe, the first on a new key included: the store computes from the
+// state it last read or wrote and tries the compare-and-set at once. A
+// write by another process costs one more, after which the store decides
+// on that state; a flushed Redis likewise, and the state this process held
+// from before is not written back over it.
+func TestRedisStoreCallsTakeOneRoundTrip(t *testing.T) {
+	srv, _ := newRedis(t)
+	rdb, rt := countedRedis(t, srv)
+	other, _ := countedRedis(t, srv)
+	ctx := context.Background()
+	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+	a, b := NewRedisStore(rdb, RedisOptions{}), NewRedisStore(other, RedisOptions{})
+	now := time.Unix(1_700_000_000, 0)
+	// Load the scripts into Redis, and open the connection.
+	if _, _, err := a.Reserve(ctx, "warm-up", now, pol); err != nil {
+		t.Fatal(err)
+	}
+	rt.take()
+
+	reserve := func(s *RedisStore, at time.Time) {
+		t.Helper()
+		if wait, ok, err := s.Reserve(ctx, "k", at, pol); err != nil || !ok {
+			t.Fatalf("reserve at %s: %v %v (wait %s)", at.Format(time.StampMilli), ok, err, wait)
+		}
+	}
+	observe := func(s *RedisStore, at time.Time, obs Observation) {
+		t.Helper()
+		obs.Status, obs.Granted = 200, at
+		if err := s.Observe(ctx, "k", at, obs, pol); err != nil {
+			t.Fatal(err)
+		}
+	}
+	headers := Observation{HasBudget: true, Limit: 50, Remaining: 40, Reset: now.Add(time.Minute)}
+	reserve(a, now)
+	if n := rt.take(); n != 1 {
+		t.Errorf("first reserve on a new key: %d round trips, want 1", n)
+	}
+	observe(a, now, headers)
+	if n := rt.take(); n != 1 {
+		t.Errorf("observe: %d round trips, want 1", n)
+	}
+	const calls = 20
+	for i := range calls {
+		at := now.Add(time.Duration(2*i+2) * time.Second)
+		reserve(a, at)
+		observe(a, at, Observation{})
+	}
+	if n := rt.take(); n != 2*calls {
+		t.Errorf("%d reserves and observes alone on the key: %d round trips, want %d", calls, n, 2*calls)
+	}
+
+	// Another process writes: one more round trip, and the decision
+	// counts its request in flight.
+	reserve(b, now.Add(45*time.Second))
+	at := now.Add(46 * time.Second)
+	reserve(a, at)
+	if n := rt.take(); n != 2 {
+		t.Errorf("reserve after another process wrote: %d round trips, want 2", n)
+	}
+	if st, err := a.Snapshot(ctx, "k", at, pol); err != nil || st.InFlight != 2 || st.Limit != 50 {
+		t.Fatalf("state after both reserved: %+v (%v), want both requests in flight and the learned limit 50", st, err)
+	}
+	observe(b, now.Add(45*time.Second), Observation{})
+	observe(a, at, Observation{})
+	rt.take()
+
+	// Redis loses the key: the store's state from before (limit 50, a
+	// version) is not written over the new one; the key starts afresh from
+	// the seed.
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rt.take()
+	at = now.Add(50 * time.Second)
+	reserve(a, at)
+	if n := rt.take(); n > 2 {
+		t.Errorf("reserve after the key was lost: %d round trips, want at most 2", n)
+	}
+	st, err := b.Snapshot(ctx, "k", at, pol)
+	if err != nil || st.Limit != 100 || st.Learned || st.InFlight != 1 {
+		t.Fatalf("state after the key was lost: %+v (%v), want the seed (limit 100, nothing learned) with 1 in flight", st, err)
+	}
+}
+
+// Processes starting together on a key nobody has written each try to
+// create it: one does, and the others decide on the state it wrote. The
+// seed is only a guess, so exactly one request is granted (the probe that
+// learns the real budget) however many processes ask at once.
+func TestRedisStoreNewKeyGrantsOneProbeAmongProcesses(t *testing.T) {
+	srv, _ := newRedis(t)
+	const procs = 16
+	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+	now := time.Unix(1_700_000_000, 0)
+	for round := range 5 {
+		key := "k" + strconv.Itoa(round)
+		var granted, total atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		errs := make(chan error, procs)
+		for range procs {
+			rdb, rt := countedRedis(t, srv)
+			s := NewRedisStore(rdb, RedisOptions{})
+			if err := rdb.Ping(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			rt.take()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				_, ok, err := s.Reserve(context.Background(), key, now, pol)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if ok {
+					granted.Add(1)
+				}
+				total.Add(rt.take())
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		if n := granted.Load(); n != 1 {
+			t.Fatalf("round %d: %d of %d processes granted on a new key, want 1", round, n, procs)
+		}
+		t.Logf("round %d: %d round trips for %d processes", round, total.Load(), procs)
+	}
 }
 
 // The Redis store must take exactly the decisions MemoryStore takes on the
