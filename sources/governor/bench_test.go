@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,56 +23,92 @@ import (
 // MemoryStore, the in-run baseline), and, with 1, 4 and 16 workers on one
 // key, each a process of its own (its own RedisStore), the quota used and
 // the 429s against the simulator's limit of 100 requests per 1 s window.
-// It prints one BENCH line.
+// It also counts the Redis round trips: per Reserve and per Observe of one
+// process alone on its key (reserve_round_trips, observe_round_trips), and
+// per request sent by the workers, pacing waits and lost races included
+// (wN_round_trips_per_request). It prints one BENCH line.
 func BenchmarkGovernorShared(b *testing.B) {
 	srv := redistest.Start(b)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 32})
 	defer rdb.Close()
+	rt := &benchRoundTrips{}
+	rdb.AddHook(rt)
 	ctx := context.Background()
 
 	var line string
 	for i := 0; i < b.N; i++ {
 		const n = 5000
-		redisLat := reserveLatency(b, governor.NewRedisStore(rdb, governor.RedisOptions{Prefix: fmt.Sprintf("bench:%d:lat:", i)}), n)
-		memLat := reserveLatency(b, governor.NewMemoryStore(), n)
-		line = fmt.Sprintf("BENCH governor-shared reserve_p50_us=%.0f reserve_p99_us=%.0f memory_p50_us=%.2f memory_p99_us=%.2f ratio=%.0f",
+		redisLat, reserveRT, observeRT := reserveLatency(b, governor.NewRedisStore(rdb, governor.RedisOptions{Prefix: fmt.Sprintf("bench:%d:lat:", i)}), n, rt)
+		memLat, _, _ := reserveLatency(b, governor.NewMemoryStore(), n, rt)
+		line = fmt.Sprintf("BENCH governor-shared reserve_p50_us=%.0f reserve_p99_us=%.0f memory_p50_us=%.2f memory_p99_us=%.2f ratio=%.0f reserve_round_trips=%.2f observe_round_trips=%.2f",
 			us(pct(redisLat, 50)), us(pct(redisLat, 99)), us(pct(memLat, 50)), us(pct(memLat, 99)),
-			float64(pct(redisLat, 50))/float64(max(pct(memLat, 50), 1)))
+			float64(pct(redisLat, 50))/float64(max(pct(memLat, 50), 1)), reserveRT, observeRT)
 		for _, workers := range []int{1, 4, 16} {
+			rt.n.Store(0)
 			r := workersRun(ctx, b, rdb, fmt.Sprintf("bench:%d:w%d:", i, workers), workers)
-			line += fmt.Sprintf(" w%d_quota=%.2f w%d_429=%d w%d_reserve_p50_us=%.0f w%d_reserve_p99_us=%.0f",
-				workers, r.quota, workers, r.rateLimited, workers, us(pct(r.reserve, 50)), workers, us(pct(r.reserve, 99)))
+			line += fmt.Sprintf(" w%d_quota=%.2f w%d_429=%d w%d_reserve_p50_us=%.0f w%d_reserve_p99_us=%.0f w%d_round_trips_per_request=%.2f",
+				workers, r.quota, workers, r.rateLimited, workers, us(pct(r.reserve, 50)), workers, us(pct(r.reserve, 99)),
+				workers, float64(rt.n.Load())/float64(max(r.requests, 1)))
 		}
 	}
 	fmt.Println(line)
 }
 
+// benchRoundTrips is a go-redis hook that counts the commands a client
+// sends, each a round trip, leaving out the handshake of a new connection.
+type benchRoundTrips struct{ n atomic.Int64 }
+
+func (r *benchRoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *benchRoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name != "hello" && name != "client" {
+			r.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (r *benchRoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
 // reserveLatency times n reservations on one key, each observed before the
-// next so that the budget never binds.
-func reserveLatency(b *testing.B, s governor.Store, n int) []time.Duration {
+// next so that the budget never binds, and returns the round trips rt
+// counted per Reserve and per Observe.
+func reserveLatency(b *testing.B, s governor.Store, n int, rt *benchRoundTrips) (lat []time.Duration, reserveRT, observeRT float64) {
 	b.Helper()
 	ctx := context.Background()
 	p := governor.Policy{Limit: 1 << 30, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
-	lat := make([]time.Duration, 0, n)
+	lat = make([]time.Duration, 0, n)
+	var reserves, observes int64
 	for range n {
 		now := time.Now()
+		before := rt.n.Load()
 		start := time.Now()
 		_, ok, err := s.Reserve(ctx, "k", now, p)
 		lat = append(lat, time.Since(start))
 		if err != nil || !ok {
 			b.Fatalf("reserve: %v %v", ok, err)
 		}
+		mid := rt.n.Load()
 		if err := s.Observe(ctx, "k", now, governor.Observation{Status: 200, Granted: now}, p); err != nil {
 			b.Fatal(err)
 		}
+		reserves += mid - before
+		observes += rt.n.Load() - mid
 	}
-	return lat
+	return lat, float64(reserves) / float64(n), float64(observes) / float64(n)
 }
 
 // workersResult is what one run of workers on one key measured.
 type workersResult struct {
 	quota       float64 // requests counted over the full windows ÷ their limit
 	rateLimited int
+	requests    int             // requests sent
 	reserve     []time.Duration // every Reserve call's latency
 }
 
@@ -91,6 +128,7 @@ func workersRun(ctx context.Context, b *testing.B, rdb *redis.Client, prefix str
 
 	var mu sync.Mutex
 	var lat []time.Duration
+	var sent atomic.Int64
 	stop := time.Now().Add(run)
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -121,6 +159,7 @@ func workersRun(ctx context.Context, b *testing.B, rdb *redis.Client, prefix str
 				}
 				resp.Body.Close()
 				tk.Done(resp.StatusCode, resp.Header)
+				sent.Add(1)
 			}
 		}()
 	}
@@ -138,6 +177,7 @@ func workersRun(ctx context.Context, b *testing.B, rdb *redis.Client, prefix str
 	return workersResult{
 		quota:       float64(used) / float64(len(full)*limit),
 		rateLimited: st.RateLimited,
+		requests:    int(sent.Load()),
 		reserve:     lat,
 	}
 }
