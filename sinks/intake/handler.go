@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +28,35 @@ type Handler struct {
 	// bodyTimeout is how long a request's body may take to arrive.
 	bodyTimeout time.Duration
 	draining    atomic.Bool
+	sigWarns    warnLimiter
+}
+
+// sigWarnEvery is how often, at most, a refused signature is logged: anyone
+// can send requests that fail, and each would otherwise write a line. The
+// next line logged says how many were not; every one is counted in
+// backstop_intake_signature_failures_total.
+const sigWarnEvery = time.Second
+
+// warnLimiter lets one warning through per sigWarnEvery and counts the
+// others. The zero value is ready to use.
+type warnLimiter struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// allow reports whether a warning at now may be logged and, when it may,
+// how many were held back since the last one logged.
+func (l *warnLimiter) allow(now time.Time) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && now.Sub(l.last) < sigWarnEvery && now.Sub(l.last) >= 0 {
+		l.suppressed++
+		return false, 0
+	}
+	n := l.suppressed
+	l.last, l.suppressed = now, 0
+	return true, n
 }
 
 // DefaultBodyTimeout is how long a webhook's body may take to arrive after
@@ -139,7 +169,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if h.metrics != nil {
 			h.metrics.SignatureFailures.Inc()
 		}
-		h.logger.Warn("webhook refused: bad signature", "remote", r.RemoteAddr, "event_id", r.Header.Get("X-Event-Id"), "error", err)
+		if ok, held := h.sigWarns.allow(h.now()); ok {
+			h.logger.Warn("webhook refused: bad signature", "remote", r.RemoteAddr, "event_id", r.Header.Get("X-Event-Id"), "error", err,
+				"not_logged_since_last", held)
+		}
 		h.refuse(w, refuseSignature, err.Error())
 		return
 	}

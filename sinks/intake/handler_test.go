@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -369,4 +370,61 @@ func sendSlowly(t *testing.T, url, head string, body []byte, trickle bool) *http
 		t.Errorf("slow body answered %d %s, want 408 with a JSON body_timeout error", res.StatusCode, resp)
 	}
 	return res
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu  stdsync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Anyone can send requests whose signature fails: a flood of them writes
+// one warning a second, the next one saying how many were not logged,
+// rather than a line each; the metric still counts every one.
+func TestBadSignaturesAreLoggedAtMostOnceASecond(t *testing.T) {
+	var logs syncBuffer
+	var mu stdsync.Mutex
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	e := newIntakeWith(t, intake.HandlerOptions{Now: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))}, nil)
+	body := paymentEvent("evt_forged", "pay_1", "2026-03-01T10:00:00Z", "succeeded")
+	forge := func(r *http.Request) { r.Header.Set("X-Botix-Signature", intake.SignBotix("guessed-secret", body)) }
+	for i := range 50 {
+		if code, _ := e.post(body, forge); code != http.StatusUnauthorized {
+			t.Fatalf("forged request %d: %d, want 401", i+1, code)
+		}
+	}
+	if n := strings.Count(logs.String(), "bad signature"); n != 1 {
+		t.Fatalf("%d warnings for 50 refused signatures within a second, want 1:\n%s", n, logs.String())
+	}
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	e.post(body, forge)
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[1], "not_logged_since_last=49") {
+		t.Errorf("a second later: %d lines, want 2, the last saying 49 were not logged:\n%s", len(lines), logs.String())
+	}
+	if got := testutil.ToFloat64(e.metrics.SignatureFailures); got != 51 {
+		t.Errorf("signature failures counted %v, want 51", got)
+	}
+	if e.processed() != 0 {
+		t.Error("a forged event was stored")
+	}
 }
