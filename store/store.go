@@ -53,6 +53,7 @@ type Options struct {
 type DB struct {
 	path string
 	now  func() time.Time
+	busy time.Duration // the connections' busy timeout
 
 	w *sqlx.DB // the one writer connection
 	r *sqlx.DB // read-only pool
@@ -101,7 +102,7 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 	if busy <= 0 {
 		busy = 10 * time.Second
 	}
-	db := &DB{path: path, now: opts.Now}
+	db := &DB{path: path, now: opts.Now, busy: busy}
 	if db.now == nil {
 		db.now = time.Now
 	}
@@ -222,6 +223,49 @@ func (db *DB) Ping(ctx context.Context) error {
 		return fmt.Errorf("ping store %s: reader: %w", db.path, err)
 	}
 	return nil
+}
+
+// pingWriteBusy bounds how long PingWrite waits for a lock that another
+// process holds, so that a readiness probe answers in about a second.
+const pingWriteBusy = 500 * time.Millisecond
+
+// PingWrite checks that the store can commit a write now, which Ping does
+// not: on the writer connection, behind any write in progress, it writes
+// the database header's user_version back unchanged in a transaction of its
+// own, waiting at most pingWriteBusy for a lock held elsewhere. A full
+// disk, a file that cannot be written or a lock another process keeps
+// fails it. It costs a commit: meant for a probe after a failed commit, not
+// for every one.
+func (db *DB) PingWrite(ctx context.Context) error {
+	if err := db.pingWrite(ctx); err != nil {
+		return fmt.Errorf("ping store %s: write: %w", db.path, err)
+	}
+	return nil
+}
+
+func (db *DB) pingWrite(ctx context.Context) error {
+	conn, err := db.w.Connx(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `PRAGMA busy_timeout = `+strconv.FormatInt(pingWriteBusy.Milliseconds(), 10)); err != nil {
+		return err
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA busy_timeout = `+strconv.FormatInt(db.busy.Milliseconds(), 10))
+	tx, err := conn.BeginTxx(ctx, nil) // BEGIN IMMEDIATE (_txlock)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var v int64
+	if err := tx.GetContext(ctx, &v, `PRAGMA user_version`); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `PRAGMA user_version = `+strconv.FormatInt(v, 10)); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // Path returns the file name the store was opened with.

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"database/sql"
+	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -106,5 +109,62 @@ func TestOpsServeWarnsWithoutMaintenanceJob(t *testing.T) {
 	q.waitCount("msg=serving", 1, 30*time.Second)
 	if q.count(warning) != 0 {
 		t.Fatalf("warned with a maintenance job configured:\n%s", q.output())
+	}
+}
+
+// When the store stops taking commits (a full disk; here another process
+// holding its write lock), every webhook was answered 503 while /readyz
+// said ready, so a load balancer kept sending them and no alert on
+// readiness fired. /readyz now answers 503 store_error after a failed
+// commit until a write of its own commits, and 200 again once it does,
+// without waiting for a webhook.
+func TestOpsReadyzFailsWhileTheStoreCannotCommit(t *testing.T) {
+	e, _, addr := opsServe(t)
+	ctx := context.Background()
+	raw, err := sql.Open("sqlite", e.db+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	conn, err := raw.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	locked := true
+	defer func() {
+		if locked {
+			conn.ExecContext(ctx, "ROLLBACK")
+		}
+	}()
+
+	// serve's commit waits out its busy timeout (10 s), then fails.
+	code, body := postSigned(t, "http://"+addr+"/webhooks/botix", webhookSecret, paymentWebhook("evt_ops_locked", "pay_ops_locked"))
+	if code != http.StatusServiceUnavailable {
+		t.Fatalf("webhook while the store is locked: %d %s, want 503", code, body)
+	}
+	res, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(answer), "store_error") {
+		t.Fatalf("/readyz after a failed commit: %d %s, want 503 store_error", res.StatusCode, answer)
+	}
+	if got := getStatus(t, "http://"+addr+"/healthz"); got != http.StatusOK {
+		t.Fatalf("/healthz while the store cannot commit: %d, want 200 (a restart would not help)", got)
+	}
+
+	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	locked = false
+	waitFor(t, 30*time.Second, func() bool { return getStatus(t, "http://"+addr+"/readyz") == http.StatusOK })
+	if code, body := postSigned(t, "http://"+addr+"/webhooks/botix", webhookSecret, paymentWebhook("evt_ops_locked", "pay_ops_locked")); code != http.StatusOK {
+		t.Fatalf("webhook once the store is free: %d %s", code, body)
 	}
 }

@@ -213,6 +213,18 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 			intake.WriteError(w, http.StatusServiceUnavailable, "store_unavailable", "the store cannot be reached: "+err.Error())
 			return
 		}
+		// The store answers, but when the last webhook commit failed
+		// (a full disk, a lock held elsewhere) serve is not ready until
+		// a write of its own commits again; without this check a serve
+		// answering every webhook 503 said it was ready.
+		if failed := stack.metrics.CommitFailure(); failed != nil {
+			if err := a.db.PingWrite(r.Context()); err != nil {
+				intake.WriteError(w, http.StatusServiceUnavailable, "store_error",
+					"the store cannot commit: the last webhook commit failed ("+failed.Error()+") and so did a test write: "+err.Error())
+				return
+			}
+			stack.metrics.CommitRecovered(failed)
+		}
 		writeJSONStatus(w, http.StatusOK, "ready")
 	}))
 	mux.Handle("/ui", dash.handler)

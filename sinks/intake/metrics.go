@@ -1,6 +1,7 @@
 package intake
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,7 +18,14 @@ type Metrics struct {
 	CommitErrors      prometheus.Counter
 	TruncatedFetches  *prometheus.CounterVec
 	TruncatedPending  prometheus.Gauge
+
+	// failed holds the error of the last commit when it failed; nil once
+	// a commit has succeeded since (see CommitFailure).
+	failed atomic.Pointer[commitFailure]
 }
+
+// commitFailure is a failed commit's error, boxed for atomic.Pointer.
+type commitFailure struct{ err error }
 
 // NewMetrics creates the collectors and registers them on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -77,5 +85,34 @@ func (m *Metrics) ObserveCommit(size int, took time.Duration, err error) {
 	m.CommitLatency.Observe(took.Seconds())
 	if err != nil {
 		m.CommitErrors.Inc()
+		m.failed.Store(&commitFailure{err})
+	} else if m.failed.Load() != nil {
+		m.failed.Store(nil)
+	}
+}
+
+// CommitFailure returns the error of the emit path's last commit when it
+// failed, and nil when it succeeded (or none was made), so that a
+// readiness probe can tell a store that no longer takes commits (a full
+// disk) from one that merely answers.
+func (m *Metrics) CommitFailure() error {
+	if m == nil {
+		return nil
+	}
+	if f := m.failed.Load(); f != nil {
+		return f.err
+	}
+	return nil
+}
+
+// CommitRecovered forgets the failure CommitFailure returned as failed,
+// once something else (a probe's own write) has shown that the store
+// commits again; a later failure is kept.
+func (m *Metrics) CommitRecovered(failed error) {
+	if m == nil {
+		return
+	}
+	if f := m.failed.Load(); f != nil && f.err == failed {
+		m.failed.CompareAndSwap(f, nil)
 	}
 }
