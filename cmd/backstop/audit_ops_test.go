@@ -168,3 +168,36 @@ func TestOpsReadyzFailsWhileTheStoreCannotCommit(t *testing.T) {
 		t.Fatalf("webhook once the store is free: %d %s", code, body)
 	}
 }
+
+// backstop_job_last_run_timestamp_seconds used to appear only after a
+// job's first run in the serve process, so after every restart an alert
+// on the age of a nightly job's last run went blind (or fired) for up to
+// a day. serve now exports, from its start, when each configured job last
+// finished as stored (here by backstop run from system cron), and every
+// configured job's counters at zero.
+func TestOpsJobMetricsReflectTheStoreAtStart(t *testing.T) {
+	addr := freeAddr(t)
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
+	e.appendConfig("jobs:\n  - {name: prune, kind: maintenance, cron: \"30 4 31 12 *\"}\n")
+	env := []string{"BOTIX_API_KEY=" + e.sim.APIKey()}
+	before := time.Now().Add(-time.Second).Unix()
+	if code, out, errs := runBinary(t, e.dir, env, "--config", e.config, "run", "prune"); code != 0 {
+		t.Fatalf("backstop run prune: exit %d\n%s%s", code, out, errs)
+	}
+	p := startProc(t, "serve", e.config, e.sim.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
+	p.waitCount("msg=serving", 1, 30*time.Second)
+	m := p.metrics()
+	last, ok := m[`backstop_job_last_run_timestamp_seconds{job="prune",status="ok"}`]
+	if !ok || int64(last) < before || int64(last) > time.Now().Unix() {
+		t.Fatalf("last run of prune at start: %v (present %v), want the stored run's end (after %d)", last, ok, before)
+	}
+	for _, series := range []string{
+		`backstop_job_runs_total{job="prune",status="ok"}`,
+		`backstop_job_runs_total{job="prune",status="failed"}`,
+		`backstop_job_objects_total{count="pruned",job="prune"}`,
+	} {
+		if v, ok := m[series]; !ok || v != 0 {
+			t.Errorf("%s at start: %v (present %v), want 0", series, v, ok)
+		}
+	}
+}

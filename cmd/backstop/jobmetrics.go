@@ -3,8 +3,15 @@ package main
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/backstop-sync/backstop/store"
 	bsync "github.com/backstop-sync/backstop/sync"
 )
+
+// jobCountNames are the count label values of backstop_job_objects_total.
+var jobCountNames = []string{"new", "updated", "missing", "behind", "reemitted", "suppressed", "pruned"}
+
+// jobRunStatuses are the status label values of backstop_job_runs_total.
+var jobRunStatuses = []bsync.JobStatus{bsync.JobOK, bsync.JobFailed, bsync.JobInterrupted, bsync.JobSkipped}
 
 // jobMetrics exports every job run's result and counts (reconciliation
 // reports included) on /metrics.
@@ -41,6 +48,36 @@ func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
 	}
 	reg.MustRegister(m.runs, m.objects, m.requests, m.rateLimited, m.lastRun)
 	return m
+}
+
+// seed exports every job of jobs before it runs in this process: its
+// counters at zero (so that increase() and absent() see them from the
+// start) and, from last (the runs stored before serve started, by this
+// process's predecessors or by backstop run), when it last finished with
+// each status, so that an alert on a nightly job's age does not go blind
+// for a day after each restart. Stored runs of jobs no longer configured
+// are left out.
+func (m *jobMetrics) seed(jobs []string, last []store.JobFinish) {
+	if m == nil {
+		return
+	}
+	configured := make(map[string]bool, len(jobs))
+	for _, job := range jobs {
+		configured[job] = true
+		for _, status := range jobRunStatuses {
+			m.runs.WithLabelValues(job, string(status))
+		}
+		for _, name := range jobCountNames {
+			m.objects.WithLabelValues(job, name)
+		}
+		m.requests.WithLabelValues(job)
+		m.rateLimited.WithLabelValues(job)
+	}
+	for _, f := range last {
+		if configured[f.Job] {
+			m.lastRun.WithLabelValues(f.Job, f.Status).Set(float64(f.FinishedAt.Unix()))
+		}
+	}
 }
 
 func (m *jobMetrics) observe(run bsync.JobRun) {

@@ -145,7 +145,17 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	// Every platform call's cost is counted (a.meter) for the dashboard's
 	// quota page; the truncated-event fetcher goes through it too.
 	meter := a.meter
-	sched, err := a.schedulerWith(newJobMetrics(reg))
+	jobMetrics := newJobMetrics(reg)
+	lastRuns, err := a.db.LastJobFinishes(ctx)
+	if err != nil {
+		return err
+	}
+	jobNames := make([]string, len(cfg.Jobs))
+	for i, j := range cfg.Jobs {
+		jobNames[i] = j.Name
+	}
+	jobMetrics.seed(jobNames, lastRuns)
+	sched, err := a.schedulerWith(jobMetrics)
 	if err != nil {
 		return err
 	}
