@@ -1011,8 +1011,12 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		return fail(err)
 	}
 	h := make(http.Header, len(t.Headers)+len(attemptHeaders))
-	for k, v := range t.Headers {
-		h.Set(k, v)
+	if !redirect {
+		// The target's headers are its credentials: a redirect, which
+		// goes to whatever URL the operator gives, is sent without them.
+		for k, v := range t.Headers {
+			h.Set(k, v)
+		}
 	}
 	// Set after the target's own headers, which cannot replace them; one
 	// allocation holds every value.

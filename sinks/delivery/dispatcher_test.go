@@ -504,10 +504,14 @@ func TestRedirectSendsOnceAndLeavesDeliveryUnchanged(t *testing.T) {
 	q := newStoreQueue(t)
 	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
 	d := start(t, q, []Target{
-		{Name: "crm", URL: failing.srv.URL, Secret: testSecret, AllowPrivate: true, RetrySchedule: []time.Duration{}},
+		{Name: "crm", URL: failing.srv.URL, Secret: testSecret, AllowPrivate: true, RetrySchedule: []time.Duration{},
+			Headers: map[string]string{"Authorization": "Bearer crm-credential"}},
 	}, Options{})
 	q.waitFor(t, 10*time.Second, "dead letter", q.rowStatus(t, id, StatusDeadLetter))
 	before := q.row(t, id)
+	if hits := failing.all(); len(hits) != 1 || hits[0].header.Get("Authorization") != "Bearer crm-credential" {
+		t.Fatalf("the target got %d requests, want 1 with its Authorization header", len(hits))
+	}
 
 	a, err := d.Redirect(context.Background(), before, inspector.srv.URL+"/inspect")
 	if err != nil {
@@ -522,6 +526,11 @@ func TestRedirectSendsOnceAndLeavesDeliveryUnchanged(t *testing.T) {
 	if hits := inspector.all(); len(hits) != 1 || hits[0].header.Get(HeaderEventID) != "evt_1" ||
 		string(hits[0].body) != string(before.Payload) {
 		t.Errorf("inspector got %d requests, want the payload once", len(hits))
+	}
+	// The target's headers are its credentials: a redirect, to any URL,
+	// must not hand them over.
+	if hits := inspector.all(); len(hits) == 1 && hits[0].header.Get("Authorization") != "" {
+		t.Errorf("the redirect sent the target's Authorization header %q to the inspector", hits[0].header.Get("Authorization"))
 	}
 	if n := len(q.attemptsOf(t, id)); n != 2 {
 		t.Errorf("%d attempts logged, want 2 (the failure and the redirect)", n)
