@@ -9,7 +9,8 @@ import (
 const redacted = "xxxxx"
 
 // RedactURL returns raw fit to show in logs, errors, the CLI and the
-// dashboard: the password of its user info, every query value, and every
+// dashboard: the password of its user info (or the user name when there is
+// no password, as a token sent as one), every query value, and every
 // path segment that looks like a credential (20 or more characters mixing
 // letters with digits, '-' or '_', as the tokens of Discord's and Slack's
 // webhook URLs do) are replaced by "xxxxx". Scheme, host, port, query keys
@@ -47,6 +48,13 @@ func RedactURL(raw string) string {
 		if changed {
 			u.Path = strings.Join(segs, "/")
 			u.RawPath = ""
+		}
+	}
+	if u.User != nil {
+		if _, hasPassword := u.User.Password(); !hasPassword && u.User.Username() != "" {
+			// A user name without a password is most often a token
+			// (https://TOKEN@host/): hidden like a password.
+			u.User = url.User(redacted)
 		}
 	}
 	return u.Redacted()

@@ -17,6 +17,8 @@ func TestRedactURL(t *testing.T) {
 		{"https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX1", "https://hooks.slack.com/services/T00000000/B00000000/xxxxx"},
 		{"https://inspector.example.com/in/550e8400-e29b-41d4-a716-446655440000", "https://inspector.example.com/in/xxxxx"},
 		{"https://a.example.com/x#frag-secret", "https://a.example.com/x"},
+		// A user name alone is most often a token.
+		{"https://sk_live_51HxyzSecretToken@api.example.com/hooks", "https://xxxxx@api.example.com/hooks"},
 		{"mailto:someone@example.com", "mailto:xxxxx"},
 		{"redis://:s3cret@[::1", "(unreadable URL)"},
 	} {
