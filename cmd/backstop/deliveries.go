@@ -10,8 +10,11 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -682,17 +685,31 @@ func statusOrDash(code int) string {
 	return strconv.Itoa(code)
 }
 
+// oneLine returns s on one line for a terminal, cut to n runes: line
+// breaks and tabs become spaces, other control characters (an escape
+// sequence in a target's answer) and invalid UTF-8 are shown escaped.
 func oneLine(s string, n int) string {
-	b := []rune(s)
-	for i, r := range b {
-		if r == '\n' || r == '\r' || r == '\t' {
-			b[i] = ' '
+	var b strings.Builder
+	count := 0
+	for _, r := range s {
+		if count == n {
+			b.WriteString("…")
+			break
 		}
+		switch {
+		case r == '\n' || r == '\r' || r == '\t':
+			b.WriteByte(' ')
+		case unicode.IsControl(r) || r == utf8.RuneError:
+			// A target's answer is anyone's bytes: an escape sequence
+			// printed raw would drive the operator's terminal.
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteRune(r)
+		}
+		count++
 	}
-	if len(b) > n {
-		return string(b[:n]) + "…"
-	}
-	return string(b)
+	return b.String()
 }
 
 func hasTarget(targets []config.Target, name string) bool {
