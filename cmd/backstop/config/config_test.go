@@ -889,3 +889,25 @@ func TestMissingNamesLineAndVariables(t *testing.T) {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
 }
+
+// The proxy's and the dashboard's bearer tokens are served on the intake's
+// listener: a short one is guessable, and Validate says so (a warning: it
+// still works), naming the line and key and never the token.
+func TestShortBearerTokensWarned(t *testing.T) {
+	cfg, err := Parse("schedules.yaml", []byte(base+"intake:\n  proxy_token: ${PROXY_TOKEN}\ndashboard:\n  token: hunter2\n"),
+		env(map[string]string{"PROXY_TOKEN": "0123456789abcdef"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := cfg.Warnings()
+	if len(w) != 1 || w[0].Error() != "schedules.yaml:7: dashboard.token is 7 characters: a token served where the platform can reach it should be at least 16 random ones (openssl rand -hex 32 makes one)" {
+		t.Errorf("warnings %v, want one for the 7-character dashboard token", w)
+	}
+	cfg, err = Parse("schedules.yaml", []byte(base+"intake:\n  proxy_token: short\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := cfg.Warnings(); len(w) != 1 || !strings.Contains(w[0].Error(), "intake.proxy_token is 5 characters") || strings.Contains(w[0].Error(), "short") {
+		t.Errorf("warnings %v, want one for the proxy token, without its value", w)
+	}
+}

@@ -154,6 +154,8 @@ func (c *Config) validate(p *problems) {
 	if in.MaxBatch < 1 || in.MaxBatch > 10000 {
 		p.add(c.errorf("intake.max_batch", "want 1..10000 webhooks per commit, got %d", in.MaxBatch))
 	}
+	c.shortToken("intake.proxy_token", in.ProxyToken)
+	c.shortToken("dashboard.token", c.Dashboard.Token)
 
 	names := map[string]string{}
 	for i := range c.Targets {
@@ -343,6 +345,19 @@ func isPathChar(r rune) bool {
 // secret that came from an unset variable), each naming its key and line;
 // serve logs them when it starts.
 func (c *Config) Warnings() []*Error { return c.warnings }
+
+// minTokenLen is the shortest bearer token Validate takes without a
+// warning: the proxy's and the dashboard's are served on the intake's
+// listener, which the platform (so the internet) reaches.
+const minTokenLen = 16
+
+// shortToken warns when the bearer token under key is set but shorter
+// than minTokenLen.
+func (c *Config) shortToken(key string, token Secret) {
+	if n := len(token.Value()); n > 0 && n < minTokenLen {
+		c.warnf(key, "is %d characters: a token served where the platform can reach it should be at least %d random ones (openssl rand -hex 32 makes one)", n, minTokenLen)
+	}
+}
 
 // warnf records a warning for key.
 func (c *Config) warnf(key, format string, args ...any) {
