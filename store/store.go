@@ -31,6 +31,13 @@ import (
 // driverName is the database/sql name modernc.org/sqlite registers.
 const driverName = "sqlite"
 
+// walSizeLimit is the writer's journal_size_limit: the size the WAL file
+// is cut back to when it starts over after a checkpoint. Without it the
+// file keeps the largest size it ever reached, such as the hundreds of
+// megabytes a long read transaction (a sqlite3 shell, a backup) lets it
+// grow to under load, for as long as the process runs.
+const walSizeLimit = 64 << 20
+
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
@@ -116,6 +123,7 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 	db.w, err = sqlx.Open(driverName, path+"?_txlock=immediate"+
 		"&_pragma=busy_timeout("+busyMS+")"+
 		"&_pragma=journal_mode(WAL)"+
+		"&_pragma=journal_size_limit("+strconv.FormatInt(walSizeLimit, 10)+")"+
 		"&_pragma=foreign_keys(1)"+
 		"&_pragma=synchronous("+syncMode+")")
 	if err != nil {
@@ -283,7 +291,7 @@ var ErrClaimed = errors.New("claimed by another process")
 // The returned func releases it.
 func (db *DB) Claim(ctx context.Context, name string) (release func() error, err error) {
 	file := db.path + "." + name + "-lock"
-	c, err := sqlx.Open(driverName, file+"?_pragma=busy_timeout(0)&_pragma=locking_mode(EXCLUSIVE)")
+	c, err := sqlx.Open(driverName, file+"?_pragma=busy_timeout(0)&_pragma=journal_mode(OFF)&_pragma=locking_mode(EXCLUSIVE)")
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", file, err)
 	}

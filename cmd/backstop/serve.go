@@ -142,6 +142,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.registerMetrics(reg) // the shared governor's fallbacks and the jobs lease
+	registerStoreSize(reg, a.db.Path())
 	// Every platform call's cost is counted (a.meter) for the dashboard's
 	// quota page; the truncated-event fetcher goes through it too.
 	meter := a.meter
@@ -338,6 +339,26 @@ func warnUnpruned(cfg *config.Config, log *slog.Logger) {
 	}
 	log.Warn("no maintenance job in jobs: processed events, delivered deliveries, delivery attempts and job runs are never pruned and the store grows without end; " +
 		`add one, e.g. {name: prune, kind: maintenance, cron: "30 4 * * *"}`)
+}
+
+// registerStoreSize exports the size of the store's database file and of
+// its write-ahead log, read at each scrape, so that disk growth can be
+// watched and alerted on: a WAL far over its usual few megabytes means a
+// long read transaction (a sqlite3 shell, a backup) holds back checkpoints.
+func registerStoreSize(reg prometheus.Registerer, path string) {
+	for _, f := range []struct{ label, path string }{{"database", path}, {"wal", path + "-wal"}} {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "backstop_store_size_bytes",
+			Help:        "Size of the store's SQLite files: the database and its write-ahead log (wal).",
+			ConstLabels: prometheus.Labels{"file": f.label},
+		}, func() float64 {
+			fi, err := os.Stat(f.path)
+			if err != nil {
+				return 0 // no WAL file (yet, or after a clean close)
+			}
+			return float64(fi.Size())
+		}))
+	}
 }
 
 // routesOf lists the targets' subscriptions for the emit path.
