@@ -38,6 +38,15 @@ type Engine struct {
 	// Reconcile (OnReconcilePage is called beside ReconcileOptions.OnPage).
 	OnReconcilePage func(ReconcileReport)
 	OnReconcileDone func(ReconcileReport)
+	// EmitGuard, when set, commits the pages of SyncEmit and BackfillEmit
+	// instead of the Mirror's EmitPage, refusing a page whose cursor was
+	// reset since the run read it (see CursorGuard); usually the store
+	// itself. It is not taken from the Mirror, since a Mirror that wraps
+	// the store to act on each EmitPage (serve's, which wakes the
+	// targets) would be bypassed: such a wrapper sets it to itself once it
+	// wraps EmitPageAt too. Unset, emitting runs save their cursor as
+	// before, and a reset made while one runs can be undone by it.
+	EmitGuard GuardedPageStore
 	// Now defaults to time.Now.
 	Now func() time.Time
 }
@@ -412,7 +421,7 @@ func (e *Engine) emitter(r backstop.Resource, routes []backstop.Route, origin ba
 		return nil, fmt.Errorf("%s %s: the mirror %T keeps no events", origin, r, e.Mirror)
 	}
 	em := &pageEmitter{store: ps, routes: routes, origin: origin, now: e.now}
-	em.guarded, _ = e.Mirror.(GuardedPageStore)
+	em.guarded = e.EmitGuard
 	return em, nil
 }
 
@@ -428,7 +437,7 @@ type GuardedPageStore interface {
 // pageEmitter commits feed pages through the emit path and counts.
 type pageEmitter struct {
 	store   PageStore
-	guarded GuardedPageStore // store, when it is one
+	guarded GuardedPageStore // Engine.EmitGuard
 	routes  []backstop.Route
 	origin  backstop.Origin
 	now     func() time.Time

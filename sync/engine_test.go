@@ -312,6 +312,7 @@ func TestCursorsResetWhileRunningWins(t *testing.T) {
 	for name, run := range runs {
 		t.Run(name, func(t *testing.T) {
 			w := newWorld(t, 100)
+			w.engine.EmitGuard = w.db
 			ctx := context.Background()
 			r := backstop.Contacts
 			// The reset comes between the running run's third and fourth

@@ -73,6 +73,9 @@ func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string,
 	defer a.Close()
 	prog.log = a.log
 	a.engine.OnPage = prog.page
+	// Pages are refused once the cursor is reset meanwhile (backstop
+	// cursors reset), instead of saving over the reset.
+	a.engine.EmitGuard = a.db
 	emits := &emitCounts{}
 	fn, err := pick(ctx, a, resources, emits)
 	if err != nil {
