@@ -56,3 +56,31 @@ func TestCursorsResetDuringSyncWins(t *testing.T) {
 	}
 	e.assertMirrorEqualsSim(r)
 }
+
+// TestRunLabelsSyncEmitsEmitted: `backstop run` of a sync job printed the
+// events the sync emitted as "re-emitted", the word for what a reconcile
+// finds missed. A sync (and backfill) job's line is now "emitted"; a
+// reconcile job's stays "re-emitted".
+func TestRunLabelsSyncEmitsEmitted(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 9, Objects: 30}})
+	e.appendConfig(`targets:
+  - {name: crm, url: "http://127.0.0.1:1/hooks", allow_private: true, events: ["contact.*"]}
+jobs:
+  - {name: crm-nightly, kind: sync, resources: [contacts], cron: "0 3 * * *"}
+  - {name: contacts-check, kind: reconcile, resources: [contacts], cron: "0 * * * *", full: true}
+`)
+	code, out, stderr := e.run(context.Background(), "run", "crm-nightly")
+	if code != 0 {
+		t.Fatalf("run crm-nightly: exit %d\n%s", code, stderr)
+	}
+	if !strings.Contains(out, "\nemitted     30\n") || strings.Contains(out, "re-emitted") {
+		t.Errorf("run of a sync job that emitted 30 events:\n%s\nwant the line \"emitted     30\" and no \"re-emitted\"", out)
+	}
+	code, out, stderr = e.run(context.Background(), "run", "contacts-check")
+	if code != 0 {
+		t.Fatalf("run contacts-check: exit %d\n%s", code, stderr)
+	}
+	if !strings.Contains(out, "\nre-emitted  0\n") {
+		t.Errorf("run of a reconcile job:\n%s\nwant the line \"re-emitted  0\"", out)
+	}
+}

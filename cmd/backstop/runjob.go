@@ -64,6 +64,10 @@ interrupted.`,
 				return err
 			}
 			defer s.Stop()
+			// A sync or backfill job's pages are refused once its cursor
+			// is reset meanwhile (backstop cursors reset), instead of
+			// saving over the reset.
+			a.engine.EmitGuard = a.db
 			if prog != nil {
 				prog.log = a.log
 				a.engine.OnPage, a.engine.OnDone = prog.page, prog.finish
@@ -201,8 +205,14 @@ func printJobRun(w io.Writer, run bsync.JobRun, asJSON bool) error {
 		fmt.Fprintf(tw, "pages\t%d\nobjects\t%d\nnew\t%d\nupdated\t%d\n", c.Pages, c.Objects, c.New, c.Updated)
 	}
 	if run.Kind != bsync.JobMaintenance {
-		fmt.Fprintf(tw, "re-emitted\t%d\nsuppressed\t%d\nrequests\t%d\n429s\t%d\n",
-			c.Reemitted, c.Suppressed, c.Requests, c.RateLimited)
+		// Reconcile re-emits what was missed; sync and backfill emit what
+		// they read that is new or newer (one count, Reemitted, for both).
+		emitted := "emitted"
+		if run.Kind == bsync.JobReconcile {
+			emitted = "re-emitted"
+		}
+		fmt.Fprintf(tw, "%s\t%d\nsuppressed\t%d\nrequests\t%d\n429s\t%d\n",
+			emitted, c.Reemitted, c.Suppressed, c.Requests, c.RateLimited)
 	}
 	return tw.Flush()
 }
