@@ -56,3 +56,18 @@ func (db *DB) LastJobFinishes(ctx context.Context) ([]JobFinish, error) {
 	}
 	return out, nil
 }
+
+// DeadLetterCounts returns how many deliveries of each target in targets
+// are dead letters, each counted on the outbox's (target, status) index,
+// so that the cost follows the dead letters rather than the outbox.
+func (db *DB) DeadLetterCounts(ctx context.Context, targets []string) (map[string]int, error) {
+	out := make(map[string]int, len(targets))
+	for _, t := range targets {
+		var n int
+		if err := db.r.GetContext(ctx, &n, `SELECT count(*) FROM outbox WHERE target = ? AND status = 'dead_letter'`, t); err != nil {
+			return nil, fmt.Errorf("count dead letters of %s: %w", t, err)
+		}
+		out[t] = n
+	}
+	return out, nil
+}

@@ -285,3 +285,24 @@ func TestOpsWALShrinksAfterALongReader(t *testing.T) {
 		post(round*4, round*4+4, 2+round)
 	}
 }
+
+// backstop_delivery_dead_letters_total counts from zero in each process,
+// so after a restart nothing on /metrics said that dead letters were
+// waiting to be retried or purged. backstop_delivery_dead_letter_depth now
+// gives each target's stored dead letters from serve's start.
+func TestOpsDeadLettersOnMetricsAfterRestart(t *testing.T) {
+	addr := freeAddr(t)
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
+	ctx := context.Background()
+	db := e.openStore()
+	at := time.Now().Add(-time.Hour)
+	for _, id := range []string{"evt_dead_1", "evt_dead_2"} {
+		enqueueDeadLetter(t, ctx, db, "billing", id, "http://127.0.0.1:9/hooks", 400, at)
+	}
+	db.Close()
+	p := startProc(t, "serve", e.config, e.sim.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
+	p.waitCount("msg=serving", 1, 30*time.Second)
+	if got, ok := p.metrics()[`backstop_delivery_dead_letter_depth{target="billing"}`]; !ok || got != 2 {
+		t.Fatalf("backstop_delivery_dead_letter_depth{target=\"billing\"} at start: %v (present %v), want 2", got, ok)
+	}
+}
