@@ -306,3 +306,18 @@ func TestOpsDeadLettersOnMetricsAfterRestart(t *testing.T) {
 		t.Fatalf("backstop_delivery_dead_letter_depth{target=\"billing\"} at start: %v (present %v), want 2", got, ok)
 	}
 }
+
+// serve --help said nothing of what an operator must know to run it: that
+// /readyz turns 503 when commits fail, that one serve per store runs
+// without Redis, and what SIGHUP does; it now says all three.
+func TestOpsServeHelpSaysHowItIsOperated(t *testing.T) {
+	code, out, errs := runBinary(t, t.TempDir(), nil, "serve", "--help")
+	if code != 0 {
+		t.Fatalf("serve --help: exit %d\n%s", code, errs)
+	}
+	for _, want := range []string{"after a webhook commit\nfailed", "only one serve may run on a store", "SIGHUP is logged and ignored"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("serve --help does not say %q:\n%s", want, out)
+		}
+	}
+}

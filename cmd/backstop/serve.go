@@ -76,13 +76,19 @@ dead letters; see backstop deliveries), runs the jobs of schedules.yaml (with
 governor.redis, only on the process holding the jobs lease), and with
 intake.proxy_token accepts POST /outbox/{target} (webhook-proxy mode).
 
-Also served: GET /healthz, GET /readyz, GET /metrics (Prometheus) and, with
-dashboard.token set, the dashboard under /ui.
+Also served: GET /healthz (200 while the process is up), GET /readyz (503
+while draining, when the store cannot be reached, or after a webhook commit
+failed, such as on a full disk, until a test write commits again), GET
+/metrics (Prometheus) and, with dashboard.token set, the dashboard under /ui.
+
+Without governor.redis only one serve may run on a store: a second one exits
+1 saying so. With it, several share the work (one runs the jobs).
 
 SIGTERM or Ctrl-C: stop accepting connections; for up to 2 s
 (BACKSTOP_DRAIN_PERIOD changes it), until the open ones have closed, answer 503 (Retry-After, Connection: close) to new
 requests on them, /readyz included (/healthz stays 200); finish the requests
-and commits in flight, exit 0.`,
+and commits in flight, exit 0. SIGHUP is logged and ignored: serve does not
+reload schedules.yaml; restart it to apply changes.`,
 		Args: cobraArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return m.serve(cmd.Context(), g)
