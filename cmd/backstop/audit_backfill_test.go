@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -83,4 +84,60 @@ jobs:
 	if !strings.Contains(out, "\nre-emitted  0\n") {
 		t.Errorf("run of a reconcile job:\n%s\nwant the line \"re-emitted  0\"", out)
 	}
+}
+
+// TestInterruptedBackfillSaysHowToResume: Ctrl-C in a backfill exited 130
+// saying only that progress was saved, not what to run; the user had to
+// know that running it again resumes, and that repeating --restart from
+// the shell history would throw the progress away. It now prints the
+// command that resumes (the resources that did not finish, without
+// --restart), and that command reads only what is left.
+func TestInterruptedBackfillSaysHowToResume(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 5, Objects: 600, Latency: 25 * time.Millisecond}, pageSize: 10})
+	r := backstop.Contacts
+	cmd, lines := e.startBinary("backfill", string(r), "--restart")
+	db := e.openStore()
+	waitFor(t, 30*time.Second, func() bool {
+		_, ok, err := db.Cursor(context.Background(), r, backstop.CursorBackfill)
+		return err == nil && ok
+	})
+	db.Close()
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	var all []string
+	for l := range lines {
+		all = append(all, l)
+	}
+	cmd.Wait()
+	stderr := strings.Join(all, "\n")
+	if code := cmd.ProcessState.ExitCode(); code != exitInterrupted {
+		t.Fatalf("interrupted backfill exited %d, want 130\n%s", code, stderr)
+	}
+	want := "backstop: to resume, run `backstop --config " + e.config + " backfill contacts`"
+	if !strings.Contains(stderr, want) {
+		t.Fatalf("stderr does not say how to resume (%q):\n%s", want, stderr)
+	}
+	db = e.openStore()
+	chk, _, err := db.Cursor(context.Background(), r, backstop.CursorBackfill)
+	db.Close()
+	if err != nil || chk.Done {
+		t.Fatalf("checkpoint after Ctrl-C: %+v, %v; want an unfinished one", chk, err)
+	}
+	committed := 0
+	for _, o := range e.sim.Objects(r) {
+		if o.Position().Compare(chk.Position) <= 0 {
+			committed++
+		}
+	}
+	// The command it names (run here in-process, with the same arguments)
+	// reads only what the interrupted run had not committed.
+	code, out, errOut := e.run(context.Background(), "backfill", string(r), "--json")
+	if code != 0 {
+		t.Fatalf("resume: exit %d\n%s", code, errOut)
+	}
+	if got := parseSummary(t, out).Resources[0].Objects; got != 600-committed {
+		t.Errorf("resumed backfill read %d objects, want the %d after the checkpoint", got, 600-committed)
+	}
+	e.assertMirrorEqualsSim(r)
 }

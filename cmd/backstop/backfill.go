@@ -49,7 +49,14 @@ RESOURCE is contacts, chats, messages or payments; all four by default.
 Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
 		Example: "  backstop backfill\n  backstop backfill payments --restart\n  backstop backfill contacts --emit",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return m.runFeed(cmd, g, "backfill", args, asJSON, restartHint(emit, noEmit), func(ctx context.Context, a *app, resources []backstop.Resource, emits *emitCounts) (runFunc, error) {
+			resumeFlags := ""
+			switch {
+			case emit:
+				resumeFlags = "--emit"
+			case noEmit:
+				resumeFlags = "--no-emit"
+			}
+			return m.runFeed(cmd, g, "backfill", args, asJSON, restartHint(emit, noEmit), resumeFlags, func(ctx context.Context, a *app, resources []backstop.Resource, emits *emitCounts) (runFunc, error) {
 				routes := routesOf(a.cfg)
 				if emit && noEmit {
 					return nil, usagef("--emit and --no-emit exclude each other")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	stdsync "sync"
 
 	"github.com/spf13/cobra"
@@ -36,7 +37,7 @@ at once under one shared rate-limit governor.
 Ctrl-C finishes the page being written, saves the cursor and exits 130.`,
 		Example: "  backstop sync\n  backstop sync payments --json",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return m.runFeed(cmd, g, "sync", args, asJSON, resetHint, func(_ context.Context, a *app, _ []backstop.Resource, emits *emitCounts) (runFunc, error) {
+			return m.runFeed(cmd, g, "sync", args, asJSON, resetHint, "", func(_ context.Context, a *app, _ []backstop.Resource, emits *emitCounts) (runFunc, error) {
 				routes := routesOf(a.cfg)
 				return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
 					st, em, err := a.engine.SyncEmit(ctx, r, routes)
@@ -56,8 +57,10 @@ Ctrl-C finishes the page being written, saves the cursor and exits 130.`,
 // that emits counts what it emitted in emits, and the summary then shows
 // those counts. startOver is the command that starts a resource's feed
 // over, named when the platform can no longer read its saved cursor.
+// resumeFlags are the flags a run that resumes an interrupted one must
+// repeat (backfill's --emit or --no-emit).
 func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string, asJSON bool,
-	startOver func(backstop.Resource) string,
+	startOver func(backstop.Resource) string, resumeFlags string,
 	pick func(context.Context, *app, []backstop.Resource, *emitCounts) (runFunc, error)) error {
 	resources, err := backstop.ParseResources(args)
 	if err != nil {
@@ -87,7 +90,39 @@ func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string,
 	if err := printStats(m.Stdout, op, stats, emits.byResource(), asJSON); err != nil {
 		return err
 	}
+	if isCanceled(runErr) && ctx.Err() != nil {
+		fmt.Fprintf(m.Stderr, "backstop: to resume, run `%s`\n", resumeCommand(cmd, op, stats, resumeFlags))
+	}
 	return withCursorHint(runErr, startOver)
+}
+
+// resumeCommand is the command line that resumes an interrupted sync or
+// backfill: the same command over the resources that did not finish,
+// with --config when it was given and resumeFlags, and never --restart
+// (which would throw away what the interrupted run committed).
+func resumeCommand(cmd *cobra.Command, op string, stats []backstop.RunStats, resumeFlags string) string {
+	line := "backstop"
+	if f := cmd.Flag("config"); f != nil && f.Changed {
+		line += " --config " + shellWord(f.Value.String())
+	}
+	line += " " + op
+	for _, st := range stats {
+		if st.Err != nil {
+			line += " " + string(st.Resource)
+		}
+	}
+	if resumeFlags != "" {
+		line += " " + resumeFlags
+	}
+	return line
+}
+
+// shellWord quotes s for a POSIX shell when it needs it.
+func shellWord(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:@") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // withCursorHint adds to the error of a saved cursor the platform could no
