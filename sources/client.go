@@ -277,7 +277,7 @@ func (c *Client) do(ctx context.Context, method, rawURL string, body []byte) (*r
 	pol := &retryPolicy{max5xx: c.opts.RetryMax, max429: c.opts.Max429, rand: c.rand, now: time.Now, stats: st}
 	rc := &retryablehttp.Client{
 		HTTPClient:   c.http,
-		Logger:       retryLogger{c.log},
+		Logger:       quietWhenCancelled{retryLogger{c.log}, ctx},
 		RetryWaitMin: c.opts.RetryWaitMin,
 		RetryWaitMax: c.opts.RetryWaitMax,
 		// The policy enforces RetryMax and Max429 itself; this only bounds
@@ -316,4 +316,24 @@ func (c *Client) do(ctx context.Context, method, rawURL string, body []byte) (*r
 		return nil, st.cost(), fmt.Errorf("read response: %w", err)
 	}
 	return &response{status: resp.StatusCode, header: resp.Header, body: bytes.TrimSpace(data)}, st.cost(), nil
+}
+
+// quietWhenCancelled is the retry logger of one call: once the call's
+// context is cancelled (Ctrl-C, a run stopping), the attempt it abandoned
+// is not a failure worth a warning, so nothing more is logged about it.
+type quietWhenCancelled struct {
+	retryLogger
+	ctx context.Context
+}
+
+func (q quietWhenCancelled) Error(msg string, kv ...any) {
+	if q.ctx.Err() == nil {
+		q.retryLogger.Error(msg, kv...)
+	}
+}
+
+func (q quietWhenCancelled) Warn(msg string, kv ...any) {
+	if q.ctx.Err() == nil {
+		q.retryLogger.Warn(msg, kv...)
+	}
 }

@@ -595,3 +595,26 @@ func TestErrorBodyFallback(t *testing.T) {
 		}
 	}
 }
+
+// A request abandoned because its run was cancelled (Ctrl-C) used to be
+// logged as a failure ("request failed … context canceled") right before
+// the run's own "interrupted"; it is not logged as a failure now.
+func TestCancelledRequestIsNotLoggedAsFailure(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	arrived := make(chan struct{})
+	hs := newHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-r.Context().Done() // never answered: the client gives up
+	}, nil)
+	go func() {
+		<-arrived
+		cancel()
+	}()
+	if _, err := hs.client.List(ctx, backstop.ListRequest{Resource: backstop.Contacts}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if logs := hs.logs.String(); strings.Contains(logs, "request failed") || strings.Contains(logs, `"level":"WARN"`) {
+		t.Errorf("a cancelled request was logged as a failure:\n%s", logs)
+	}
+}
