@@ -283,14 +283,15 @@ func (db *DB) Path() string { return db.path }
 // or another one, holds the claim.
 var ErrClaimed = errors.New("claimed by another process")
 
-// Claim takes the claim called name on the store, for as long as the
-// process keeps it: an exclusive SQLite lock on the file next to the
+// Claim takes the claim called name on the store at path, for as long as
+// the process keeps it, without opening the store itself (so before its
+// migrations run): an exclusive SQLite lock on the file next to the
 // database, path + "." + name + "-lock", so that it works wherever SQLite's
 // own locking does and ends with the process, however it dies. It fails
 // with an error wrapping ErrClaimed, at once, while another holder has it.
 // The returned func releases it.
-func (db *DB) Claim(ctx context.Context, name string) (release func() error, err error) {
-	file := db.path + "." + name + "-lock"
+func Claim(ctx context.Context, path, name string) (release func() error, err error) {
+	file := path + "." + name + "-lock"
 	c, err := sqlx.Open(driverName, file+"?_pragma=busy_timeout(0)&_pragma=journal_mode(OFF)&_pragma=locking_mode(EXCLUSIVE)")
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", file, err)
@@ -303,7 +304,7 @@ func (db *DB) Claim(ctx context.Context, name string) (release func() error, err
 	// lock and the connection keeps it until it closes.
 	if _, err = c.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS claim (at TEXT NOT NULL)`); err == nil {
 		if _, err = c.ExecContext(ctx, `DELETE FROM claim`); err == nil {
-			_, err = c.ExecContext(ctx, `INSERT INTO claim (at) VALUES (?)`, backstop.CanonicalTime(db.now()))
+			_, err = c.ExecContext(ctx, `INSERT INTO claim (at) VALUES (?)`, backstop.CanonicalTime(time.Now()))
 		}
 	}
 	if err != nil {

@@ -66,8 +66,9 @@ func TestOpsServeSIGHUPIsLoggedNotFatal(t *testing.T) {
 // A second serve started by mistake on the same store without
 // governor.redis used to start silently and run every scheduled job a
 // second time (each process with its own API budget); it now exits 1 at
-// once with a message saying why and what to do, the first one serves on,
-// and once the first is SIGKILLed a new serve starts on the store.
+// once, before opening the store, with a message saying why and what to
+// do, the first one serves on, and once the first is SIGKILLed a new serve
+// starts on the store.
 func TestOpsSecondServeOnOneStoreWithoutRedisIsRefused(t *testing.T) {
 	e, first, addr := opsServe(t)
 	data, err := os.ReadFile(e.config)
@@ -77,9 +78,23 @@ func TestOpsSecondServeOnOneStoreWithoutRedisIsRefused(t *testing.T) {
 	other := freeAddr(t)
 	second := writeFile(t, e.dir, "second.yaml", strings.Replace(string(data), addr, other, 1))
 	env := []string{"BOTIX_API_KEY=" + e.sim.APIKey(), "BOTIX_WEBHOOK_SECRET=" + webhookSecret}
+	// The second serve is refused before it opens the store: a newer
+	// binary would otherwise migrate the schema under the first. Here the
+	// store says it has a newer schema, which opening it would report.
+	raw, err := sql.Open("sqlite", e.db+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Exec(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (9999, '9999_future.sql', '2026-01-01T00:00:00.000000000Z')`); err != nil {
+		t.Fatal(err)
+	}
 	code, _, stderr := runBinaryFor(t, 30*time.Second, e.dir, env, "--config", second, "serve")
 	if code != 1 || !strings.Contains(stderr, "in use by another backstop serve") || !strings.Contains(stderr, "governor.redis") {
 		t.Fatalf("second serve: exit %d, stderr:\n%s\nwant exit 1 naming the other serve and governor.redis", code, stderr)
+	}
+	if _, err := raw.Exec(`DELETE FROM schema_migrations WHERE version = 9999`); err != nil {
+		t.Fatal(err)
 	}
 	if got := getStatus(t, "http://"+addr+"/readyz"); got != http.StatusOK {
 		t.Fatalf("first serve's /readyz after the second was refused: %d", got)

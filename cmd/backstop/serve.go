@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
@@ -107,25 +108,17 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	release, err := m.claimStore(ctx, g)
+	if err != nil {
+		return err
+	}
+	defer release()
 	a, err := m.openAppWith(ctx, g, m.Stderr, func(c *config.Config) string { return c.Intake.Synchronous })
 	if err != nil {
 		return err
 	}
 	defer a.Close()
 	cfg, log := a.cfg, a.log
-	if cfg.Governor.Redis == "" {
-		// Without Redis nothing would stop a second serve on this store
-		// from running every job again and spending the API budget twice.
-		release, err := a.db.Claim(ctx, "serve")
-		if errors.Is(err, store.ErrClaimed) {
-			return fmt.Errorf("the store %s is in use by another backstop serve: without governor.redis only one serve may run on a store "+
-				"(each would run every scheduled job and spend the API budget on its own); stop the other one, or set governor.redis to run several", a.db.Path())
-		}
-		if err != nil {
-			return err
-		}
-		defer release()
-	}
 	warnUnpruned(cfg, log)
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration: "+w.Key+" "+w.Msg, "file", w.File, "line", w.Line, "key", w.Key)
@@ -332,6 +325,30 @@ wait:
 		log.Info("stopped cleanly")
 	}
 	return runErr
+}
+
+// claimStore takes the store's serve claim when governor.redis is not
+// set: without Redis nothing would stop a second serve on the store from
+// running every job again and spending the API budget on its own. It runs
+// before the store is opened, so that a second serve of a newer version
+// is refused before it migrates the store under the first. A
+// configuration that does not load, or a store directory that does not
+// exist, is left for openAppWith to report.
+func (m *Main) claimStore(ctx context.Context, g *globals) (release func() error, err error) {
+	none := func() error { return nil }
+	cfg, err := m.loadConfig(g, false)
+	if err != nil || cfg.Governor.Redis != "" {
+		return none, nil
+	}
+	if fi, err := os.Stat(filepath.Dir(cfg.Store.Path)); err != nil || !fi.IsDir() {
+		return none, nil
+	}
+	release, err = store.Claim(ctx, cfg.Store.Path, "serve")
+	if errors.Is(err, store.ErrClaimed) {
+		return nil, fmt.Errorf("the store %s is in use by another backstop serve: without governor.redis only one serve may run on a store "+
+			"(each would run every scheduled job and spend the API budget on its own); stop the other one, or set governor.redis to run several", cfg.Store.Path)
+	}
+	return release, err
 }
 
 // warnUnpruned warns when no maintenance job is configured: nothing then
