@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	stdsync "sync"
@@ -335,4 +336,37 @@ func TestOpsServeHelpSaysHowItIsOperated(t *testing.T) {
 			t.Errorf("serve --help does not say %q:\n%s", want, out)
 		}
 	}
+}
+
+// backstop_delivery_latency_seconds's buckets ended at 5.8 h, while the
+// default retry schedule alone spans about 25 h: every delivery that
+// needed the later retries fell into +Inf, and a quantile over them said
+// 5.8 h. A delivery queued 30 h ago now lands in a finite bucket.
+func TestOpsDeliveryLatencyBucketsCoverTheRetrySchedule(t *testing.T) {
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	defer target.Close()
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeServeConfig(addr, fmt.Sprintf("targets:\n  - {name: late, url: %q, allow_private: true}\n", target.URL))
+	db := e.openStore()
+	if _, err := db.Enqueue(context.Background(), "late", "evt_late", "proxy", []byte(`{"n":1}`), time.Now().Add(-30*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	p := startProc(t, "serve", e.config, e.sim.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
+	p.waitCount("msg=serving", 1, 30*time.Second)
+	var m map[string]float64
+	waitFor(t, 30*time.Second, func() bool {
+		m = p.metrics()
+		return m[`backstop_delivery_latency_seconds_count{target="late"}`] == 1
+	})
+	for series, v := range m {
+		if !strings.HasPrefix(series, `backstop_delivery_latency_seconds_bucket{target="late",le="`) || strings.Contains(series, `le="+Inf"`) {
+			continue
+		}
+		if v == 1 {
+			return // a finite bucket holds it
+		}
+	}
+	t.Fatalf("the 30 h delivery is only in the +Inf bucket:\n%v", m)
 }
