@@ -37,10 +37,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "backstop_delivery_latency_seconds",
 			Help:    "Time from queueing to successful delivery, by target.",
-			// 5 ms to 3.9 days: a delivery that went through the whole
-			// default retry schedule (about 25 h) or 429 pauses (up to
-			// 24 h each) still lands in a bucket of its own, not in +Inf.
-			Buckets: prometheus.ExponentialBuckets(0.005, 4, 14),
+			Buckets: prometheus.ExponentialBuckets(0.005, 4, 14), // 5 ms to 3.9 days: past the default retry schedule (about 25 h)
 		}, []string{"target"}),
 		request: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "backstop_delivery_request_seconds",
