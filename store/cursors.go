@@ -326,3 +326,25 @@ func (db *DB) resetCursors(ctx context.Context, r backstop.Resource, kinds ...ba
 	}
 	return nil
 }
+
+// CheckpointEmitted reports whether the backfill that saved checkpoint
+// chk emitted its events: whether the last object before chk (its
+// Position) has an event of origin backfill. A backfill's page and its
+// events commit together, and on a first fill that last object is new, so
+// an emitting backfill interrupted at any point leaves that event behind
+// (one lookup on the dedup key). A version an earlier webhook brought
+// holds that webhook's event instead, and then it reports false.
+func (db *DB) CheckpointEmitted(ctx context.Context, chk backstop.Cursor) (bool, error) {
+	if err := checkCursor(chk); err != nil {
+		return false, fmt.Errorf("read %w", err)
+	}
+	if chk.Position.ID == "" {
+		return false, nil // nothing read yet
+	}
+	var n int
+	if err := db.r.GetContext(ctx, &n, `SELECT count(*) FROM processed_events WHERE dedup_key = ? AND origin = ?`,
+		backstop.DedupKey(chk.Resource, chk.Position.ID, chk.Position.UpdatedAt), string(backstop.OriginBackfill)); err != nil {
+		return false, fmt.Errorf("read checkpoint %s/%s events: %w", chk.Resource, chk.Kind, err)
+	}
+	return n > 0, nil
+}

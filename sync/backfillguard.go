@@ -20,6 +20,12 @@ type objectCounter interface {
 	Count(ctx context.Context, r backstop.Resource) (int, error)
 }
 
+// checkpointEmitter is a Mirror that tells whether the backfill that saved
+// a checkpoint emitted (store.DB is one).
+type checkpointEmitter interface {
+	CheckpointEmitted(ctx context.Context, chk backstop.Cursor) (bool, error)
+}
+
 // CheckBackfill says whether a backfill of r that does not emit (Backfill,
 // as opposed to BackfillEmit) may run without losing events, given the
 // routes of the configured targets.
@@ -33,7 +39,10 @@ type objectCounter interface {
 //   - no route subscribes to any of r's event types;
 //   - the backfill already finished and restart is false (it reads nothing);
 //   - it is r's first fill: r has no sync cursor, and its mirror is empty or
-//     an unfinished backfill checkpoint is being resumed.
+//     an unfinished backfill checkpoint is being resumed, one that a
+//     backfill without emitting left (resuming one that emitted without
+//     emitting would send the targets only the objects read before the
+//     interruption).
 //
 // Otherwise (r has a sync cursor, or objects in the mirror that no backfill
 // of this store is filling, as after `cursors reset` or when only the
@@ -61,7 +70,18 @@ func (e *Engine) CheckBackfill(ctx context.Context, r backstop.Resource, restart
 	case syncing:
 		why = fmt.Sprintf("%s is already being synced (it has a sync cursor)", r)
 	case hasChk && !chk.Done:
-		return nil // resuming the first fill
+		c, ok := e.Mirror.(checkpointEmitter)
+		if !ok {
+			return nil // resuming the first fill
+		}
+		emitted, err := c.CheckpointEmitted(ctx, chk)
+		if err != nil {
+			return fmt.Errorf("backfill %s: %w", r, err)
+		}
+		if !emitted {
+			return nil // resuming the first fill
+		}
+		why = fmt.Sprintf("the unfinished backfill of %s was run with --emit (the targets have the events of what it read so far, and would miss the rest)", r)
 	default:
 		c, ok := e.Mirror.(objectCounter)
 		if !ok {

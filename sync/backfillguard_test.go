@@ -119,3 +119,38 @@ func TestScheduledSilentBackfillFailsInsteadOfLosingEvents(t *testing.T) {
 		t.Fatalf("emitting backfill job: %+v, %v; want ok with the changes emitted", run, err)
 	}
 }
+
+// A first fill started with --emit and interrupted used to resume without
+// --emit unrefused (an unfinished checkpoint counted as a first fill): the
+// targets got the events of what it read before the interruption and none
+// after. Resuming or restarting it without emitting is now refused; with
+// --emit it resumes and every object has its event once.
+func TestResumingAnEmittingBackfillWithoutEmitIsRefused(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, 60)
+	r := backstop.Contacts
+	crm := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}}
+	bctx, cancel := context.WithCancel(ctx)
+	w.engine.OnPage = func(st backstop.RunStats) {
+		if st.Pages == 2 {
+			cancel()
+		}
+	}
+	if _, _, err := w.engine.BackfillEmit(bctx, r, false, crm); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	w.engine.OnPage = nil
+	err := w.engine.CheckBackfill(ctx, r, false, crm)
+	if !errors.Is(err, bsync.ErrSilentBackfill) || !strings.Contains(err.Error(), "was run with --emit") {
+		t.Fatalf("resuming an emitting backfill without emit: CheckBackfill = %v, want refused saying it was run with --emit", err)
+	}
+	// Restarted, it would read again what was emitted (unchanged, no
+	// event) and write the rest without events all the same.
+	if err := w.engine.CheckBackfill(ctx, r, true, crm); !errors.Is(err, bsync.ErrSilentBackfill) {
+		t.Errorf("restarting it without emit: CheckBackfill = %v, want refused", err)
+	}
+	_, em, err := w.engine.BackfillEmit(ctx, r, false, crm)
+	if err != nil || em.Emitted != 40 {
+		t.Fatalf("resumed with emit: emitted %d, err %v; want the other 40", em.Emitted, err)
+	}
+}
