@@ -370,3 +370,19 @@ func TestOpsDeliveryLatencyBucketsCoverTheRetrySchedule(t *testing.T) {
 	}
 	t.Fatalf("the 30 h delivery is only in the +Inf bucket:\n%v", m)
 }
+
+// Nothing on /metrics said how long job runs took, so a nightly sync
+// creeping towards its next run could not be watched or alerted on; each
+// run that ran is now observed in backstop_job_duration_seconds{job}.
+func TestOpsJobDurationOnMetrics(t *testing.T) {
+	addr := freeAddr(t)
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
+	e.appendConfig("jobs:\n  - {name: tick, kind: maintenance, every: 1s}\n")
+	p := startProc(t, "serve", e.config, e.sim.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
+	p.waitCount("msg=serving", 1, 30*time.Second)
+	p.waitCount(`msg="job finished"`, 1, 30*time.Second)
+	waitFor(t, 10*time.Second, func() bool {
+		m := p.metrics()
+		return m[`backstop_job_duration_seconds_count{job="tick"}`] >= 1 && m[`backstop_job_duration_seconds_bucket{job="tick",le="+Inf"}`] >= 1
+	})
+}

@@ -21,6 +21,7 @@ type jobMetrics struct {
 	requests    *prometheus.CounterVec
 	rateLimited *prometheus.CounterVec
 	lastRun     *prometheus.GaugeVec
+	duration    *prometheus.HistogramVec
 }
 
 func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
@@ -45,8 +46,13 @@ func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
 			Name: "backstop_job_last_run_timestamp_seconds",
 			Help: "When each job last finished, by status.",
 		}, []string{"job", "status"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "backstop_job_duration_seconds",
+			Help:    "How long job runs that ran (ok, failed or interrupted) took, by job.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 9), // 1 s to 18 h
+		}, []string{"job"}),
 	}
-	reg.MustRegister(m.runs, m.objects, m.requests, m.rateLimited, m.lastRun)
+	reg.MustRegister(m.runs, m.objects, m.requests, m.rateLimited, m.lastRun, m.duration)
 	return m
 }
 
@@ -72,6 +78,7 @@ func (m *jobMetrics) seed(jobs []string, last []store.JobFinish) {
 		}
 		m.requests.WithLabelValues(job)
 		m.rateLimited.WithLabelValues(job)
+		m.duration.WithLabelValues(job)
 	}
 	for _, f := range last {
 		if configured[f.Job] {
@@ -87,6 +94,9 @@ func (m *jobMetrics) observe(run bsync.JobRun) {
 	status := string(run.Status)
 	m.runs.WithLabelValues(run.Job, status).Inc()
 	m.lastRun.WithLabelValues(run.Job, status).Set(float64(run.FinishedAt.Unix()))
+	if run.Status != bsync.JobSkipped && !run.StartedAt.IsZero() && !run.FinishedAt.Before(run.StartedAt) {
+		m.duration.WithLabelValues(run.Job).Observe(run.FinishedAt.Sub(run.StartedAt).Seconds())
+	}
 	c := run.Counts
 	for name, v := range map[string]int64{
 		"new": int64(c.New), "updated": int64(c.Updated), "missing": int64(c.Missing), "behind": int64(c.Behind),
