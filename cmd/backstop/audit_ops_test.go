@@ -386,3 +386,20 @@ func TestOpsJobDurationOnMetrics(t *testing.T) {
 		return m[`backstop_job_duration_seconds_count{job="tick"}`] >= 1 && m[`backstop_job_duration_seconds_bucket{job="tick",le="+Inf"}`] >= 1
 	})
 }
+
+// backstop_intake_requests_total{outcome} had only the outcomes seen since
+// the start: an alert on store_error or bad_signature had no series to
+// watch after a restart, and the first burst of them showed as a series
+// appearing, not as a rate. Every outcome is now exported at zero from
+// the start.
+func TestOpsIntakeOutcomesExportedFromTheStart(t *testing.T) {
+	_, p, _ := opsServe(t)
+	m := p.metrics()
+	for _, outcome := range []string{"accepted", "duplicate", "bad_signature", "malformed", "too_large",
+		"unsupported_media_type", "method_not_allowed", "draining", "store_error", "timeout"} {
+		series := `backstop_intake_requests_total{outcome="` + outcome + `"}`
+		if v, ok := m[series]; !ok || v != 0 {
+			t.Errorf("%s at start: %v (present %v), want 0", series, v, ok)
+		}
+	}
+}

@@ -7,6 +7,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// RequestOutcomes are the outcome label values of
+// backstop_intake_requests_total.
+var RequestOutcomes = []string{"accepted", "duplicate", "bad_signature", "malformed", "too_large",
+	"unsupported_media_type", "method_not_allowed", "draining", "store_error", "timeout"}
+
 // Metrics are the intake's Prometheus collectors. Register them on the
 // registry /metrics serves.
 type Metrics struct {
@@ -67,11 +72,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Requests, m.Duplicates, m.SignatureFailures, m.BatchSize, m.CommitLatency,
 		m.CommitErrors, m.TruncatedFetches, m.TruncatedPending)
-	// The fetch results are exported at zero from the start, so that a
-	// scrape (and a rate() over it) sees every series before the first
-	// truncated event.
+	// The fetch results and request outcomes are exported at zero from
+	// the start, so that a scrape (and a rate() over it, or an alert on
+	// store_error) sees every series before its first event, and the
+	// first burst of errors after a restart is not lost in a series
+	// that has only just appeared.
 	for _, r := range []string{"ok", "error", "gave_up"} {
 		m.TruncatedFetches.WithLabelValues(r)
+	}
+	for _, o := range RequestOutcomes {
+		m.Requests.WithLabelValues(o)
 	}
 	return m
 }
