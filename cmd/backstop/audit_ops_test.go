@@ -403,3 +403,22 @@ func TestOpsIntakeOutcomesExportedFromTheStart(t *testing.T) {
 		}
 	}
 }
+
+// Nothing told which version a serve process runs (during a rolling
+// upgrade, or when comparing a fleet's behaviour): its start line and
+// /metrics (backstop_build_info{version}) now say it, as backstop version
+// does.
+func TestOpsServeSaysItsVersion(t *testing.T) {
+	_, p, _ := opsServe(t)
+	code, out, _ := runBinary(t, t.TempDir(), nil, "version")
+	fields := strings.Fields(out)
+	if code != 0 || len(fields) < 2 {
+		t.Fatalf("backstop version: exit %d, %q", code, out)
+	}
+	if line, _ := p.first("msg=serving"); !strings.Contains(line, "version="+fields[1]) {
+		t.Errorf("start line does not name version %s: %s", fields[1], line)
+	}
+	if v := p.metrics()[`backstop_build_info{version="`+fields[1]+`"}`]; v != 1 {
+		t.Errorf("backstop_build_info{version=%q} = %v, want 1", fields[1], v)
+	}
+}

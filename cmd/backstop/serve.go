@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -142,6 +143,11 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.registerMetrics(reg) // the shared governor's fallbacks and the jobs lease
 	registerStoreSize(reg, a.db.Path())
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "backstop_build_info",
+		Help:        "Always 1; its version label is this serve's version, as backstop version prints it.",
+		ConstLabels: prometheus.Labels{"version": servedVersion()},
+	}, func() float64 { return 1 }))
 	// Every platform call's cost is counted (a.meter) for the dashboard's
 	// quota page; the truncated-event fetcher goes through it too.
 	meter := a.meter
@@ -263,7 +269,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	sched.Start()
-	log.Info("serving", "addr", "http://"+ln.Addr().String(), "webhooks", "POST "+cfg.Intake.Path,
+	log.Info("serving", "addr", "http://"+ln.Addr().String(), "version", servedVersion(), "webhooks", "POST "+cfg.Intake.Path,
 		"scheme", cfg.Intake.Scheme, "targets", len(routes), "synchronous", cfg.Intake.Synchronous,
 		"jobs", len(cfg.Jobs))
 	fmt.Fprintf(m.Stdout, "listening on http://%s\n", ln.Addr())
@@ -362,6 +368,15 @@ func warnUnpruned(cfg *config.Config, log *slog.Logger) {
 	}
 	log.Warn("no maintenance job in jobs: processed events, delivered deliveries, delivery attempts and job runs are never pruned and the store grows without end; " +
 		`add one, e.g. {name: prune, kind: maintenance, cron: "30 4 * * *"}`)
+}
+
+// servedVersion is the version part of versionString ("v1.2.3",
+// "dev-<revision>" or "(devel)").
+func servedVersion() string {
+	if f := strings.Fields(versionString()); len(f) > 1 {
+		return f[1]
+	}
+	return "(devel)"
 }
 
 // registerStoreSize exports the size of the store's database file and of
