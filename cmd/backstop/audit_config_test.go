@@ -150,10 +150,16 @@ func TestSimZeroMeansNone(t *testing.T) {
 // TestSimRefusesWindowsItCannotServe: "--window 1500ms" used to be
 // rounded up to 2s (and logged as 1.5s), and "--window 0s" to be a 1m
 // window (logged as 0s). A window that is not whole seconds, and a
-// negative count of objects, are now refused (exit 2).
+// negative count of objects, are now refused (exit 2), and so is every
+// other bad value, with a message naming its flag.
 func TestSimRefusesWindowsItCannotServe(t *testing.T) {
 	for _, args := range [][]string{
 		{"--window", "1500ms"}, {"--window", "0s"}, {"--objects", "-1"}, {"--big-objects", "-2"},
+		// Each bad value is refused naming its flag, not an option name
+		// of the simulator's ("limit -1", "error rate 2").
+		{"--limit", "-1"}, {"--error-rate", "2"}, {"--latency", "-1s"}, {"--mutation-rate", "-3"},
+		{"--drop-rate", "1.5"}, {"--duplicate-rate", "-0.1"}, {"--reorder-rate", "7"}, {"--retry-after", "soon"},
+		{"--retry-schedule", "1s,-2s"}, {"--webhook-url", "ftp://x", "--webhook-secret", "s"},
 	} {
 		// The old binary served these: 20 s is ample to refuse them.
 		code, _, stderr := runBinaryFor(t, 20*time.Second, t.TempDir(), nil, append([]string{"sim", "--listen", "127.0.0.1:0"}, args...)...)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -53,6 +54,9 @@ It prints its base URL and API key, then serves until Ctrl-C.`,
 			case opts.Window < time.Second || opts.Window%time.Second != 0:
 				return usagef("--window %s: want whole seconds, 1s or more (X-RateLimit-Reset is in seconds)", opts.Window)
 			}
+			if err := checkSimFlags(opts); err != nil {
+				return err
+			}
 			if opts.Objects == 0 {
 				opts.Objects = -1
 			}
@@ -98,4 +102,41 @@ It prints its base URL and API key, then serves until Ctrl-C.`,
 	f.Float64Var(&opts.ReorderRate, "reorder-rate", 0, "fraction of webhooks held back and sent after later ones")
 	f.DurationSliceVar(&opts.RetrySchedule, "retry-schedule", sim.DefaultRetrySchedule(), "the platform's retries of a webhook answered non-2xx")
 	return cmd
+}
+
+// checkSimFlags refuses the bad values sim.Options.Validate would, naming
+// the flag each came from rather than the option.
+func checkSimFlags(opts sim.Options) error {
+	for _, r := range []struct {
+		flag string
+		v    float64
+	}{{"--error-rate", opts.ErrorRate}, {"--drop-rate", opts.DropRate}, {"--duplicate-rate", opts.DuplicateRate}, {"--reorder-rate", opts.ReorderRate}} {
+		if r.v < 0 || r.v > 1 {
+			return usagef("%s %g: want a fraction, 0 to 1", r.flag, r.v)
+		}
+	}
+	switch {
+	case opts.Limit < 0:
+		return usagef("--limit %d: want 0 (no limit) or more", opts.Limit)
+	case opts.Latency < 0:
+		return usagef("--latency %s: want 0 or more", opts.Latency)
+	case opts.MutationRate < 0:
+		return usagef("--mutation-rate %g: want 0 or more per second", opts.MutationRate)
+	}
+	switch opts.RetryAfter {
+	case sim.RetryAfterSeconds, sim.RetryAfterDate, sim.RetryAfterRFC850, sim.RetryAfterAsctime, sim.RetryAfterMixed:
+	default:
+		return usagef("--retry-after %q: want seconds, date, rfc850, asctime or mixed", opts.RetryAfter)
+	}
+	for _, d := range opts.RetrySchedule {
+		if d < 0 {
+			return usagef("--retry-schedule %v: waits must not be negative", opts.RetrySchedule)
+		}
+	}
+	if opts.WebhookURL != "" {
+		if u, err := url.Parse(opts.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usagef("--webhook-url %q: want an absolute http or https URL", opts.WebhookURL)
+		}
+	}
+	return nil
 }
