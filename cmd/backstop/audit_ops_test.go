@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/sources/sim"
 )
 
@@ -421,4 +422,33 @@ func TestOpsServeSaysItsVersion(t *testing.T) {
 	if v := p.metrics()[`backstop_build_info{version="`+fields[1]+`"}`]; v != 1 {
 		t.Errorf("backstop_build_info{version=%q} = %v, want 1", fields[1], v)
 	}
+}
+
+// backstop cursors reset run while serve's sync job read that resource
+// was undone by the job's next page, which saved its cursor over the
+// reset (backstop sync and run were guarded, serve's jobs were not): the
+// job now stops that resource saying its cursor was reset.
+func TestOpsCursorResetDuringAServeSyncJobWins(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 5, Objects: 600, Latency: 25 * time.Millisecond}, pageSize: 10})
+	e.writeServeConfig(addr, "jobs:\n  - {name: contacts-sync, kind: sync, resources: [contacts], every: 2s}\n"+
+		"  - {name: prune, kind: maintenance, cron: \"30 4 * * *\"}\n")
+	data, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(strings.Replace(string(data), "  api_key: ${BOTIX_API_KEY}\n", "  api_key: ${BOTIX_API_KEY}\n  page_size: 10\n", 1))
+	p := startProc(t, "serve", e.config, e.sim.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
+	p.waitCount("msg=serving", 1, 30*time.Second)
+	r := backstop.Contacts
+	db := e.openStore()
+	waitFor(t, 60*time.Second, func() bool {
+		c, ok, err := db.Cursor(context.Background(), r, backstop.CursorSync)
+		return err == nil && ok && c.Position.Compare(e.sim.Objects(r)[49].Position()) >= 0
+	})
+	db.Close()
+	if code, out, stderr := e.run(context.Background(), "cursors", "reset", string(r)); code != 0 {
+		t.Fatalf("cursors reset: exit %d\n%s%s", code, out, stderr)
+	}
+	p.waitCount("its cursor was reset while it ran", 1, 60*time.Second)
 }

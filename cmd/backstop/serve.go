@@ -194,7 +194,11 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	// webhook is delivered on at once, not at the dispatcher's next poll;
 	// so does each page a sync job emits and each reconcile's re-emission
 	// (the scheduler, not started yet, runs its jobs on a.engine).
-	a.engine.Mirror = wakingStore{DB: a.db, wake: dispatcher.Wake}
+	// It also commits the emitting runs' pages (EmitGuard), refusing one
+	// whose cursor backstop cursors reset reset since the run read it.
+	waking := wakingStore{DB: a.db, wake: dispatcher.Wake}
+	a.engine.Mirror = waking
+	a.engine.EmitGuard = waking
 	stack := startIntake(ctx, a.db, meter, verifier,
 		intakeOptions{routes: routes, maxBatch: cfg.Intake.MaxBatch, onQueued: dispatcher.Wake}, log, reg)
 	handler := stack.handler
@@ -507,6 +511,16 @@ func (s wakingStore) EmitPage(ctx context.Context, events []backstop.Event, rout
 		backstop.QueuedTargets(events, res, routes, s.wake)
 	}
 	return res, err
+}
+
+// EmitPageAt is store.DB's, then, unless the page was refused because its
+// cursor was reset, wakes the targets it queued rows for.
+func (s wakingStore) EmitPageAt(ctx context.Context, gen int64, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, bool, error) {
+	res, reset, err := s.DB.EmitPageAt(ctx, gen, events, routes, cur)
+	if err == nil && !reset {
+		backstop.QueuedTargets(events, res, routes, s.wake)
+	}
+	return res, reset, err
 }
 
 // Emit is store.DB's, then wakes the targets it queued rows for.
