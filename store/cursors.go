@@ -231,6 +231,11 @@ func (db *DB) EmitPageAt(ctx context.Context, gen int64, events []backstop.Event
 	return out, reset, nil
 }
 
+// anyGeneration is the generation emitPageAt takes to commit whatever the
+// cursor's reset generation (EmitPage).
+const anyGeneration = -1
+
+// emitPageAt is EmitPageAt, and EmitPage with gen anyGeneration.
 func (db *DB) emitPageAt(ctx context.Context, gen int64, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, bool, error) {
 	if err := checkCursor(cur); err != nil {
 		return nil, false, err
@@ -250,10 +255,12 @@ func (db *DB) emitPageAt(ctx context.Context, gen int64, events []backstop.Event
 	// As in EmitPage: statements run without ctx's cancellation; ctx is
 	// checked between events and by the commit.
 	sctx := context.WithoutCancel(ctx)
-	if ok, err := sameGeneration(sctx, tx, cur, gen); err != nil {
-		return nil, false, err
-	} else if !ok {
-		return nil, true, nil
+	if gen != anyGeneration {
+		if ok, err := sameGeneration(sctx, tx, cur, gen); err != nil {
+			return nil, false, err
+		} else if !ok {
+			return nil, true, nil
+		}
 	}
 	out, err := db.emitInTx(ctx, sctx, tx, now, stamp, events, routes)
 	if err != nil {

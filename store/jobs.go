@@ -385,46 +385,11 @@ func (db *DB) PruneJobRuns(ctx context.Context, before time.Time) (int64, error)
 // events nor the cursor. It fails as Emit does, and on a cursor of an
 // unknown resource or kind.
 func (db *DB) EmitPage(ctx context.Context, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, error) {
-	res, err := db.emitPage(ctx, events, routes, cur)
+	res, _, err := db.emitPageAt(ctx, anyGeneration, events, routes, cur)
 	if err != nil {
 		return nil, fmt.Errorf("emit %s page: %w", cur.Resource, err)
 	}
 	return res, nil
-}
-
-func (db *DB) emitPage(ctx context.Context, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, error) {
-	if err := checkCursor(cur); err != nil {
-		return nil, err
-	}
-	if err := checkRoutes(routes); err != nil {
-		return nil, err
-	}
-	now := db.now()
-	stamp := backstop.CanonicalTime(now)
-
-	tx, err := db.w.BeginTxx(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback()
-
-	// As in Emit: statements run without ctx's cancellation; ctx is checked
-	// between events and by the commit.
-	sctx := context.WithoutCancel(ctx)
-	out, err := db.emitInTx(ctx, sctx, tx, now, stamp, events, routes)
-	if err != nil {
-		return nil, err
-	}
-	row := newCursorRow(cur, now)
-	// saveCursor never moves the cursor back (saveCursorSQL).
-	if _, err := tx.StmtxContext(sctx, db.saveCursor).ExecContext(sctx,
-		row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt); err != nil {
-		return nil, fmt.Errorf("save cursor: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("commit %d events and cursor: %w", len(events), err)
-	}
-	return out, nil
 }
 
 // emitInTx runs the emit path's per-event steps (emitTx, shared with Emit)
