@@ -452,3 +452,24 @@ func TestOpsCursorResetDuringAServeSyncJobWins(t *testing.T) {
 	}
 	p.waitCount("its cursor was reset while it ran", 1, 60*time.Second)
 }
+
+// Nothing on /metrics gave the webhook answer latency the platform sees
+// (only the commit's own duration), so an SLO on it could not be kept;
+// backstop_intake_request_duration_seconds{code} now observes every
+// webhook answer, refusals included.
+func TestOpsWebhookAnswerLatencyOnMetrics(t *testing.T) {
+	_, p, addr := opsServe(t)
+	url := "http://" + addr + "/webhooks/botix"
+	if code, body := postSigned(t, url, webhookSecret, paymentWebhook("evt_ops_lat", "pay_ops_lat")); code != http.StatusOK {
+		t.Fatalf("webhook: %d %s", code, body)
+	}
+	if code, _ := postSigned(t, url, "wrong-secret", paymentWebhook("evt_ops_lat2", "pay_ops_lat2")); code != http.StatusUnauthorized {
+		t.Fatalf("badly signed webhook: %d, want 401", code)
+	}
+	m := p.metrics()
+	for _, code := range []string{"200", "401"} {
+		if v := m[`backstop_intake_request_duration_seconds_count{code="`+code+`"}`]; v != 1 {
+			t.Errorf("backstop_intake_request_duration_seconds_count{code=%q} = %v, want 1", code, v)
+		}
+	}
+}
