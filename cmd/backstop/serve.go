@@ -144,6 +144,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.registerMetrics(reg) // the shared governor's fallbacks and the jobs lease
 	registerStoreSize(reg, a.db.Path())
+	reg.MustRegister(newDeadLetterCollector(a.db, cfg.Targets))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        "backstop_build_info",
 		Help:        "Always 1; its version label is this serve's version, as backstop version prints it.",
@@ -401,6 +402,56 @@ func registerStoreSize(reg prometheus.Registerer, path string) {
 			}
 			return float64(fi.Size())
 		}))
+	}
+}
+
+// deadLetterEvery is how long serve reuses its count of the stored dead
+// letters for /metrics.
+const deadLetterEvery = 10 * time.Second
+
+// deadLetterCollector exports each configured target's dead letters as
+// stored (kept until retried or purged), counted at a scrape at most every
+// deadLetterEvery: unlike backstop_delivery_dead_letters_total, which
+// counts from zero in each process, it says how many wait right after a
+// restart, and falls once they are retried or purged.
+type deadLetterCollector struct {
+	db      *store.DB
+	targets []string
+	desc    *prometheus.Desc
+
+	mu     sync.Mutex
+	at     time.Time
+	counts map[string]int
+}
+
+func newDeadLetterCollector(db *store.DB, targets []config.Target) *deadLetterCollector {
+	names := make([]string, len(targets))
+	for i, t := range targets {
+		names[i] = t.Name
+	}
+	return &deadLetterCollector{db: db, targets: names, desc: prometheus.NewDesc("backstop_delivery_dead_letter_depth",
+		"Dead letters stored per target (kept until retried or purged), counted at most every 10 s.", []string{"target"}, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *deadLetterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector: it counts again when the last
+// count is older than deadLetterEvery, and keeps the last count when the
+// store does not answer.
+func (c *deadLetterCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.counts == nil || time.Since(c.at) >= deadLetterEvery {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		counts, err := c.db.DeadLetterCounts(ctx, c.targets)
+		cancel()
+		if err == nil {
+			c.counts, c.at = counts, time.Now()
+		}
+	}
+	for t, n := range c.counts {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), t)
 	}
 }
 
