@@ -101,6 +101,40 @@ func (e *Engine) CheckBackfill(ctx context.Context, r backstop.Resource, restart
 		r, ErrSilentBackfill, why, strings.Join(subs, ", "))
 }
 
+// ErrFirstFillUnfinished is wrapped by the refusal of a sync that emits
+// (SyncEmit) on a resource whose first fill, a backfill without emitting,
+// is unfinished: the sync would read the feed from its start and emit
+// every object the backfill has not reached yet as new.
+var ErrFirstFillUnfinished = errors.New("its first fill is unfinished")
+
+// checkFirstFill refuses a SyncEmit of r from no sync cursor while r's
+// first fill, a backfill that does not emit, is unfinished, when a route
+// subscribes to r's events. That fill was run without events so that the
+// targets do not get the platform's history; a sync meanwhile would send
+// them the part it has not read yet. (Next to a backfill that emits, a
+// sync only emits sooner what the backfill would have.)
+func (e *Engine) checkFirstFill(ctx context.Context, r backstop.Resource, routes []backstop.Route) error {
+	subs := subscribers(r, routes)
+	if len(subs) == 0 {
+		return nil
+	}
+	chk, hasChk, err := e.Mirror.Cursor(ctx, r, backstop.CursorBackfill)
+	if err != nil || !hasChk || chk.Done {
+		return err
+	}
+	c, ok := e.Mirror.(checkpointEmitter)
+	if !ok {
+		return nil
+	}
+	emitted, err := c.CheckpointEmitted(ctx, chk)
+	if err != nil || emitted {
+		return err
+	}
+	return fmt.Errorf("%w: the backfill of %s, run without --emit so that the targets do not get its history, "+
+		"has not finished, and a sync now would read the feed from its start and emit every %s it has not reached yet as new (%s); "+
+		"finish it first: backstop backfill %s", ErrFirstFillUnfinished, r, r, strings.Join(subs, ", "), r)
+}
+
 // subscribers describes the routes that subscribe to some event type
 // emitted for r: "target crm (contact.created, contact.updated)".
 func subscribers(r backstop.Resource, routes []backstop.Route) []string {

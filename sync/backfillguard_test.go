@@ -154,3 +154,73 @@ func TestResumingAnEmittingBackfillWithoutEmitIsRefused(t *testing.T) {
 		t.Fatalf("resumed with emit: emitted %d, err %v; want the other 40", em.Emitted, err)
 	}
 }
+
+// A sync that emits is refused, before reading anything, while the
+// resource's first fill (a backfill without emitting, so that the targets
+// do not get the platform's history) is unfinished: from no sync cursor it
+// would emit every object the backfill has not reached yet as new. Once
+// the backfill finishes, the sync continues from its end.
+func TestSyncRefusedWhileASilentFirstFillIsUnfinished(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, 60)
+	r := backstop.Contacts
+	crm := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}}
+	billing := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	bctx, cancel := context.WithCancel(ctx)
+	w.engine.OnPage = func(st backstop.RunStats) {
+		if st.Pages == 2 {
+			cancel()
+		}
+	}
+	if _, err := w.engine.Backfill(bctx, r, false); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	w.engine.OnPage = nil
+
+	st, em, err := w.engine.SyncEmit(ctx, r, crm)
+	if !errors.Is(err, bsync.ErrFirstFillUnfinished) || !strings.Contains(err.Error(), "backstop backfill contacts") || !strings.Contains(err.Error(), "crm") {
+		t.Fatalf("sync during an unfinished silent first fill: %v, want refused naming the target and the command that finishes it", err)
+	}
+	if st.Pages != 0 || em.Emitted != 0 {
+		t.Errorf("the refused sync read %d pages and emitted %d events, want none", st.Pages, em.Emitted)
+	}
+	if _, saved, err := w.db.Cursor(ctx, r, backstop.CursorSync); err != nil || saved {
+		t.Errorf("the refused sync saved a sync cursor (%v)", err)
+	}
+	// No target gets contacts' events: nothing to flood, the sync runs.
+	if _, _, err := w.engine.SyncEmit(ctx, r, billing); err != nil {
+		t.Errorf("sync with no subscriber: %v", err)
+	}
+	if err := w.db.ResetCursor(ctx, r, backstop.CursorSync); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := w.engine.Backfill(ctx, r, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, em, err := w.engine.SyncEmit(ctx, r, crm); err != nil || em.Emitted != 0 {
+		t.Fatalf("sync after the first fill finished: emitted %d, err %v; want it to continue from the backfill's end", em.Emitted, err)
+	}
+}
+
+// Next to an unfinished backfill that emits, a sync only emits sooner
+// what the backfill would have: it is not refused.
+func TestSyncRunsBesideAnUnfinishedEmittingBackfill(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, 60)
+	r := backstop.Contacts
+	crm := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}}
+	bctx, cancel := context.WithCancel(ctx)
+	w.engine.OnPage = func(st backstop.RunStats) {
+		if st.Pages == 2 {
+			cancel()
+		}
+	}
+	if _, _, err := w.engine.BackfillEmit(bctx, r, false, crm); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	w.engine.OnPage = nil
+	if _, em, err := w.engine.SyncEmit(ctx, r, crm); err != nil || em.Emitted != 40 {
+		t.Fatalf("sync beside an emitting backfill: emitted %d, err %v; want the 40 it had not read", em.Emitted, err)
+	}
+}

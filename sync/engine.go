@@ -92,7 +92,7 @@ func (e *Engine) logger() *slog.Logger {
 // and it stops with an error that wraps ErrCursorReset: the reset stands,
 // and the next run starts from it.
 func (e *Engine) Sync(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
-	cur, gen, err := e.syncCursor(ctx, r)
+	cur, _, gen, err := e.syncCursor(ctx, r)
 	if err != nil {
 		return e.done(backstop.RunStats{Resource: r}, err)
 	}
@@ -146,13 +146,14 @@ func (e *Engine) cursor(ctx context.Context, r backstop.Resource, kind backstop.
 	return cur, ok, gen, nil
 }
 
-// syncCursor is r's sync cursor and generation for Sync and SyncEmit.
-func (e *Engine) syncCursor(ctx context.Context, r backstop.Resource) (backstop.Cursor, int64, error) {
-	cur, _, gen, err := e.cursor(ctx, r, backstop.CursorSync)
+// syncCursor is r's sync cursor and generation for Sync and SyncEmit, and
+// whether one was saved (else cur is the start of the feed).
+func (e *Engine) syncCursor(ctx context.Context, r backstop.Resource) (cur backstop.Cursor, saved bool, gen int64, err error) {
+	cur, saved, gen, err = e.cursor(ctx, r, backstop.CursorSync)
 	if err != nil {
-		return cur, gen, fmt.Errorf("sync %s: %w", r, err)
+		return cur, false, gen, fmt.Errorf("sync %s: %w", r, err)
 	}
-	return cur, gen, nil
+	return cur, saved, gen, nil
 }
 
 // Backfill reads r's whole change feed from the start into the mirror,
@@ -385,14 +386,24 @@ type EmitStats struct {
 // emitted and passed, or neither; events carry EventID(dedup key), so an
 // object a webhook already delivered is suppressed as a duplicate.
 // Unchanged objects emit nothing. The engine's Mirror must be a PageStore
-// (store.DB is). Errors and cancellation behave as in Sync.
+// (store.DB is). Errors and cancellation behave as in Sync. From no sync
+// cursor, while r's first fill (a backfill that does not emit) is
+// unfinished and a route subscribes to r's events, it reads nothing and
+// returns an error wrapping ErrFirstFillUnfinished.
 func (e *Engine) SyncEmit(ctx context.Context, r backstop.Resource, routes []backstop.Route) (backstop.RunStats, EmitStats, error) {
 	em, err := e.emitter(r, routes, backstop.OriginSync)
 	if err != nil {
 		st, err := e.done(backstop.RunStats{Resource: r, Err: err}, err)
 		return st, EmitStats{}, err
 	}
-	cur, gen, err := e.syncCursor(ctx, r)
+	cur, saved, gen, err := e.syncCursor(ctx, r)
+	if err == nil && !saved {
+		// From the start of the feed: not while a silent first fill is
+		// unfinished.
+		if err = e.checkFirstFill(ctx, r, routes); err != nil {
+			err = fmt.Errorf("sync %s: %w", r, err)
+		}
+	}
 	if err != nil {
 		st, err := e.done(backstop.RunStats{Resource: r, Err: err}, err)
 		return st, EmitStats{}, err
