@@ -9,11 +9,9 @@ import (
 	"path/filepath"
 	"slices"
 	stdsync "sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 
 	"github.com/backstop-sync/backstop/cmd/backstop/config"
 	"github.com/backstop-sync/backstop/internal/redistest"
@@ -205,29 +203,6 @@ func TestTargetPacerReportsItsPause(t *testing.T) {
 	}
 }
 
-// redisRoundTrips is a go-redis hook that counts the commands a client
-// sends, each a round trip to Redis, leaving out the handshake of a new
-// connection.
-type redisRoundTrips struct{ n atomic.Int64 }
-
-func (r *redisRoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *redisRoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name != "hello" && name != "client" {
-			r.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (r *redisRoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
 // With governor.redis, a delivery to a target with a rate_limit goes
 // through Redis for that cap only (a reservation and an answer: two round
 // trips) until the target answers with rate-limit headers; from then on
@@ -246,7 +221,7 @@ func TestCappedTargetTakesTwoRedisRoundTripsPerDelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rdb.Close()
-	rt := &redisRoundTrips{}
+	rt := &redistest.RoundTrips{}
 	rdb.AddHook(rt)
 	pacer := targetPacers(cfg.Targets, targetGovernorStore(ctx, rdb, cfg, slog.New(slog.DiscardHandler)), slog.New(slog.DiscardHandler))["crm"]
 	deliver := func(n int, h http.Header) {
@@ -270,10 +245,10 @@ func TestCappedTargetTakesTwoRedisRoundTripsPerDelivery(t *testing.T) {
 	}
 
 	deliver(3, nil) // loads the scripts into Redis
-	rt.n.Store(0)
+	rt.Take()
 	const n = 40
 	deliver(n, nil)
-	if got := rt.n.Load(); got > 2*n {
+	if got := rt.Load(); got > 2*n {
 		t.Errorf("%d deliveries to a capped target without rate-limit headers: %d Redis round trips, want at most %d", n, got, 2*n)
 	}
 	if hasOwnBudget() {
@@ -285,9 +260,9 @@ func TestCappedTargetTakesTwoRedisRoundTripsPerDelivery(t *testing.T) {
 	if !hasOwnBudget() {
 		t.Fatal("the target's own budget is not shared in Redis after it sent rate-limit headers")
 	}
-	rt.n.Store(0)
+	rt.Take()
 	deliver(n, headers)
-	if got := rt.n.Load(); got > 4*n {
+	if got := rt.Load(); got > 4*n {
 		t.Errorf("%d deliveries to a capped target with rate-limit headers: %d Redis round trips, want at most %d", n, got, 4*n)
 	}
 }

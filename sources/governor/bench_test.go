@@ -31,7 +31,7 @@ func BenchmarkGovernorShared(b *testing.B) {
 	srv := redistest.Start(b)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 32})
 	defer rdb.Close()
-	rt := &benchRoundTrips{}
+	rt := &redistest.RoundTrips{}
 	rdb.AddHook(rt)
 	ctx := context.Background()
 
@@ -44,42 +44,20 @@ func BenchmarkGovernorShared(b *testing.B) {
 			us(pct(redisLat, 50)), us(pct(redisLat, 99)), us(pct(memLat, 50)), us(pct(memLat, 99)),
 			float64(pct(redisLat, 50))/float64(max(pct(memLat, 50), 1)), reserveRT, observeRT)
 		for _, workers := range []int{1, 4, 16} {
-			rt.n.Store(0)
+			rt.Take()
 			r := workersRun(ctx, b, rdb, fmt.Sprintf("bench:%d:w%d:", i, workers), workers)
 			line += fmt.Sprintf(" w%d_quota=%.2f w%d_429=%d w%d_reserve_p50_us=%.0f w%d_reserve_p99_us=%.0f w%d_round_trips_per_request=%.2f",
 				workers, r.quota, workers, r.rateLimited, workers, us(pct(r.reserve, 50)), workers, us(pct(r.reserve, 99)),
-				workers, float64(rt.n.Load())/float64(max(r.requests, 1)))
+				workers, float64(rt.Load())/float64(max(r.requests, 1)))
 		}
 	}
 	fmt.Println(line)
 }
 
-// benchRoundTrips is a go-redis hook that counts the commands a client
-// sends, each a round trip, leaving out the handshake of a new connection.
-type benchRoundTrips struct{ n atomic.Int64 }
-
-func (r *benchRoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *benchRoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name != "hello" && name != "client" {
-			r.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (r *benchRoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
 // reserveLatency times n reservations on one key, each observed before the
 // next so that the budget never binds, and returns the round trips rt
 // counted per Reserve and per Observe.
-func reserveLatency(b *testing.B, s governor.Store, n int, rt *benchRoundTrips) (lat []time.Duration, reserveRT, observeRT float64) {
+func reserveLatency(b *testing.B, s governor.Store, n int, rt *redistest.RoundTrips) (lat []time.Duration, reserveRT, observeRT float64) {
 	b.Helper()
 	ctx := context.Background()
 	p := governor.Policy{Limit: 1 << 30, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
@@ -87,19 +65,19 @@ func reserveLatency(b *testing.B, s governor.Store, n int, rt *benchRoundTrips) 
 	var reserves, observes int64
 	for range n {
 		now := time.Now()
-		before := rt.n.Load()
+		before := rt.Load()
 		start := time.Now()
 		_, ok, err := s.Reserve(ctx, "k", now, p)
 		lat = append(lat, time.Since(start))
 		if err != nil || !ok {
 			b.Fatalf("reserve: %v %v", ok, err)
 		}
-		mid := rt.n.Load()
+		mid := rt.Load()
 		if err := s.Observe(ctx, "k", now, governor.Observation{Status: 200, Granted: now}, p); err != nil {
 			b.Fatal(err)
 		}
 		reserves += mid - before
-		observes += rt.n.Load() - mid
+		observes += rt.Load() - mid
 	}
 	return lat, float64(reserves) / float64(n), float64(observes) / float64(n)
 }

@@ -30,39 +30,13 @@ func newRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 	return srv, rdb
 }
 
-// roundTrips is a go-redis hook that counts the commands a client sends,
-// each a round trip to Redis, leaving out the handshake of a new
-// connection.
-type roundTrips struct{ n atomic.Int64 }
-
-func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name != "hello" && name != "client" {
-			r.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
-// take returns the round trips counted since the last take.
-func (r *roundTrips) take() int64 { return r.n.Swap(0) }
-
 // countedRedis returns a client of srv whose round trips rt counts, as the
 // client of a process of its own.
-func countedRedis(t *testing.T, srv *redistest.Server) (*redis.Client, *roundTrips) {
+func countedRedis(t *testing.T, srv *redistest.Server) (*redis.Client, *redistest.RoundTrips) {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: time.Second})
 	t.Cleanup(func() { rdb.Close() })
-	rt := &roundTrips{}
+	rt := &redistest.RoundTrips{}
 	rdb.AddHook(rt)
 	return rdb, rt
 }
@@ -85,7 +59,7 @@ func TestRedisStoreCallsTakeOneRoundTrip(t *testing.T) {
 	if _, _, err := a.Reserve(ctx, "warm-up", now, pol); err != nil {
 		t.Fatal(err)
 	}
-	rt.take()
+	rt.Take()
 
 	reserve := func(s *RedisStore, at time.Time) {
 		t.Helper()
@@ -102,11 +76,11 @@ func TestRedisStoreCallsTakeOneRoundTrip(t *testing.T) {
 	}
 	headers := Observation{HasBudget: true, Limit: 50, Remaining: 40, Reset: now.Add(time.Minute)}
 	reserve(a, now)
-	if n := rt.take(); n != 1 {
+	if n := rt.Take(); n != 1 {
 		t.Errorf("first reserve on a new key: %d round trips, want 1", n)
 	}
 	observe(a, now, headers)
-	if n := rt.take(); n != 1 {
+	if n := rt.Take(); n != 1 {
 		t.Errorf("observe: %d round trips, want 1", n)
 	}
 	const calls = 20
@@ -115,7 +89,7 @@ func TestRedisStoreCallsTakeOneRoundTrip(t *testing.T) {
 		reserve(a, at)
 		observe(a, at, Observation{})
 	}
-	if n := rt.take(); n != 2*calls {
+	if n := rt.Take(); n != 2*calls {
 		t.Errorf("%d reserves and observes alone on the key: %d round trips, want %d", calls, n, 2*calls)
 	}
 
@@ -124,7 +98,7 @@ func TestRedisStoreCallsTakeOneRoundTrip(t *testing.T) {
 	reserve(b, now.Add(45*time.Second))
 	at := now.Add(46 * time.Second)
 	reserve(a, at)
-	if n := rt.take(); n != 2 {
+	if n := rt.Take(); n != 2 {
 		t.Errorf("reserve after another process wrote: %d round trips, want 2", n)
 	}
 	if st, err := a.Snapshot(ctx, "k", at, pol); err != nil || st.InFlight != 2 || st.Limit != 50 {
@@ -132,7 +106,7 @@ func TestRedisStoreCallsTakeOneRoundTrip(t *testing.T) {
 	}
 	observe(b, now.Add(45*time.Second), Observation{})
 	observe(a, at, Observation{})
-	rt.take()
+	rt.Take()
 
 	// Redis loses the key: the store's state from before (limit 50, a
 	// version) is not written over the new one; the key starts afresh from
@@ -140,10 +114,10 @@ func TestRedisStoreCallsTakeOneRoundTrip(t *testing.T) {
 	if err := rdb.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	rt.take()
+	rt.Take()
 	at = now.Add(50 * time.Second)
 	reserve(a, at)
-	if n := rt.take(); n > 2 {
+	if n := rt.Take(); n > 2 {
 		t.Errorf("reserve after the key was lost: %d round trips, want at most 2", n)
 	}
 	st, err := b.Snapshot(ctx, "k", at, pol)
@@ -173,7 +147,7 @@ func TestRedisStoreNewKeyGrantsOneProbeAmongProcesses(t *testing.T) {
 			if err := rdb.Ping(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
-			rt.take()
+			rt.Take()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -186,7 +160,7 @@ func TestRedisStoreNewKeyGrantsOneProbeAmongProcesses(t *testing.T) {
 				if ok {
 					granted.Add(1)
 				}
-				total.Add(rt.take())
+				total.Add(rt.Take())
 			}()
 		}
 		close(start)
