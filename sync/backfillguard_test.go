@@ -33,16 +33,7 @@ func TestCheckBackfillRefusesWhereEventsWouldBeLost(t *testing.T) {
 
 	// First fill, resumed, finished.
 	check("fresh store", false, crm, false)
-	bctx, cancel := context.WithCancel(ctx)
-	w.engine.OnPage = func(st backstop.RunStats) {
-		if st.Pages == 2 {
-			cancel()
-		}
-	}
-	if _, err := w.engine.Backfill(bctx, r, false); !errors.Is(err, context.Canceled) {
-		t.Fatal(err)
-	}
-	w.engine.OnPage = nil
+	interruptBackfill(t, w, r, nil)
 	check("an unfinished first fill", false, crm, false)
 	check("an unfinished first fill, restarted", true, crm, false)
 	if _, err := w.engine.Backfill(ctx, r, false); err != nil {
@@ -130,16 +121,7 @@ func TestResumingAnEmittingBackfillWithoutEmitIsRefused(t *testing.T) {
 	w := newWorld(t, 60)
 	r := backstop.Contacts
 	crm := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}}
-	bctx, cancel := context.WithCancel(ctx)
-	w.engine.OnPage = func(st backstop.RunStats) {
-		if st.Pages == 2 {
-			cancel()
-		}
-	}
-	if _, _, err := w.engine.BackfillEmit(bctx, r, false, crm); !errors.Is(err, context.Canceled) {
-		t.Fatal(err)
-	}
-	w.engine.OnPage = nil
+	interruptBackfill(t, w, r, crm)
 	err := w.engine.CheckBackfill(ctx, r, false, crm)
 	if !errors.Is(err, bsync.ErrSilentBackfill) || !strings.Contains(err.Error(), "was run with --emit") {
 		t.Fatalf("resuming an emitting backfill without emit: CheckBackfill = %v, want refused saying it was run with --emit", err)
@@ -166,16 +148,7 @@ func TestSyncRefusedWhileASilentFirstFillIsUnfinished(t *testing.T) {
 	r := backstop.Contacts
 	crm := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}}
 	billing := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
-	bctx, cancel := context.WithCancel(ctx)
-	w.engine.OnPage = func(st backstop.RunStats) {
-		if st.Pages == 2 {
-			cancel()
-		}
-	}
-	if _, err := w.engine.Backfill(bctx, r, false); !errors.Is(err, context.Canceled) {
-		t.Fatal(err)
-	}
-	w.engine.OnPage = nil
+	interruptBackfill(t, w, r, nil)
 
 	st, em, err := w.engine.SyncEmit(ctx, r, crm)
 	if !errors.Is(err, bsync.ErrFirstFillUnfinished) || !strings.Contains(err.Error(), "backstop backfill contacts") || !strings.Contains(err.Error(), "crm") {
@@ -210,17 +183,31 @@ func TestSyncRunsBesideAnUnfinishedEmittingBackfill(t *testing.T) {
 	w := newWorld(t, 60)
 	r := backstop.Contacts
 	crm := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}}
-	bctx, cancel := context.WithCancel(ctx)
+	interruptBackfill(t, w, r, crm)
+	if _, em, err := w.engine.SyncEmit(ctx, r, crm); err != nil || em.Emitted != 40 {
+		t.Fatalf("sync beside an emitting backfill: emitted %d, err %v; want the 40 it had not read", em.Emitted, err)
+	}
+}
+
+// interruptBackfill runs a first backfill of r, emitting to routes (none:
+// without emitting), and cancels it after its second page.
+func interruptBackfill(t *testing.T, w *world, r backstop.Resource, routes []backstop.Route) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	w.engine.OnPage = func(st backstop.RunStats) {
 		if st.Pages == 2 {
 			cancel()
 		}
 	}
-	if _, _, err := w.engine.BackfillEmit(bctx, r, false, crm); !errors.Is(err, context.Canceled) {
-		t.Fatal(err)
+	defer func() { w.engine.OnPage = nil }()
+	var err error
+	if routes == nil {
+		_, err = w.engine.Backfill(ctx, r, false)
+	} else {
+		_, _, err = w.engine.BackfillEmit(ctx, r, false, routes)
 	}
-	w.engine.OnPage = nil
-	if _, em, err := w.engine.SyncEmit(ctx, r, crm); err != nil || em.Emitted != 40 {
-		t.Fatalf("sync beside an emitting backfill: emitted %d, err %v; want the 40 it had not read", em.Emitted, err)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted backfill of %s: %v, want cancelled", r, err)
 	}
 }
