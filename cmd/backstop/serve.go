@@ -224,7 +224,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	mux := http.NewServeMux()
 	mux.Handle(cfg.Intake.Path, timeRequests(handler, reg))
 	mux.Handle("/outbox/{target}", intake.NewProxy(a.db, intake.ProxyOptions{
-		Token: cfg.Intake.ProxyToken.Value(), Targets: targetNames, Logger: log.With("component", "proxy"),
+		Tokens: cfg.Intake.AllProxyTokens(), Targets: targetNames, Logger: log.With("component", "proxy"),
 		OnQueued: dispatcher.Wake,
 	}))
 	mux.Handle("/healthz", getOnly(func(w http.ResponseWriter, _ *http.Request) {

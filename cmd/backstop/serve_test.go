@@ -239,13 +239,20 @@ const proxyToken = "proxy-token-for-serve"
 // and waits until it listens.
 func startServe(t *testing.T, env ...string) *serveProc {
 	t.Helper()
+	return startServeIntake(t, "  proxy_token: "+proxyToken+"\n", env...)
+}
+
+// startServeIntake is startServe with intake keys of its own (indented
+// lines) in place of the proxy token.
+func startServeIntake(t *testing.T, intakeKeys string, env ...string) *serveProc {
+	t.Helper()
 	addr := freeAddr(t)
 	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
 	data, err := os.ReadFile(e.config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.writeConfig(strings.Replace(string(data), "intake:\n", "intake:\n  proxy_token: "+proxyToken+"\n", 1))
+	e.writeConfig(strings.Replace(string(data), "intake:\n", "intake:\n"+intakeKeys, 1))
 	p, lines := e.startBinaryEnv(append(append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret), env...), "serve")
 	waitLines(t, lines, "serving", 1, 30*time.Second)
 	go func() {

@@ -33,11 +33,10 @@ type Enqueuer interface {
 // the target's queue; backstop owns the retries from there.
 type Proxy struct {
 	queue Enqueuer
-	token string
-	// tokenSum is the SHA-256 of token: presented tokens are compared
-	// over their hashes, in constant time, so that neither the token's
-	// bytes nor its length leak.
-	tokenSum [sha256.Size]byte
+	// tokenSums are the SHA-256s of the tokens taken: presented tokens
+	// are compared over their hashes, in constant time, so that neither
+	// a token's bytes nor its length leak. None turns the proxy off.
+	tokenSums [][sha256.Size]byte
 	// failed counts wrong tokens per client address.
 	failed  AuthFailures
 	targets map[string]bool
@@ -50,9 +49,12 @@ type Proxy struct {
 
 // ProxyOptions configure a Proxy.
 type ProxyOptions struct {
-	// Token is the bearer token callers must send; empty turns the proxy off
-	// (every request is answered 404).
+	// Token is the bearer token callers must send, and Tokens more that
+	// are taken as well (to rotate the token without downtime: add the new
+	// one, move the callers, drop the old); with none, the proxy is off
+	// (every request is answered 404). Empty ones are left out.
 	Token   string
+	Tokens  []string
 	Targets []string
 	Logger  *slog.Logger
 	Now     func() time.Time
@@ -67,8 +69,13 @@ type ProxyOptions struct {
 
 // NewProxy returns the webhook-proxy endpoint over queue.
 func NewProxy(queue Enqueuer, opts ProxyOptions) *Proxy {
-	p := &Proxy{queue: queue, token: opts.Token, tokenSum: sha256.Sum256([]byte(opts.Token)), targets: map[string]bool{},
+	p := &Proxy{queue: queue, targets: map[string]bool{},
 		logger: opts.Logger, now: opts.Now, wake: opts.OnQueued, bodyTimeout: opts.BodyTimeout}
+	for _, tok := range append([]string{opts.Token}, opts.Tokens...) {
+		if tok != "" {
+			p.tokenSums = append(p.tokenSums, sha256.Sum256([]byte(tok)))
+		}
+	}
 	if p.bodyTimeout <= 0 {
 		p.bodyTimeout = DefaultBodyTimeout
 	}
@@ -93,7 +100,7 @@ func NewProxy(queue Enqueuer, opts ProxyOptions) *Proxy {
 // within AuthFailureWindow is answered 429, with Retry-After, until the
 // window ends, whatever token it sends meanwhile.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if p.token == "" {
+	if len(p.tokenSums) == 0 {
 		WriteError(w, http.StatusNotFound, "proxy_off", "webhook-proxy mode is off: set intake.proxy_token to turn it on")
 		return
 	}
@@ -181,15 +188,19 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, map[string]any{"status": "queued", "id": id, "event_id": eventID})
 }
 
-// tokenOK reports whether an Authorization header value carries the
-// proxy's bearer token, comparing SHA-256 hashes in constant time.
+// tokenOK reports whether an Authorization header value carries one of the
+// proxy's bearer tokens, comparing SHA-256 hashes in constant time.
 func (p *Proxy) tokenOK(authorization string) bool {
 	tok, ok := strings.CutPrefix(authorization, "Bearer ")
 	if !ok {
 		return false
 	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	return subtle.ConstantTimeCompare(sum[:], p.tokenSum[:]) == 1
+	ok = false
+	for _, want := range p.tokenSums { // every one, whichever matches
+		ok = subtle.ConstantTimeCompare(sum[:], want[:]) == 1 || ok
+	}
+	return ok
 }
 
 // invalidUTF8 returns the offset of the first byte of b that does not

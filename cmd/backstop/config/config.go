@@ -103,6 +103,21 @@ type Intake struct {
 	// 512; 1 commits every request on its own.
 	MaxBatch   int    `yaml:"max_batch"`
 	ProxyToken Secret `yaml:"proxy_token"` // bearer token for POST /outbox/{target} (webhook-proxy mode); empty = off
+	// ProxyTokens are more bearer tokens the proxy takes, to rotate
+	// proxy_token without downtime.
+	ProxyTokens []Secret `yaml:"proxy_tokens"`
+}
+
+// AllProxyTokens returns ProxyToken followed by ProxyTokens, leaving out
+// empty ones: the bearer tokens POST /outbox/{target} takes (none: off).
+func (in Intake) AllProxyTokens() []string {
+	var out []string
+	for _, s := range append([]Secret{in.ProxyToken}, in.ProxyTokens...) {
+		if s != "" {
+			out = append(out, s.Value())
+		}
+	}
+	return out
 }
 
 // AllSecrets returns Secret followed by Secrets, leaving out empty ones.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -909,5 +910,16 @@ func TestShortBearerTokensWarned(t *testing.T) {
 	}
 	if w := cfg.Warnings(); len(w) != 1 || !strings.Contains(w[0].Error(), "intake.proxy_token is 5 characters") || strings.Contains(w[0].Error(), "short") {
 		t.Errorf("warnings %v, want one for the proxy token, without its value", w)
+	}
+	// During a rotation: both tokens are taken, each checked.
+	cfg, err = Parse("schedules.yaml", []byte(base+"intake:\n  proxy_token: new-token-0123456789\n  proxy_tokens: [old-token-0123456789, \"${OLD}\", tiny]\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Intake.AllProxyTokens(); !slices.Equal(got, []string{"new-token-0123456789", "old-token-0123456789", "tiny"}) {
+		t.Errorf("AllProxyTokens = %q", got)
+	}
+	if w := cfg.Warnings(); len(w) != 1 || w[0].Error() != "schedules.yaml:6: intake.proxy_tokens[2] is 4 characters: a token served where the platform can reach it should be at least 16 random ones (openssl rand -hex 32 makes one)" {
+		t.Errorf("warnings %v, want one for proxy_tokens[2]", w)
 	}
 }

@@ -155,6 +155,9 @@ func (c *Config) validate(p *problems) {
 		p.add(c.errorf("intake.max_batch", "want 1..10000 webhooks per commit, got %d", in.MaxBatch))
 	}
 	c.shortToken("intake.proxy_token", in.ProxyToken)
+	for i, tok := range in.ProxyTokens {
+		c.shortToken(fmt.Sprintf("intake.proxy_tokens[%d]", i), tok)
+	}
 	c.shortToken("dashboard.token", c.Dashboard.Token)
 
 	names := map[string]string{}
