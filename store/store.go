@@ -279,8 +279,9 @@ func (db *DB) pingWrite(ctx context.Context) error {
 // Path returns the file name the store was opened with.
 func (db *DB) Path() string { return db.path }
 
-// ErrClaimed is returned by Claim when another connection, in this process
-// or another one, holds the claim.
+// ErrClaimed is returned by Claim and ClaimShared when another connection,
+// in this process or another one, holds the claim in a way that excludes
+// theirs.
 var ErrClaimed = errors.New("claimed by another process")
 
 // Claim takes the claim called name on the store at path, for as long as
@@ -315,6 +316,44 @@ func Claim(ctx context.Context, path, name string) (release func() error, err er
 		return nil, fmt.Errorf("claim %s: %w", file, err)
 	}
 	return c.Close, nil
+}
+
+// ClaimShared takes the claim called name on the store at path, as Claim
+// does, but shared: any number of processes hold it at once, none while
+// Claim's holder has it, and Claim fails while any holds it. It waits up
+// to 2 s for another process creating the lock file, then fails with an
+// error wrapping ErrClaimed while the exclusive holder has it.
+func ClaimShared(ctx context.Context, path, name string) (release func() error, err error) {
+	file := path + "." + name + "-lock"
+	c, err := sqlx.Open(driverName, file+"?_pragma=busy_timeout(2000)&_pragma=journal_mode(OFF)")
+	if err != nil {
+		return nil, fmt.Errorf("claim %s: %w", file, err)
+	}
+	c.SetMaxOpenConns(1)
+	c.SetMaxIdleConns(1)
+	c.SetConnMaxLifetime(0)
+	c.SetConnMaxIdleTime(0)
+	// A read transaction kept open holds the file's shared lock, which
+	// Claim's exclusive one cannot be taken beside.
+	var tx *sqlx.Tx
+	if _, err = c.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS claim (at TEXT NOT NULL)`); err == nil {
+		if tx, err = c.BeginTxx(ctx, nil); err == nil {
+			var n int
+			if err = tx.GetContext(ctx, &n, `SELECT count(*) FROM claim`); err != nil {
+				tx.Rollback()
+			}
+		}
+	}
+	if err != nil {
+		c.Close()
+		if isBusy(err) {
+			return nil, fmt.Errorf("claim %s: %w", file, ErrClaimed)
+		}
+		return nil, fmt.Errorf("claim %s: %w", file, err)
+	}
+	return func() error {
+		return errors.Join(tx.Rollback(), c.Close())
+	}, nil
 }
 
 // migration is one embedded schema change, applied once, in version order.

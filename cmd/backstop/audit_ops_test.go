@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	stdsync "sync"
 	"syscall"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/redistest"
 	"github.com/backstop-sync/backstop/sources/sim"
 )
 
@@ -471,5 +474,43 @@ func TestOpsWebhookAnswerLatencyOnMetrics(t *testing.T) {
 		if v := m[`backstop_intake_request_duration_seconds_count{code="`+code+`"}`]; v != 1 {
 			t.Errorf("backstop_intake_request_duration_seconds_count{code=%q} = %v, want 1", code, v)
 		}
+	}
+}
+
+// A serve without governor.redis and serves with it on one store (one node
+// configured differently, by mistake) used to run side by side, the first
+// running every job again beside the Redis leader. Each is now refused
+// while the other kind runs, saying which and what to do; serves with
+// Redis still run together.
+func TestOpsServesWithAndWithoutRedisOnOneStoreAreRefused(t *testing.T) {
+	rds := redistest.Start(t)
+	s := sim.New(sim.Options{Seed: 5, Objects: 10})
+	dir := t.TempDir()
+	dbPath := filepath.Join(dir, "shared.db")
+	withRedis := writeTickConfig(t, dir, newSimServer(t, s), dbPath, rds.URL(), 3*time.Second, time.Hour)
+	data, err := os.ReadFile(withRedis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone := writeFile(t, dir, "alone.yaml", regexp.MustCompile(`(?m)^governor:\n(  .*\n)+`).ReplaceAllString(string(data), ""))
+	env := []string{"BOTIX_API_KEY=" + s.APIKey(), "BOTIX_WEBHOOK_SECRET=" + webhookSecret}
+
+	procs := startServes(t, "redis-serve-", 2, withRedis, s.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret})
+	code, _, stderr := runBinaryFor(t, 30*time.Second, dir, env, "--config", alone, "serve")
+	if code != 1 || !strings.Contains(stderr, "in use by another backstop serve") {
+		t.Fatalf("serve without Redis beside two with it: exit %d, stderr:\n%s\nwant exit 1", code, stderr)
+	}
+	for _, p := range procs {
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		p.wait(45 * time.Second)
+	}
+
+	p := startProc(t, "alone", alone, s.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
+	p.waitCount("msg=serving", 1, 30*time.Second)
+	code, _, stderr = runBinaryFor(t, 30*time.Second, dir, env, "--config", withRedis, "serve")
+	if code != 1 || !strings.Contains(stderr, "in use by a backstop serve without governor.redis") {
+		t.Fatalf("serve with Redis beside one without: exit %d, stderr:\n%s\nwant exit 1", code, stderr)
 	}
 }

@@ -339,9 +339,10 @@ wait:
 	return runErr
 }
 
-// claimStore takes the store's serve claim when governor.redis is not
-// set: without Redis nothing would stop a second serve on the store from
-// running every job again and spending the API budget on its own. It runs
+// claimStore takes the store's serve claim: alone without governor.redis,
+// since nothing would then stop a second serve on the store from running
+// every job again and spending the API budget on its own, and shared with
+// the other serves of the store with it (but not beside one without). It runs
 // before the store is opened, so that a second serve of a newer version
 // is refused before it migrates the store under the first. A
 // configuration that does not load, or a store directory that does not
@@ -349,11 +350,21 @@ wait:
 func (m *Main) claimStore(ctx context.Context, g *globals) (release func() error, err error) {
 	none := func() error { return nil }
 	cfg, err := m.loadConfig(g, false)
-	if err != nil || cfg.Governor.Redis != "" {
+	if err != nil {
 		return none, nil
 	}
 	if fi, err := os.Stat(filepath.Dir(cfg.Store.Path)); err != nil || !fi.IsDir() {
 		return none, nil
+	}
+	if cfg.Governor.Redis != "" {
+		// Serves sharing the work through Redis hold the claim together,
+		// but not beside one that runs every job on its own.
+		release, err = store.ClaimShared(ctx, cfg.Store.Path, "serve")
+		if errors.Is(err, store.ErrClaimed) {
+			return nil, fmt.Errorf("the store %s is in use by a backstop serve without governor.redis, which runs every scheduled job on its own: "+
+				"stop it, or give it governor.redis too, before starting serves that share the work through Redis", cfg.Store.Path)
+		}
+		return release, err
 	}
 	release, err = store.Claim(ctx, cfg.Store.Path, "serve")
 	if errors.Is(err, store.ErrClaimed) {
