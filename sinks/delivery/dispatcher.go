@@ -496,7 +496,9 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 		d.release(ctx, w, w.ahead)
 		w.ahead = claim{}
 	}
-	d.release(ctx, w, unsent)
+	for _, u := range unsent {
+		d.release(ctx, w, u)
+	}
 	if ctx.Err() != nil {
 		return 0
 	}
@@ -602,96 +604,259 @@ func (d *Dispatcher) release(ctx context.Context, w *worker, c claim) {
 
 // deliverAll attempts c's rows in the order claimed, up to w.concurrency
 // at a time, and returns once every attempt it started has its answer
-// (their records may still be committing), with the rows it did not send.
-// Once an answer pauses the target (a 429), no further row is sent until
-// the pause ends, and then the rows the 429s answered are sent again
-// first, in their order, before the rest: a 429 does not cost a row its
-// place in the queue (with concurrency 1 the target gets the rows in queue
-// order). Once an answer disables the target (a 410), none is sent at all
-// and deliverAll reports gone. No row is sent once c's lease has less than
-// w.room left.
-func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent claim, gone bool) {
-	rows := c.rows
-	sendBy := c.lease.Add(-w.room) // the last moment a row of c may be sent
+// (their records may still be committing), with the rows it did not send,
+// by the claim that holds them. Once an answer pauses the target (a 429),
+// no further row is sent until the pause ends, and then the rows the 429s
+// answered are sent again first, in their order, before the rest: a 429
+// does not cost a row its place in the queue (with concurrency 1 the
+// target gets the rows in queue order). Once an answer disables the target
+// (a 410), none is sent at all and deliverAll reports gone. No row is sent
+// once its claim's lease has less than w.room left.
+//
+// With concurrency over 1 and a claim that took every due row (not full),
+// a sender that runs out of rows while others are still in flight does
+// not leave its slot idle until they are answered: it waits for rows to
+// come (Wake, or a retry of the worker's coming due), claims them and
+// sends them beside the requests in flight, so that one slow request
+// holds one slot, not the target.
+func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent []claim, gone bool) {
+	// items are the rows to send, in order, each with the claim (an index
+	// in claims) that leased it: c's, then those of refills.
+	type item struct {
+		row   Row
+		claim int
+	}
+	claims := []claim{c}
+	items := make([]item, len(c.rows))
+	for i, r := range c.rows {
+		items[i] = item{row: r}
+	}
+	sendBy := func(it item) time.Time { return claims[it.claim].lease.Add(-w.room) } // guarded by w.mu
 	w.mu.Lock()
 	w.pauseUntil, w.gone = time.Time{}, false
 	w.stateAt = d.now() // pass has just read it
 	w.mu.Unlock()
-	next := 0      // the next row to send, guarded by w.mu
-	var held []Row // taken but not sent (the lease ran short), guarded by w.mu
-	// again holds the rows a 429 answered, by their place in rows, to be
-	// sent before rows[next:]; guarded by w.mu.
+	next := 0       // the next item to send, guarded by w.mu
+	var held []item // taken but not sent (the lease ran short), guarded by w.mu
+	// again holds the rows a 429 answered, by their place in items, to be
+	// sent before items[next:]; guarded by w.mu.
 	var again []resend
-	// take returns the next row to send and its place in rows, or false
-	// once there is none or the target must not be sent more now.
-	take := func() (int, Row, bool) {
+	// Refills (see above), guarded by w.mu: active counts the senders
+	// running; refilling is set while one of them waits for rows, and idle
+	// tells it when it is the last one left.
+	refill := w.concurrency > 1 && !c.full && len(c.rows) > 0
+	active, refilling := 0, false
+	idle := make(chan struct{}, 1)
+	// stopped reports, under w.mu, whether no row may be sent now.
+	stopped := func(now time.Time) bool {
+		return w.gone || w.stopping > 0 || ctx.Err() != nil || w.pauseUntil.After(now)
+	}
+	// take returns the next row to send, its place in items and its
+	// claim, or false once there is none or the target must not be sent
+	// more now (out reports that the rows ran out, nothing else).
+	take := func() (at int, it item, ok, out bool) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		now := d.now()
-		if (next == len(rows) && len(again) == 0) || w.gone || w.stopping > 0 || ctx.Err() != nil || w.pauseUntil.After(now) || now.After(sendBy) {
-			return 0, Row{}, false
+		if next == len(items) && len(again) == 0 {
+			return 0, item{}, false, !stopped(now)
+		}
+		if stopped(now) {
+			return 0, item{}, false, false
 		}
 		if len(again) > 0 {
 			r := again[0]
+			if now.After(sendBy(items[r.at])) {
+				return 0, item{}, false, false
+			}
 			again = again[1:]
-			return r.at, r.row, true
+			return r.at, item{row: r.row, claim: items[r.at].claim}, true, false
+		}
+		if now.After(sendBy(items[next])) {
+			return 0, item{}, false, false
 		}
 		next++
-		return next - 1, rows[next-1], true
+		return next - 1, items[next-1], true, false
 	}
-	// unsentRows returns the rows not sent, once the records of the 429s
-	// among them are done: releasing a row before its 429's record
-	// commits would leave that record without the lease it checks.
-	unsentRows := func() claim {
+	var senders sync.WaitGroup
+	var send func()
+	// refillRows waits, as the one sender without a row while others
+	// send, for rows to come due, and claims them: it returns true when it
+	// claimed some (and started senders for them, up to w.concurrency),
+	// false when there is nothing to wait for (the others are done, the
+	// target stopped, or ctx ended).
+	refillRows := func() bool {
 		w.mu.Lock()
-		out := slices.Clip(held)
+		if !refill || refilling || active == 1 {
+			w.mu.Unlock()
+			return false
+		}
+		refilling = true
+		w.mu.Unlock()
+		defer func() {
+			w.mu.Lock()
+			refilling = false
+			w.mu.Unlock()
+		}()
+		select {
+		case <-idle: // a token left from before this wait
+		default:
+		}
+		for {
+			w.mu.Lock()
+			due, hasDue := w.dues.next()
+			w.mu.Unlock()
+			wait := d.poll
+			if hasDue {
+				wait = min(wait, max(due.Sub(d.now()), 0))
+			}
+			timer := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return false
+			case <-idle:
+				timer.Stop()
+				return false
+			case <-w.wake:
+				timer.Stop()
+			case <-timer.C:
+			}
+			now := d.now()
+			w.mu.Lock()
+			if stopped(now) || active == 1 {
+				w.mu.Unlock()
+				return false
+			}
+			free := w.concurrency - active + 1
+			w.dues.drop(now) // this claim takes their rows
+			w.mu.Unlock()
+			more, err := d.claim(ctx, w, now, free)
+			if err != nil {
+				if ctx.Err() == nil {
+					w.logger.Error("claim due deliveries", "err", err)
+				}
+				return false
+			}
+			if len(more.rows) == 0 {
+				continue
+			}
+			w.mu.Lock()
+			claims = append(claims, more)
+			for _, r := range more.rows {
+				items = append(items, item{row: r, claim: len(claims) - 1})
+			}
+			extra := min(len(more.rows)-1, w.concurrency-active)
+			active += extra
+			w.mu.Unlock()
+			for range extra {
+				senders.Go(send)
+			}
+			return true
+		}
+	}
+	// send is one sender: it sends one row after another until the rows
+	// run out (and no refill brings more) or an answer stops it.
+	send = func() {
+		defer func() {
+			w.mu.Lock()
+			active--
+			if active == 1 && refilling {
+				select {
+				case idle <- struct{}{}:
+				default:
+				}
+			}
+			w.mu.Unlock()
+		}()
+		for {
+			d.readState(ctx, w)
+			at, it, ok, out := take()
+			if !ok {
+				if out && refillRows() {
+					continue
+				}
+				return
+			}
+			w.mu.Lock()
+			lease, by := claims[it.claim].lease, sendBy(it)
+			w.mu.Unlock()
+			sent, re := d.deliver(ctx, w, it.row, lease, by)
+			w.mu.Lock()
+			switch {
+			case !sent:
+				held = append(held, it)
+			case re != nil:
+				re.at = at
+				i, _ := slices.BinarySearchFunc(again, at, func(r resend, at int) int { return r.at - at })
+				again = slices.Insert(again, i, *re)
+			}
+			w.mu.Unlock()
+		}
+	}
+	// unsentRows returns the rows not sent, by claim, once the records of
+	// the 429s among them are done: releasing a row before its 429's
+	// record commits would leave that record without the lease it checks.
+	unsentRows := func() []claim {
+		w.mu.Lock()
+		byClaim := make([][]Row, len(claims))
+		for _, it := range held {
+			byClaim[it.claim] = append(byClaim[it.claim], it.row)
+		}
 		waits := make([]<-chan struct{}, 0, len(again))
 		for _, r := range again {
-			out = append(out, r.row)
+			k := items[r.at].claim
+			byClaim[k] = append(byClaim[k], r.row)
 			waits = append(waits, r.recorded)
 		}
-		out = append(out, rows[next:]...)
+		for _, it := range items[next:] {
+			byClaim[it.claim] = append(byClaim[it.claim], it.row)
+		}
+		var out []claim
+		for k, rows := range byClaim {
+			if len(rows) > 0 {
+				out = append(out, claim{rows: rows, lease: claims[k].lease})
+			}
+		}
 		w.mu.Unlock()
 		for _, ch := range waits {
 			<-ch
 		}
-		return claim{rows: out, lease: c.lease}
+		return out
 	}
 	for {
 		// Senders, each sending one row after another, until the rows
 		// run out or an answer stops them.
-		var senders sync.WaitGroup
 		w.mu.Lock()
-		senderCount := min(w.concurrency, len(rows)-next+len(again))
+		count := min(w.concurrency, len(items)-next+len(again))
+		if refill && next == 0 {
+			// Every slot gets a sender, the spare ones to take the
+			// rows that come while the claimed ones are sent.
+			count = w.concurrency
+		}
+		active = count
 		w.mu.Unlock()
-		for range senderCount {
-			senders.Go(func() {
-				for {
-					d.readState(ctx, w)
-					at, row, ok := take()
-					if !ok {
-						break
-					}
-					sent, re := d.deliver(ctx, w, row, c.lease, sendBy)
-					w.mu.Lock()
-					switch {
-					case !sent:
-						held = append(held, row)
-					case re != nil:
-						re.at = at
-						i, _ := slices.BinarySearchFunc(again, at, func(r resend, at int) int { return r.at - at })
-						again = slices.Insert(again, i, *re)
-					}
-					w.mu.Unlock()
-				}
-			})
+		for range count {
+			senders.Go(send)
 		}
 		senders.Wait()
 		w.mu.Lock()
-		until, left := w.pauseUntil, len(rows)-next+len(again)
+		until, left := w.pauseUntil, len(items)-next+len(again)
 		gone = w.gone
+		// The earliest moment a row left may still be sent.
+		var last time.Time
+		for _, r := range again {
+			if by := sendBy(items[r.at]); last.IsZero() || by.Before(last) {
+				last = by
+			}
+		}
+		if next < len(items) {
+			if by := sendBy(items[next]); last.IsZero() || by.Before(last) {
+				last = by
+			}
+		}
 		w.mu.Unlock()
-		if gone || left == 0 || ctx.Err() != nil || d.now().After(sendBy) || until.After(sendBy) {
+		if gone || left == 0 || ctx.Err() != nil || d.now().After(last) || until.After(last) {
 			// Done, stopped, out of lease, or paused for longer than the
 			// lease lets the rest be held: it is released, and the next
 			// pass waits for the pause.
