@@ -63,6 +63,14 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	// --log-level and --log-format are checked before any command runs,
+	// also one that logs nothing (cursors, deliveries, version): a bad
+	// value is bad usage (exit 2) everywhere, not only where a logger is
+	// built.
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		_, err := g.newLogger(io.Discard)
+		return err
+	}
 
 	root.AddCommand(
 		m.showsProgress(m.syncCommand(g)),
