@@ -203,6 +203,7 @@ type worker struct {
 	t           Target
 	concurrency int // requests in flight at most
 	client      *http.Client
+	redirects   *http.Client  // Redirect's (newRedirectClient)
 	req         *http.Request // a POST to t.URL, parsed once, for newRequest
 	signer      *signer       // nil when the target has no secret
 	url         string        // t.URL as attempts log it (redacted)
@@ -328,6 +329,7 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 			signer:      sign,
 			concurrency: concurrency,
 			client:      newClient(t, concurrency),
+			redirects:   newRedirectClient(t),
 			url:         backstop.RedactURL(t.URL),
 			lease:       lease,
 			room:        room,
@@ -1124,6 +1126,9 @@ func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Atte
 // once the pacer lets the request go.
 func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string, attempt int, redirect bool, sendBy time.Time) (Attempt, string, error) {
 	t, client := w.t, w.client
+	if redirect {
+		client = w.redirects
+	}
 	shown := w.url
 	if rawURL != t.URL {
 		shown = backstop.RedactURL(rawURL)

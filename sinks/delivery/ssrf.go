@@ -26,6 +26,9 @@ type RefusedError struct {
 	Reason string
 	// Private says allow_private on the target would allow it.
 	Private bool
+	// kind is the range Addr fell in (one of v4Ranges' or v6Ranges'
+	// kinds), for checkRedirectAddr.
+	kind string
 }
 
 // Error reads "refused: <reason>", with a hint when allow_private would
@@ -46,12 +49,18 @@ type addrRange struct {
 	kind   string
 }
 
+// The kinds of address a redirect never goes to (checkRedirectAddr).
+const (
+	kindMetadata  = "a cloud metadata address"
+	kindLinkLocal = "a link-local address"
+)
+
 // v4Ranges and v6Ranges are checked in order; the first match names the
 // kind. IPv4 addresses embedded in IPv6 ones (mapped, NAT64, 6to4) are
 // checked separately against v4Ranges.
 var (
 	v4Ranges = []addrRange{
-		{netip.MustParsePrefix("169.254.169.254/32"), "a cloud metadata address"},
+		{netip.MustParsePrefix("169.254.169.254/32"), kindMetadata},
 		{netip.MustParsePrefix("0.0.0.0/32"), "an unspecified address"},
 		{netip.MustParsePrefix("0.0.0.0/8"), `a "this network" address (0.0.0.0/8)`},
 		{netip.MustParsePrefix("127.0.0.0/8"), "a loopback address"},
@@ -59,7 +68,7 @@ var (
 		{netip.MustParsePrefix("172.16.0.0/12"), "a private address (RFC 1918)"},
 		{netip.MustParsePrefix("192.168.0.0/16"), "a private address (RFC 1918)"},
 		{netip.MustParsePrefix("100.64.0.0/10"), "a carrier-grade NAT address (100.64.0.0/10)"},
-		{netip.MustParsePrefix("169.254.0.0/16"), "a link-local address"},
+		{netip.MustParsePrefix("169.254.0.0/16"), kindLinkLocal},
 		{netip.MustParsePrefix("192.0.0.0/24"), "a reserved address (192.0.0.0/24)"},
 		{netip.MustParsePrefix("198.18.0.0/15"), "a reserved address (198.18.0.0/15)"},
 		{netip.MustParsePrefix("224.0.0.0/4"), "a multicast address"},
@@ -72,7 +81,7 @@ var (
 		{netip.MustParsePrefix("64:ff9b:1::/48"), "a local-use NAT64 address (64:ff9b:1::/48)"},
 		{netip.MustParsePrefix("100::/64"), "a discard-only address (100::/64)"},
 		{netip.MustParsePrefix("fc00::/7"), "a unique local address (fc00::/7)"},
-		{netip.MustParsePrefix("fe80::/10"), "a link-local address"},
+		{netip.MustParsePrefix("fe80::/10"), kindLinkLocal},
 		{netip.MustParsePrefix("fec0::/10"), "a site-local address (fec0::/10, deprecated)"},
 		{netip.MustParsePrefix("ff00::/8"), "a multicast address"},
 	}
@@ -96,7 +105,7 @@ func CheckAddr(ip netip.Addr) error {
 	ip = ip.WithZone("")
 	if ip.Is4() {
 		if kind := v4Kind(ip); kind != "" {
-			return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s", ip, kind), Private: true}
+			return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s", ip, kind), Private: true, kind: kind}
 		}
 		return nil
 	}
@@ -124,7 +133,7 @@ func CheckAddr(ip netip.Addr) error {
 	}
 	for _, r := range v6Ranges {
 		if r.prefix.Contains(ip) {
-			return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s", ip, r.kind), Private: true}
+			return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s", ip, r.kind), Private: true, kind: r.kind}
 		}
 	}
 	return nil
@@ -134,7 +143,7 @@ func CheckAddr(ip netip.Addr) error {
 // address v4 it carries is refused.
 func embedded(ip, v4 netip.Addr, kind string) error {
 	if k := v4Kind(v4); k != "" {
-		return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s of %s, %s", ip, kind, v4, k), Private: true}
+		return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s of %s, %s", ip, kind, v4, k), Private: true, kind: k}
 	}
 	return nil
 }
@@ -274,11 +283,30 @@ func NewClient(t Target) *http.Client {
 // newClient is NewClient for a target sent up to concurrency requests at
 // once: it keeps that many idle connections to the target for reuse.
 func newClient(t Target, concurrency int) *http.Client {
-	t = t.withDefaults()
-	dialer := &net.Dialer{Timeout: t.ConnectTimeout, KeepAlive: 30 * time.Second}
-	if !t.AllowPrivate {
-		dialer.Control = guardDial
+	if t.AllowPrivate {
+		return newGuardedClient(t, concurrency, nil)
 	}
+	return newGuardedClient(t, concurrency, guardDial)
+}
+
+// newRedirectClient is the client of t's redirects (Dispatcher.Redirect):
+// NewClient's, except that with t.AllowPrivate it still never dials a
+// link-local or cloud metadata address (checkRedirectAddr). A redirect
+// goes wherever the person at the CLI or the dashboard says; a target's
+// allow_private is meant for the target's own private address, not to let
+// the dashboard read the cloud's instance metadata.
+func newRedirectClient(t Target) *http.Client {
+	if t.AllowPrivate {
+		return newGuardedClient(t, 1, guardRedirectDial)
+	}
+	return newGuardedClient(t, 1, guardDial)
+}
+
+// newGuardedClient is newClient with control as its dialer's Control (nil:
+// none).
+func newGuardedClient(t Target, concurrency int, control func(network, address string, c syscall.RawConn) error) *http.Client {
+	t = t.withDefaults()
+	dialer := &net.Dialer{Timeout: t.ConnectTimeout, KeepAlive: 30 * time.Second, Control: control}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil
 	tr.DialContext = dialer.DialContext
@@ -301,4 +329,27 @@ func guardDial(_, address string, _ syscall.RawConn) error {
 		return &RefusedError{Reason: fmt.Sprintf("cannot read the dialled address %q", address)}
 	}
 	return CheckAddr(ap.Addr())
+}
+
+// guardRedirectDial is the net.Dialer Control of the redirect client of a
+// target with allow_private (see newRedirectClient).
+func guardRedirectDial(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return &RefusedError{Reason: fmt.Sprintf("cannot read the dialled address %q", address)}
+	}
+	return checkRedirectAddr(ap.Addr())
+}
+
+// checkRedirectAddr refuses, allow_private or not, a link-local address,
+// where cloud instance metadata lives (169.254.169.254, fe80::/10), in any
+// of the forms CheckAddr reads, IPv4 addresses carried in IPv6 ones
+// included.
+func checkRedirectAddr(ip netip.Addr) error {
+	var re *RefusedError
+	if errors.As(CheckAddr(ip), &re) && (re.kind == kindMetadata || re.kind == kindLinkLocal) {
+		return &RefusedError{Addr: re.Addr, kind: re.kind,
+			Reason: re.Reason + ": a redirect never goes there, whatever the target's allow_private"}
+	}
+	return nil
 }

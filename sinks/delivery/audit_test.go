@@ -1,8 +1,11 @@
 package delivery
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,5 +48,33 @@ func TestConcurrencyHoldsForRowsThatComeOneAtATime(t *testing.T) {
 	}
 	if m := most.Load(); m > n {
 		t.Errorf("%d requests were in flight at once, want at most %d", m, n)
+	}
+}
+
+// A target's allow_private lets its own private address be reached, and
+// a redirect of its deliveries go to private addresses too, such as an
+// inspector on the same network; but never to a link-local address, where
+// the cloud's instance metadata (and its credentials) are served to
+// whoever asks: the dashboard must not become a way to read them.
+func TestRedirectNeverGoesToMetadataWithAllowPrivate(t *testing.T) {
+	t.Parallel()
+	inspector := newRecorder(t, status(http.StatusOK))
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	d, err := New(q, []Target{{Name: "crm", URL: "http://10.1.2.3/hook", AllowPrivate: true, Timeout: 3 * time.Second, ConnectTimeout: 2 * time.Second}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := q.row(t, id)
+	for _, u := range []string{"http://169.254.169.254/latest/meta-data/iam/", "http://169.254.1.1/", "http://[fe80::1]/",
+		"http://[::ffff:169.254.169.254]/", "http://[64:ff9b::a9fe:a9fe]/"} {
+		a, err := d.Redirect(context.Background(), row, u)
+		if !errors.Is(err, ErrRefused) || !strings.Contains(a.Error, "a redirect never goes there") {
+			t.Errorf("Redirect to %s from an allow_private target: %v (attempt error %q), want refused", u, err, a.Error)
+		}
+	}
+	// A private address (here the loopback inspector) is still reached.
+	if a, err := d.Redirect(context.Background(), row, inspector.srv.URL+"/inspect"); err != nil || a.StatusCode != 200 {
+		t.Errorf("Redirect to a loopback inspector from an allow_private target: %v %+v", err, a)
 	}
 }
