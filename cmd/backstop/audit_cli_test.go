@@ -66,7 +66,8 @@ func TestZeroSizedTerminalShowsTheLogLines(t *testing.T) {
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // TestReadOnlyCommandsRefuseAStorePathWithNoDatabase: cursors, jobs and
-// deliveries list, show and targets with a mistyped store.path used to
+// deliveries list, show and targets (and cursors reset, deliveries retry,
+// redirect and purge) with a mistyped store.path used to
 // create an empty database there and answer from it ("no cursors saved
 // yet"). They now exit 2 naming the file, line and key, and create
 // nothing; with the database there they work as before.
@@ -79,7 +80,11 @@ func TestReadOnlyCommandsRefuseAStorePathWithNoDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	db := filepath.Join(dir, "mirorr.db")
-	commands := [][]string{{"cursors"}, {"cursors", "--json"}, {"jobs"}, {"deliveries", "list"}, {"deliveries", "show", "1"}, {"deliveries", "targets"}}
+	commands := [][]string{{"cursors"}, {"cursors", "--json"}, {"jobs"}, {"deliveries", "list"}, {"deliveries", "show", "1"}, {"deliveries", "targets"},
+		// They change only what is already there: with no database they
+		// would report success on an empty one.
+		{"cursors", "reset", "contacts"}, {"deliveries", "retry", "1"}, {"deliveries", "redirect", "1", "https://inspector.example.com/x"},
+		{"deliveries", "purge", "--dead", "--before", "2026-01-01"}}
 	for _, args := range commands {
 		code, stdout, stderr := runBinaryFor(t, 30*time.Second, dir, nil, args...)
 		want := "backstop: ./schedules.yaml:5: store.path: no database at mirorr.db: run backstop sync or serve first, or check store.path"

@@ -121,7 +121,7 @@ func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
 	// No default window: the rows kept longest are those still queued (a
 	// disabled target's) and the dead letters, which a window would hide;
 	// delivered rows are pruned after 14 days anyway.
-	fl.StringVar(&since, "since", "", "only deliveries created since: a duration back (14d, 2h) or an RFC 3339 time (default: every one kept)")
+	fl.StringVar(&since, "since", "", "only deliveries created since: a duration back (14d, 2h), an RFC 3339 time or a date (default: every one kept)")
 	fl.IntVar(&f.Limit, "limit", 100, "at most this many rows")
 	fl.BoolVar(&asJSON, "json", false, "print as JSON")
 	return cmd
@@ -293,7 +293,7 @@ func (m *Main) deliveriesPurgeCommand(g *globals) *cobra.Command {
 		Use:   "purge (--dead --before D | --target T)",
 		Short: "Delete old dead letters, or every delivery of a target removed from the configuration",
 		Long: `purge --dead --before D deletes the dead letters last changed before D (a
-duration back such as 30d, or an RFC 3339 time), with their attempts; dead
+duration back such as 30d, an RFC 3339 time or a date), with their attempts; dead
 letters are otherwise kept until retried.
 
 purge --target T deletes every delivery of T, whatever its status (pending,
@@ -311,11 +311,11 @@ deliveries are still sent; retry or purge --dead its dead letters instead.`,
 				return m.purgeTarget(cmd.Context(), g, target)
 			}
 			if !dead || before == "" {
-				return usagef("purge needs --dead and --before (a duration back such as 30d, or an RFC 3339 time), or --target T for a target removed from the configuration")
+				return usagef("purge needs --dead and --before (a duration back such as 30d, an RFC 3339 time or a date), or --target T for a target removed from the configuration")
 			}
 			t, err := parseSince(before, time.Now())
 			if err != nil {
-				return usagef("--before %q: want a duration back such as 30d or 12h, or an RFC 3339 time", before)
+				return usagef("--before %q: want a duration back such as 30d or 12h, an RFC 3339 time or a date (2026-01-31)", before)
 			}
 			db, _, err := m.openStore(cmd.Context(), g)
 			if err != nil {
@@ -331,7 +331,7 @@ deliveries are still sent; retry or purge --dead its dead letters instead.`,
 		},
 	}
 	cmd.Flags().BoolVar(&dead, "dead", false, "purge dead letters")
-	cmd.Flags().StringVar(&before, "before", "", "only those last changed before this (30d, or an RFC 3339 time)")
+	cmd.Flags().StringVar(&before, "before", "", "only those last changed before this (30d, an RFC 3339 time or a date)")
 	cmd.Flags().StringVar(&target, "target", "", "delete every delivery of this target, which must not be in the configuration")
 	return cmd
 }

@@ -33,7 +33,7 @@ It reads one page at a time and never moves a cursor.
 Reconciliation restores the latest state, not history: if an object changed
 twice between runs, only its current version is re-emitted.
 
-The window is --since (a duration such as 2h, or an RFC 3339 time), or --full
+The window is --since (a duration such as 2h, an RFC 3339 time or a date), or --full
 for the whole feed (which also counts orphans: mirror objects the platform no
 longer returns), or by default the start of the last successful reconcile of
 that resource minus 10m, or the last 24h on a first run. A run whose --since
@@ -83,16 +83,20 @@ progress line per resource every 5 seconds and a line when each ends.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&since, "since", "", "start of the window: a duration back from now (2h, 3d) or an RFC 3339 time")
+	f.StringVar(&since, "since", "", "start of the window: a duration back from now (2h, 3d), an RFC 3339 time or a date (UTC)")
 	f.BoolVar(&full, "full", false, "compare the whole feed and count orphans")
 	f.BoolVar(&dry, "dry-run", false, "compare and report, emit nothing")
 	f.BoolVar(&asJ, "json", false, "print the report as JSON")
 	return cmd
 }
 
-// parseSince reads --since: a duration back from now or an RFC 3339 time.
+// parseSince reads --since: a duration back from now, an RFC 3339 time,
+// or a date (its start, UTC).
 func parseSince(s string, now time.Time) (time.Time, error) {
 	if t, err := backstop.ParseTime(s); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
 		return t, nil
 	}
 	if d, err := time.ParseDuration(s); err == nil && d > 0 {
@@ -102,7 +106,7 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 	if n, err := fmt.Sscanf(s, "%dd", &days); err == nil && n == 1 && days > 0 && fmt.Sprintf("%dd", days) == s {
 		return now.AddDate(0, 0, -days), nil
 	}
-	return time.Time{}, fmt.Errorf("--since %q: want a duration such as 2h or 3d, or an RFC 3339 time", s)
+	return time.Time{}, fmt.Errorf("--since %q: want a duration such as 2h or 3d, an RFC 3339 time or a date (2026-01-31)", s)
 }
 
 // orphanCount is r's orphan count, or nil when r did not count them:

@@ -75,12 +75,12 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 	root.AddCommand(
 		m.showsProgress(m.syncCommand(g)),
 		m.showsProgress(m.backfillCommand(g)),
-		readsStore(g, m.cursorsCommand(g)),
+		readsStore(g, readsStore(g, m.cursorsCommand(g)), "reset"),
 		m.showsProgress(m.reconcileCommand(g)),
 		m.showsProgress(m.runCommand(g)),
 		readsStore(g, m.jobsCommand(g)),
 		m.demoCommand(g),
-		readsStore(g, m.deliveriesCommand(g), "list", "show", "targets"),
+		readsStore(g, m.deliveriesCommand(g), "list", "show", "targets", "retry", "redirect", "purge"),
 		m.serveCommand(g),
 		m.simCommand(g),
 		m.versionCommand(),
@@ -89,10 +89,11 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 }
 
 // readsStore marks cmd, or with names its subcommands of those names (not
-// theirs), as commands that only read the store: a store.path where no
+// theirs), as commands that only read the store or change what is already
+// in it (a cursor reset, a delivery retried): a store.path where no
 // database exists, a mistyped one most likely, is refused (openStore)
 // instead of answered from an empty database created there. Commands that
-// write keep creating it.
+// fill the store (sync, backfill, serve) keep creating it.
 func readsStore(g *globals, cmd *cobra.Command, names ...string) *cobra.Command {
 	mark := func(c *cobra.Command) {
 		beforeRun(c, func(*cobra.Command, []string) error {

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// A target's answer is shown by `deliveries show` and `deliveries list`:
+// its bytes must not reach the terminal as escape sequences.
+func TestOneLineShowsControlCharactersEscaped(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"ok", 10, "ok"},
+		{"line one\r\nline\ttwo", 40, "line one  line two"},
+		{"\x1b[2J\x1b]0;owned\x07red", 40, `\x1b[2J\x1b]0;owned\ared`},
+		{"bad \xff byte", 40, "bad \ufffd byte"},
+		{"héllo wörld", 5, "héllo…"},
+		{"\x00\x00", 1, `\x00…`},
+	} {
+		if got := oneLine(tc.in, tc.n); got != tc.want {
+			t.Errorf("oneLine(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+		}
+	}
+}
+
+// --since and --before take a date too (its start, UTC), as people write
+// one: "purge --dead --before 2026-01-01".
+func TestParseSinceTakesADate(t *testing.T) {
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	for in, want := range map[string]time.Time{
+		"2026-01-01":           time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		"2026-01-01T10:00:00Z": time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC),
+		"3d":                   now.AddDate(0, 0, -3),
+		"2h":                   now.Add(-2 * time.Hour),
+	} {
+		if got, err := parseSince(in, now); err != nil || !got.Equal(want) {
+			t.Errorf("parseSince(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"2026-13-01", "yesterday", "-3d", "0h"} {
+		if _, err := parseSince(in, now); err == nil || !strings.Contains(err.Error(), "a date (2026-01-31)") {
+			t.Errorf("parseSince(%q): %v, want refused naming the forms", in, err)
+		}
+	}
+}
