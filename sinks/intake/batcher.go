@@ -53,7 +53,8 @@ func NewBatcher(log backstop.EventLog, opts BatcherOptions) *Batcher {
 				backstop.QueuedTargets(events, results, routes, opts.OnQueued)
 			}
 		case len(events) == 1:
-			logger.Error("commit failed", "event_id", events[0].ID, "error", err)
+			// The caller logs it (Handler, at most once a second): a
+			// line here too would be a second one per request.
 		default:
 			logger.Warn("batch commit failed; committing its events one by one", "size", len(events), "error", err)
 		}

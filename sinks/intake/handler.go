@@ -29,11 +29,15 @@ type Handler struct {
 	bodyTimeout time.Duration
 	draining    atomic.Bool
 	sigWarns    warnLimiter
+	// storeWarns limits the lines logged for events the store refused:
+	// while it fails, every request would otherwise write one.
+	storeWarns warnLimiter
 }
 
-// sigWarnEvery is how often, at most, a refused signature is logged: anyone
-// can send requests that fail, and each would otherwise write a line. The
-// next line logged says how many were not; every one is counted in
+// sigWarnEvery is how often, at most, a refused signature, a wrong proxy
+// token or an event the store refused is logged: anyone can send requests
+// that fail, and each would otherwise write a line. The next line logged
+// says how many were not; every refused signature is counted in
 // backstop_intake_signature_failures_total.
 const sigWarnEvery = time.Second
 
@@ -186,7 +190,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 			return // the sender went away; it will retry, dedup decides
 		}
-		h.logger.Error("webhook not committed", "event_id", ev.ID, "error", err)
+		if ok, held := h.storeWarns.allow(h.now()); ok {
+			h.logger.Error("webhook not committed", "event_id", ev.ID, "error", err, "not_logged_since_last", held)
+		}
 		w.Header().Set("Retry-After", "5")
 		h.refuse(w, refuseStore, "the event could not be stored; retry later")
 		return

@@ -428,3 +428,54 @@ func TestBadSignaturesAreLoggedAtMostOnceASecond(t *testing.T) {
 		t.Error("a forged event was stored")
 	}
 }
+
+// While the store refuses commits, every webhook fails: the failures are
+// logged at most once a second, in one line per request at most (not one
+// from the handler and another from the writer), the next line saying how
+// many were not logged.
+func TestStoreFailuresAreLoggedAtMostOnceASecond(t *testing.T) {
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	var mu stdsync.Mutex
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "intake.db"), store.Options{Synchronous: "FULL"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := intake.NewVerifier("botix", intake.SchemeOptions{Secrets: []string{secret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	w := intake.NewBatcher(db, intake.BatcherOptions{Routes: routes, Logger: logger})
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(context.Background()) }()
+	t.Cleanup(func() { w.Close(context.Background()); <-done })
+	srv := httptest.NewServer(intake.NewHandler(v, w, intake.HandlerOptions{Now: clock, Logger: logger}))
+	t.Cleanup(srv.Close)
+	e := &intakeEnv{t: t, db: db, srv: srv, writer: w}
+	db.Close() // every commit fails from here on
+
+	for i := range 20 {
+		body := paymentEvent(fmt.Sprintf("evt_%d", i), "pay_1", "2026-03-01T10:00:00Z", "succeeded")
+		if code, _ := e.post(body, nil); code != http.StatusServiceUnavailable {
+			t.Fatalf("request %d with the store closed: %d, want 503", i+1, code)
+		}
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
+		t.Fatalf("%d error lines for 20 failed commits within a second, want 1:\n%s", n, logs.String())
+	}
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	e.post(paymentEvent("evt_last", "pay_1", "2026-03-01T10:00:00Z", "succeeded"), nil)
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[1], "not_logged_since_last=19") {
+		t.Errorf("a second later: %d lines, want 2, the last saying 19 were not logged:\n%s", len(lines), logs.String())
+	}
+}

@@ -38,11 +38,13 @@ type Proxy struct {
 	// a token's bytes nor its length leak. None turns the proxy off.
 	tokenSums [][sha256.Size]byte
 	// failed counts wrong tokens per client address.
-	failed  AuthFailures
-	targets map[string]bool
-	logger  *slog.Logger
-	now     func() time.Time
-	wake    func(target string)
+	failed AuthFailures
+	// tokenWarns limits the lines logged for wrong tokens.
+	tokenWarns warnLimiter
+	targets    map[string]bool
+	logger     *slog.Logger
+	now        func() time.Time
+	wake       func(target string)
 	// bodyTimeout is how long a body may take to arrive (BodyTimeout).
 	bodyTimeout time.Duration
 }
@@ -118,8 +120,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !p.tokenOK(r.Header.Get("Authorization")) {
-		p.logger.Warn("proxy: missing or wrong bearer token", "remote", r.RemoteAddr)
-		p.failed.Fail(addr, p.now())
+		now := p.now()
+		if ok, held := p.tokenWarns.allow(now); ok {
+			p.logger.Warn("proxy: missing or wrong bearer token", "remote", r.RemoteAddr, "not_logged_since_last", held)
+		}
+		p.failed.Fail(addr, now)
 		WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
 		return
 	}

@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	stdsync "sync"
 	"testing"
 	"time"
 
@@ -241,5 +243,61 @@ func TestProxySlowBodyGets408(t *testing.T) {
 	sendSlowly(t, srv.URL, fmt.Sprintf("POST /outbox/discord HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer proxy-token\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body)), body, true)
 	if rows, err := db.OutboxRows(context.Background(), "discord"); err != nil || len(rows) != 0 {
 		t.Errorf("queued from a body that never arrived: %v %+v", err, rows)
+	}
+}
+
+// Each wrong bearer token used to write a warning: the lines are now at
+// most one a second, the next one saying how many were not logged.
+func TestProxyWrongTokensAreLoggedAtMostOnceASecond(t *testing.T) {
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "proxy.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	var logs syncBuffer
+	var mu stdsync.Mutex
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/outbox/{target}", intake.NewProxy(db, intake.ProxyOptions{Token: "proxy-token", Targets: []string{"crm"},
+		Now: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	post := func() int {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/outbox/crm", strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer guessed")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	for i := range intake.MaxAuthFailures {
+		if code := post(); code != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d: %d, want 401", i+1, code)
+		}
+	}
+	if n := strings.Count(logs.String(), "wrong bearer token"); n != 1 {
+		t.Fatalf("%d warnings for %d wrong tokens within a second, want 1:\n%s", n, intake.MaxAuthFailures, logs.String())
+	}
+	mu.Lock()
+	now = now.Add(intake.AuthFailureWindow)
+	mu.Unlock()
+	if code := post(); code != http.StatusUnauthorized {
+		t.Fatalf("wrong token after the window: %d, want 401", code)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	want := fmt.Sprintf("not_logged_since_last=%d", intake.MaxAuthFailures-1)
+	if len(lines) != 2 || !strings.Contains(lines[1], want) {
+		t.Errorf("after the window: %d lines, want 2, the last saying %s:\n%s", len(lines), want, logs.String())
 	}
 }
