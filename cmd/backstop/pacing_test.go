@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/backstop-sync/backstop/cmd/backstop/config"
 	"github.com/backstop-sync/backstop/internal/redistest"
 	"github.com/backstop-sync/backstop/sinks/delivery"
