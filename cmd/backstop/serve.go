@@ -83,6 +83,8 @@ Also served: GET /healthz (200 while the process is up), GET /readyz (503
 while draining, when the store cannot be reached, or after a webhook commit
 failed, such as on a full disk, until a test write commits again), GET
 /metrics (Prometheus) and, with dashboard.token set, the dashboard under /ui.
+With admin.listen set, /ui and /metrics are served on that address instead
+(the probes on both), away from the address the platform reaches.
 
 Without governor.redis only one serve may run on a store: a second one exits
 1 saying so. With it, several share the work (one runs the jobs).
@@ -183,13 +185,26 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	if err != nil {
 		return usagef("intake.listen %s: %v", cfg.Intake.Listen, err)
 	}
+	var adminLn net.Listener
+	if cfg.Admin.Listen != "" {
+		if adminLn, err = net.Listen("tcp", cfg.Admin.Listen); err != nil {
+			ln.Close()
+			return usagef("admin.listen %s: %v", cfg.Admin.Listen, err)
+		}
+	}
+	closeListeners := func() {
+		ln.Close()
+		if adminLn != nil {
+			adminLn.Close()
+		}
+	}
 	queue := newDeliveryQueue(a.db)
 	dispatcher, err := delivery.New(queue, deliveryTargets(cfg), delivery.Options{
 		Logger: log, Registerer: reg, // the dispatcher names its component itself
 		Pacers: a.deliveryPacers(ctx, log.With("component", "target-governor")),
 	})
 	if err != nil {
-		ln.Close()
+		closeListeners()
 		return usagef("targets: %v", err)
 	}
 	// Each commit that queues rows wakes their targets' workers, so a
@@ -206,7 +221,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	handler := stack.handler
 	dash, err := startUI(ctx, uiDeps{a: a, sched: sched, dispatcher: dispatcher, intake: stack.metrics, meter: meter})
 	if err != nil {
-		ln.Close()
+		closeListeners()
 		stack.stop(ctx)
 		return err
 	}
@@ -221,16 +236,22 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		targetNames[i] = t.Name
 	}
 
-	mux := http.NewServeMux()
+	// With admin.listen, /ui and /metrics move to the admin address and
+	// are no longer answered where the platform's webhooks come in; the
+	// probes are answered on both.
+	mux, admin := http.NewServeMux(), http.NewServeMux()
+	if adminLn == nil {
+		admin = mux
+	}
 	mux.Handle(cfg.Intake.Path, timeRequests(handler, reg))
 	mux.Handle("/outbox/{target}", intake.NewProxy(a.db, intake.ProxyOptions{
 		Tokens: cfg.Intake.AllProxyTokens(), Targets: targetNames, Logger: log.With("component", "proxy"),
 		OnQueued: dispatcher.Wake,
 	}))
-	mux.Handle("/healthz", getOnly(func(w http.ResponseWriter, _ *http.Request) {
+	healthz := getOnly(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSONStatus(w, http.StatusOK, "ok")
-	}))
-	mux.Handle("/readyz", getOnly(func(w http.ResponseWriter, r *http.Request) {
+	})
+	readyz := getOnly(func(w http.ResponseWriter, r *http.Request) {
 		if err := a.db.Ping(r.Context()); err != nil {
 			intake.WriteError(w, http.StatusServiceUnavailable, "store_unavailable", "the store cannot be reached: "+err.Error())
 			return
@@ -248,37 +269,67 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 			stack.metrics.CommitRecovered(failed)
 		}
 		writeJSONStatus(w, http.StatusOK, "ready")
-	}))
-	mux.Handle("/ui", dash.handler)
-	mux.Handle("/ui/", dash.handler)
-	mux.Handle("/metrics", getOnly(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}).ServeHTTP))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		intake.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s (webhooks go to POST %s)", r.Method, r.URL.Path, cfg.Intake.Path))
 	})
+	mux.Handle("/healthz", healthz)
+	mux.Handle("/readyz", readyz)
+	admin.Handle("/healthz", healthz)
+	admin.Handle("/readyz", readyz)
+	admin.Handle("/ui", dash.handler)
+	admin.Handle("/ui/", dash.handler)
+	admin.Handle("/metrics", getOnly(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}).ServeHTTP))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		hint := ""
+		if adminLn != nil && (r.URL.Path == "/metrics" || r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/")) {
+			hint = "; /ui and /metrics are on admin.listen"
+		}
+		intake.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s (webhooks go to POST %s%s)", r.Method, r.URL.Path, cfg.Intake.Path, hint))
+	})
+	if adminLn != nil {
+		admin.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+			intake.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s (this is the admin address: /ui, /metrics, /healthz, /readyz; webhooks go to intake.listen)", r.Method, r.URL.Path))
+		})
+	}
 
 	conns := newOpenConns()
-	srv := &http.Server{
-		// While draining, the intake answers its own 503s (counted in
-		// its metrics) and /healthz stays 200; the gate answers the rest.
-		Handler: drainGate(mux, handler.Draining, "/healthz", cfg.Intake.Path),
-		// The intake's body deadline (intake.DefaultBodyTimeout, 10 s) is
-		// well within WriteTimeout, so a body that does not arrive in
-		// time still gets its 408.
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       90 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		ConnState:         conns.track,
-		ErrorLog:          slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelWarn),
+	newServer := func(h http.Handler, conns *openConns) *http.Server {
+		return &http.Server{
+			// While draining, the intake answers its own 503s (counted
+			// in its metrics) and /healthz stays 200; the gate answers
+			// the rest.
+			Handler: drainGate(h, handler.Draining, "/healthz", cfg.Intake.Path),
+			// The intake's body deadline (intake.DefaultBodyTimeout,
+			// 10 s) is well within WriteTimeout, so a body that does not
+			// arrive in time still gets its 408.
+			ReadHeaderTimeout: 5 * time.Second,
+			ReadTimeout:       30 * time.Second,
+			WriteTimeout:      30 * time.Second,
+			IdleTimeout:       90 * time.Second,
+			MaxHeaderBytes:    64 << 10,
+			ConnState:         conns.track,
+			ErrorLog:          slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelWarn),
+		}
 	}
-	serveErr := make(chan error, 1)
+	srv := newServer(mux, conns)
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
+	var adminSrv *http.Server
+	adminConns := newOpenConns()
+	if adminLn != nil {
+		adminSrv = newServer(admin, adminConns)
+		go func() { serveErr <- adminSrv.Serve(adminLn) }()
+	}
 	sched.Start()
-	log.Info("serving", "addr", "http://"+ln.Addr().String(), "version", servedVersion(), "webhooks", "POST "+cfg.Intake.Path,
+	attrs := []any{"addr", "http://" + ln.Addr().String(), "version", servedVersion(), "webhooks", "POST " + cfg.Intake.Path,
 		"scheme", cfg.Intake.Scheme, "targets", len(routes), "synchronous", cfg.Intake.Synchronous,
-		"jobs", len(cfg.Jobs))
+		"jobs", len(cfg.Jobs)}
+	if adminLn != nil {
+		attrs = append(attrs, "admin", "http://"+adminLn.Addr().String())
+	}
+	log.Info("serving", attrs...)
 	fmt.Fprintf(m.Stdout, "listening on http://%s\n", ln.Addr())
+	if adminLn != nil {
+		fmt.Fprintf(m.Stdout, "admin (/ui, /metrics) on http://%s\n", adminLn.Addr())
+	}
 
 	var runErr error
 wait:
@@ -289,11 +340,14 @@ wait:
 				", stop it (SIGTERM) and start it again", "config", g.configPath)
 		case <-ctx.Done():
 			log.Info("shutting down: draining requests and commits in flight")
-			// No new connection: the listener closes, and Serve returns
+			// No new connection: the listeners close, and Serve returns
 			// (its error is that one) once it has handed over every
 			// connection it accepted.
-			ln.Close()
+			closeListeners()
 			<-serveErr
+			if adminLn != nil {
+				<-serveErr
+			}
 			break wait
 		case err := <-serveErr:
 			runErr = fmt.Errorf("serve: %w", err)
@@ -312,6 +366,12 @@ wait:
 	}
 	select {
 	case <-conns.allClosed():
+		if adminLn != nil {
+			select {
+			case <-adminConns.allClosed():
+			case <-drainEnd.C:
+			}
+		}
 	case <-drainEnd.C:
 	}
 	// Shutdown closes the connections that stayed idle, and waits for
@@ -320,6 +380,11 @@ wait:
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		runErr = errors.Join(runErr, fmt.Errorf("shutdown: %w", err))
+	}
+	if adminSrv != nil {
+		if err := adminSrv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			runErr = errors.Join(runErr, fmt.Errorf("shutdown admin: %w", err))
+		}
 	}
 	if err := dash.Close(sctx); err != nil {
 		runErr = errors.Join(runErr, err)

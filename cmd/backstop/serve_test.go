@@ -246,13 +246,22 @@ func startServe(t *testing.T, env ...string) *serveProc {
 // lines) in place of the proxy token.
 func startServeIntake(t *testing.T, intakeKeys string, env ...string) *serveProc {
 	t.Helper()
+	return startServeEdited(t, func(cfg string) string {
+		return strings.Replace(cfg, "intake:\n", "intake:\n"+intakeKeys, 1)
+	}, env...)
+}
+
+// startServeEdited is startServe with its configuration file as edit
+// makes it, in place of the proxy token.
+func startServeEdited(t *testing.T, edit func(string) string, env ...string) *serveProc {
+	t.Helper()
 	addr := freeAddr(t)
 	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
 	data, err := os.ReadFile(e.config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.writeConfig(strings.Replace(string(data), "intake:\n", "intake:\n"+intakeKeys, 1))
+	e.writeConfig(edit(string(data)))
 	p, lines := e.startBinaryEnv(append(append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret), env...), "serve")
 	waitLines(t, lines, "serving", 1, 30*time.Second)
 	go func() {

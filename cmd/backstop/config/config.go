@@ -36,6 +36,7 @@ type Config struct {
 	Targets   []Target  `yaml:"targets"`
 	Jobs      []Job     `yaml:"jobs"`
 	Dashboard Dashboard `yaml:"dashboard"`
+	Admin     Admin     `yaml:"admin"`
 
 	// meta remembers where values came from, for the errors of Validate.
 	// A pointer, so that fmt prints an address rather than its maps.
@@ -186,6 +187,15 @@ type Job struct {
 // Dashboard configures the web dashboard.
 type Dashboard struct {
 	Token Secret `yaml:"token"` // bearer token for /ui
+}
+
+// Admin configures serve's admin address.
+type Admin struct {
+	// Listen, when set (host:port), is where serve answers /ui, /metrics,
+	// /healthz and /readyz, and then /ui and /metrics are no longer
+	// answered on intake.listen, which the platform must reach. Empty
+	// (the default) serves everything on intake.listen.
+	Listen string `yaml:"listen"`
 }
 
 // Default returns a configuration holding every default. It does not pass

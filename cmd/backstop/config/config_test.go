@@ -923,3 +923,19 @@ func TestShortBearerTokensWarned(t *testing.T) {
 		t.Errorf("warnings %v, want one for proxy_tokens[2]", w)
 	}
 }
+
+// admin.listen must be an address of its own.
+func TestAdminListen(t *testing.T) {
+	for yaml, want := range map[string]string{
+		"admin:\n  listen: 9090\n": `schedules.yaml:5: admin.listen: want host:port, got "9090"`,
+		"intake:\n  listen: 127.0.0.1:8080\nadmin:\n  listen: 127.0.0.1:8080\n": "schedules.yaml:7: admin.listen is intake.listen (127.0.0.1:8080): give it an address of its own, or leave it out to serve everything there",
+	} {
+		if _, err := Parse("schedules.yaml", []byte(base+yaml), env(nil)); err == nil || err.Error() != want {
+			t.Errorf("%q: %v, want %s", yaml, err, want)
+		}
+	}
+	cfg, err := Parse("schedules.yaml", []byte(base+"admin:\n  listen: 127.0.0.1:9090\n"), env(nil))
+	if err != nil || cfg.Admin.Listen != "127.0.0.1:9090" {
+		t.Errorf("a good admin.listen: %v %+v", err, cfg.Admin)
+	}
+}

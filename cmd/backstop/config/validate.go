@@ -142,6 +142,13 @@ func (c *Config) validate(p *problems) {
 		p.add(c.errorf("intake.listen", "want host:port, got %q", in.Listen))
 	}
 	p.add(c.intakePath(in.Path))
+	if c.Admin.Listen != "" {
+		if _, port, err := net.SplitHostPort(c.Admin.Listen); err != nil || !isPort(port) {
+			p.add(c.errorf("admin.listen", "want host:port, got %q", c.Admin.Listen))
+		} else if c.Admin.Listen == in.Listen {
+			p.add(c.errorf("admin.listen", "is intake.listen (%s): give it an address of its own, or leave it out to serve everything there", in.Listen))
+		}
+	}
 	p.add(c.oneOf("intake.scheme", &in.Scheme, false, "botix", "standard-webhooks", "github", "stripe"))
 	if in.Scheme == "standard-webhooks" {
 		p.add(c.webhookSecret("intake.secret", in.Secret))
