@@ -143,6 +143,24 @@ type JobStore interface {
 	PruneReconcileRuns(ctx context.Context, before time.Time) (int64, error)
 }
 
+// DashboardPruner is a JobStore that also keeps the dashboard's samples and
+// revoked sessions (store.DB is one). With it, maintenance prunes the
+// quota and intake samples older than SampleRetention and the revoked
+// sessions that expired: samples are written by every process that talks
+// to the platform (cron runs too), not only by serve's dashboard.
+type DashboardPruner interface {
+	// PruneSamples deletes the quota and intake samples taken before
+	// before and returns how many.
+	PruneSamples(ctx context.Context, before time.Time) (int64, error)
+	// PruneRevokedSessions deletes the revoked sessions that expired
+	// before now and returns how many.
+	PruneRevokedSessions(ctx context.Context, now time.Time) (int64, error)
+}
+
+// SampleRetention is how long the dashboard's quota and intake samples are
+// kept: the dashboard's sampler and maintenance both prune older ones.
+const SampleRetention = 14 * 24 * time.Hour
+
 // JobHistory is a JobStore that also tells when a job last ran (store.DB
 // is one). With it, a job on an interval (Job.Every) is scheduled from its
 // last run rather than from the scheduler's start: its first run comes an
@@ -605,7 +623,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 	if serr != nil {
 		err = errors.Join(err, fmt.Errorf("job %s: store run: %w", j.Name, serr))
 	}
-	log.Info("job finished", "status", run.Status, "duration", run.FinishedAt.Sub(run.StartedAt),
+	log.Info("job finished", "status", run.Status, "duration", run.FinishedAt.Sub(run.StartedAt).Round(time.Millisecond).String(),
 		"pages", run.Counts.Pages, "objects", run.Counts.Objects, "reemitted", run.Counts.Reemitted,
 		"suppressed", run.Counts.Suppressed, "pruned", run.Counts.Pruned)
 	return run, err
@@ -754,7 +772,9 @@ func (s *Scheduler) work(ctx context.Context, j Job) (backstop.JobCounts, error)
 // that died, prunes processed events, job runs and reconcile runs (but
 // the last successful one of each resource) older than the retention, and
 // delivery attempts and delivered deliveries older than AttemptRetention
-// (the delivery log's 14 days).
+// (the delivery log's 14 days); with a DashboardPruner, also the
+// dashboard's samples older than SampleRetention and the revoked sessions
+// that expired.
 func (s *Scheduler) maintain(ctx context.Context, c *backstop.JobCounts) error {
 	before := s.opts.Now().Add(-s.opts.Retention)
 	n, err := s.opts.Store.PruneProcessed(ctx, before)
@@ -792,6 +812,21 @@ func (s *Scheduler) maintain(ctx context.Context, c *backstop.JobCounts) error {
 		return err
 	}
 	n, err = s.opts.Store.PruneAttempts(ctx, logBefore)
+	c.Pruned += n
+	if err != nil {
+		return err
+	}
+	dp, ok := s.opts.Store.(DashboardPruner)
+	if !ok {
+		return nil
+	}
+	now := s.opts.Now()
+	n, err = dp.PruneSamples(ctx, now.Add(-SampleRetention))
+	c.Pruned += n
+	if err != nil {
+		return err
+	}
+	n, err = dp.PruneRevokedSessions(ctx, now)
 	c.Pruned += n
 	return err
 }

@@ -313,6 +313,69 @@ func TestMaintenanceJobPrunes(t *testing.T) {
 	}
 }
 
+// Maintenance also prunes the dashboard's quota and intake samples older
+// than SampleRetention and the revoked sessions that expired: samples are
+// written by cron runs too, and only serve's dashboard pruned them. The
+// job's log line gives its duration as a string, not nanoseconds.
+func TestMaintenanceJobPrunesDashboardSamples(t *testing.T) {
+	db := openStore(t)
+	ctx := t.Context()
+	now := time.Now()
+	const retention = 14 * 24 * time.Hour // SampleRetention, the dashboard's
+	old, recent := now.Add(-retention-time.Hour), now.Add(-retention+time.Hour)
+	for _, at := range []time.Time{old, recent} {
+		if err := db.SaveQuotaSample(ctx, store.QuotaSample{KeyID: "k1", At: at, Limit: 100, Remaining: 50}); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.SaveIntakeSample(ctx, store.IntakeSample{At: at, Duplicates: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.RevokeSession(ctx, "expired", now.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.RevokeSession(ctx, "live", now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	s, err := bsync.NewScheduler([]bsync.Job{{Name: "prune", Kind: bsync.JobMaintenance, Cron: "30 4 * * *"}},
+		bsync.SchedulerOptions{Engine: &bsync.Engine{Mirror: db}, Store: jobStore{db},
+			Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := s.RunJob(ctx, "prune")
+	if err != nil || run.Status != bsync.JobOK || run.Counts.Pruned != 3 {
+		t.Fatalf("run = %+v, err = %v; want ok with 3 pruned (a quota sample, an intake sample, a revoked session)", run, err)
+	}
+	if qs, err := db.QuotaSamples(ctx, time.Time{}); err != nil || len(qs) != 1 {
+		t.Errorf("quota samples left: %+v (%v), want the recent one", qs, err)
+	}
+	if is, err := db.IntakeSamples(ctx, time.Time{}); err != nil || len(is) != 1 {
+		t.Errorf("intake samples left: %+v (%v), want the recent one", is, err)
+	}
+	if ok, _ := db.SessionRevoked(ctx, "expired"); ok {
+		t.Error("an expired revoked session was kept")
+	}
+	if ok, _ := db.SessionRevoked(ctx, "live"); !ok {
+		t.Error("a revoked session not yet expired was pruned")
+	}
+	var finished map[string]any
+	for line := range strings.SplitSeq(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == "job finished" {
+			finished = m
+		}
+	}
+	d, ok := finished["duration"].(string)
+	if !ok {
+		t.Fatalf("job finished: duration %#v, want a string such as 12ms:\n%s", finished["duration"], logs.String())
+	}
+	if _, err := time.ParseDuration(d); err != nil {
+		t.Errorf("job finished: duration %q: %v", d, err)
+	}
+}
+
 // NewScheduler rejects jobs it could not schedule.
 func TestNewSchedulerRejectsBadJobs(t *testing.T) {
 	db := openStore(t)
