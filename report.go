@@ -11,6 +11,9 @@ type RunStats struct {
 	Updated  int
 	Cost
 	Duration time.Duration
+	// Reached is the updated_at of the last object read: how far through
+	// the feed (ordered by updated_at) the run has got.
+	Reached time.Time
 	// AlreadyDone is set by a backfill that read nothing because the
 	// resource's backfill had finished before.
 	AlreadyDone bool
@@ -25,6 +28,9 @@ func (s *RunStats) AddPage(p Page, res ApplyResult) {
 	s.New += res.New
 	s.Updated += res.Updated
 	s.Cost = s.Cost.Add(p.Cost)
+	if n := len(p.Objects); n > 0 {
+		s.Reached = p.Objects[n-1].UpdatedAt
+	}
 }
 
 // JobCounts are what one run of a scheduled job counted, summed over its

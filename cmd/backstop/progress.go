@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	stdsync "sync"
 	"time"
 
@@ -95,15 +96,25 @@ func progressInterval(m *Main) (time.Duration, error) {
 	return 0, usagef("BACKSTOP_PROGRESS_INTERVAL %q: want a positive duration such as 5s or 1m (how often a run without progress bars logs each resource's progress)", v)
 }
 
-// feedCounts are the counters of a sync or backfill.
+// feedCounts are the counters of a sync or backfill, with its rate and how
+// far through the feed it has read (the platform gives no totals, so
+// there is no percentage: the feed is in updated_at order, and the time
+// reached against now says how much is left).
 func feedCounts(st backstop.RunStats, elapsed string) counts {
-	return counts{
-		line: fmt.Sprintf("%d pages  %d objects  %d new  %d updated  %d requests  %d×429  throttled %s",
-			st.Pages, st.Objects, st.New, st.Updated, st.Requests, st.RateLimited, round(st.ThrottleWait)),
-		attrs: []any{"resource", st.Resource, "pages", st.Pages, "objects", st.Objects, "new", st.New,
-			"updated", st.Updated, "requests", st.Requests, "rate_limited", st.RateLimited,
-			"throttle_wait", round(st.ThrottleWait), elapsed, round(st.Duration)},
+	rate := 0.0
+	if st.Duration > 0 {
+		rate = float64(st.Objects) / st.Duration.Seconds()
 	}
+	line := fmt.Sprintf("%d pages  %d objects  %.0f/s  %d new  %d updated  %d requests  %d×429  throttled %s",
+		st.Pages, st.Objects, rate, st.New, st.Updated, st.Requests, st.RateLimited, round(st.ThrottleWait))
+	attrs := []any{"resource", st.Resource, "pages", st.Pages, "objects", st.Objects, "objects_per_s", math.Round(rate),
+		"new", st.New, "updated", st.Updated, "requests", st.Requests, "rate_limited", st.RateLimited,
+		"throttle_wait", round(st.ThrottleWait), elapsed, round(st.Duration)}
+	if !st.Reached.IsZero() {
+		line += "  reached " + st.Reached.UTC().Format("2006-01-02 15:04")
+		attrs = append(attrs, "reached", st.Reached.UTC().Format(time.RFC3339))
+	}
+	return counts{line: line, attrs: attrs}
 }
 
 // reconcileCounts are the counters of a reconcile.

@@ -67,6 +67,11 @@ func TestReconcileAndRunJobShowProgress(t *testing.T) {
 		if n := countLines(stderr, job.op+" progress", "resource="+job.resource); n < 1 {
 			t.Errorf("run %s: no %s progress line:\n%s", job.name, job.op, stderr)
 		}
+		// A feed's line says its rate and how far through the feed it
+		// has read (the platform gives no total to make a percentage of).
+		if job.op != "reconcile" && countLines(stderr, job.op+" progress", "resource="+job.resource, "objects_per_s=", "reached=20") < 1 {
+			t.Errorf("run %s: no %s progress line with objects_per_s and reached:\n%s", job.name, job.op, stderr)
+		}
 		if n := countLines(stderr, job.op+" finished", "resource="+job.resource); n != 1 {
 			t.Errorf("run %s: %d %s finished lines, want 1:\n%s", job.name, n, job.op, stderr)
 		}
