@@ -55,6 +55,12 @@ type batcher struct {
 	wake    chan struct{} // a token when the first attempt of a batch comes
 	stop    chan struct{} // closed by close
 	stopped chan struct{} // closed once every attempt handed over is done
+
+	// failing counts, per target name, the failed attempts since its last
+	// delivery, once one failed (see logOutcome): its first failure is a
+	// warning, the next ones debug lines until it delivers again.
+	failingMu sync.Mutex
+	failing   map[string]int
 }
 
 // handedOver is one answered attempt waiting for its record.
@@ -82,6 +88,7 @@ func newBatcher(d *Dispatcher, linger time.Duration) *batcher {
 		wake:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
+		failing: make(map[string]int),
 	}
 }
 
@@ -251,21 +258,61 @@ func (r *batcher) done(h handedOver, id int64, err error) {
 	a.ID = id
 	w.m.attempt(dec.Status).Inc()
 	w.m.request.Observe(a.Duration.Seconds())
+	r.logOutcome(w, row, a, dec)
 	switch dec.Status {
 	case StatusDelivered:
 		w.m.latency.Observe(h.now.Sub(row.CreatedAt).Seconds())
-		if w.logger.Enabled(r.ctx, slog.LevelDebug) {
-			attemptLog(w.logger, row, a, dec).Debug("delivered")
-		}
 	case StatusDeadLetter:
 		w.m.deadLetters.Inc()
-		attemptLog(w.logger, row, a, dec).Warn("dead-lettered", "reason", dec.Reason, "err", a.Error)
 	default:
-		attemptLog(w.logger, row, a, dec).Info("will retry", "reason", dec.Reason, "next_attempt_at", dec.NextAttemptAt, "err", a.Error)
 		if !dec.NextAttemptAt.After(r.d.now()) {
 			// Due already: a claim made while this record was
 			// committing passed the row over.
 			w.poke()
 		}
+	}
+}
+
+// logOutcome logs the recorded attempt a of row. A failing target would
+// otherwise write a line per attempt (thousands a minute): its first
+// failure after a delivery (or since the start) is a warning, the failures
+// after it are debug lines until it delivers again, which is logged; dead
+// letters are warnings each. Every attempt is in the delivery log and the
+// metrics whatever is logged.
+func (r *batcher) logOutcome(w *worker, row Row, a Attempt, dec Decision) {
+	name := w.t.Name
+	r.failingMu.Lock()
+	failed, wasFailing := r.failing[name]
+	if dec.Status == StatusDelivered {
+		delete(r.failing, name)
+	} else {
+		r.failing[name] = failed + 1
+	}
+	r.failingMu.Unlock()
+	switch dec.Status {
+	case StatusDelivered:
+		if wasFailing {
+			w.logger.Info(fmt.Sprintf("target %s delivers again", name), "failed_attempts", failed,
+				"delivery", row.ID, "event_id", row.EventID)
+		}
+		if w.logger.Enabled(r.ctx, slog.LevelDebug) {
+			attemptLog(w.logger, row, a, dec).Debug("delivered")
+		}
+		return
+	}
+	if !wasFailing {
+		reason := dec.Reason
+		if a.Error != "" {
+			reason += " (" + a.Error + ")"
+		}
+		w.logger.Warn(fmt.Sprintf("target %s failing: %s; further failures at debug until it delivers again", name, reason),
+			"delivery", row.ID, "event_id", row.EventID, "status", a.StatusCode)
+	}
+	if dec.Status == StatusDeadLetter {
+		attemptLog(w.logger, row, a, dec).Warn("dead-lettered", "reason", dec.Reason, "err", a.Error)
+		return
+	}
+	if w.logger.Enabled(r.ctx, slog.LevelDebug) {
+		attemptLog(w.logger, row, a, dec).Debug("will retry", "reason", dec.Reason, "next_attempt_at", dec.NextAttemptAt, "err", a.Error)
 	}
 }

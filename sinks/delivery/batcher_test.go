@@ -228,3 +228,59 @@ func TestShortRecordResultIsAnError(t *testing.T) {
 		t.Errorf("backstop_delivery_record_failures_total{target=crm} = %v, want 1", got)
 	}
 }
+
+// TestFailingTargetLogsOnceUntilItDeliversAgain: a failing target used to
+// log a line per failed attempt (1,212 lines in 8 s for one target). Its
+// first failure is a warning saying further ones are debug lines, its
+// retries are debug lines, a delivery after failures is logged once, and
+// the next failure is a warning again; dead letters stay warnings.
+func TestFailingTargetLogsOnceUntilItDeliversAgain(t *testing.T) {
+	q := newStoreQueue(t)
+	var logs lockedBuffer
+	d, err := New(q, []Target{{Name: "crm", URL: "https://crm.example.com/hook"}},
+		Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := d.byName["crm"]
+	now := time.Now()
+	outcomes := []string{StatusRetrying, StatusRetrying, StatusRetrying, StatusRetrying, StatusDelivered, StatusDelivered,
+		StatusRetrying, StatusDeadLetter, StatusRetrying}
+	for i, status := range outcomes {
+		id := q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
+		row := Row{ID: id, Target: "crm", EventID: fmt.Sprintf("evt_%d", i), CreatedAt: now}
+		code, dec := 200, Decision{Status: status}
+		if status != StatusDelivered {
+			code, dec = 500, Decision{Status: status, Reason: "HTTP 500", Failures: 1, NextAttemptAt: now.Add(time.Hour)}
+		}
+		a := Attempt{DeliveryID: id, Target: "crm", URL: w.url, Attempt: 1, StatusCode: code, RequestID: "req", At: now}
+		d.record(w, row, a, dec, now, time.Time{}, now.Add(recordTimeout))
+	}
+	go d.batcher.run(context.Background())
+	d.batcher.close()
+	select {
+	case <-d.batcher.stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the batcher did not stop after close")
+	}
+	out := logs.String()
+	if n := strings.Count(out, "will retry"); n != 0 {
+		t.Errorf("%d retries logged above debug, want 0:\n%s", n, out)
+	}
+	warn := "level=WARN msg=\"target crm failing: HTTP 500; further failures at debug until it delivers again\""
+	if n := strings.Count(out, warn); n != 2 {
+		t.Errorf("%d warnings that the target fails, want 2 (its first failure, and the first after it delivered again):\n%s", n, out)
+	}
+	if n := strings.Count(out, `level=INFO msg="target crm delivers again" component=delivery target=crm failed_attempts=4`); n != 1 {
+		t.Errorf("%d lines saying the target delivers again after 4 failed attempts, want 1:\n%s", n, out)
+	}
+	if n := strings.Count(out, `msg=dead-lettered`); n != 1 || !strings.Contains(out, "level=WARN msg=dead-lettered") {
+		t.Errorf("%d dead letters logged, want 1 warning:\n%s", n, out)
+	}
+	if n := strings.Count(out, "\n"); n != 4 {
+		t.Errorf("%d lines for 9 attempts, want 4:\n%s", n, out)
+	}
+	if got := testutil.ToFloat64(w.m.attempt(StatusRetrying)); got != 6 {
+		t.Errorf("retrying attempts counted %v, want 6", got)
+	}
+}
