@@ -100,13 +100,14 @@ func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, sync
 	var rdb *redis.Client
 	var fallback *governor.FallbackStore
 	var govStore governor.Store // nil: the process's own MemoryStore
+	govLog := log.With("component", "governor")
 	if cfg.Governor.Redis != "" {
 		if rdb, err = connectRedis(ctx, cfg.Governor.Redis.Value()); err != nil {
 			return nil, usageError{err}
 		}
 		fallback = governor.NewFallbackStore(
 			governor.NewRedisStore(rdb, governor.RedisOptions{HolderTTL: max(governor.DefaultHolderTTL, 2*src.Timeout.Std())}),
-			governor.FallbackOptions{Share: cfg.Governor.FallbackShare, Logger: log},
+			governor.FallbackOptions{Share: cfg.Governor.FallbackShare, Logger: govLog},
 		)
 		govStore = fallback
 		log.Info("governor: sharing the rate-limit budget through Redis",
@@ -125,7 +126,7 @@ func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, sync
 		Window:  window,
 		Reserve: zeroMeansNone(src.RateLimit.Reserve),
 		Store:   govStore,
-		Logger:  log,
+		Logger:  govLog,
 	})
 	client, err := sources.New(sources.Options{
 		BaseURL:  src.BaseURL,

@@ -37,7 +37,8 @@ type FallbackOptions struct {
 	Share float64
 	// Retry is how often the shared store is tried again meanwhile.
 	Retry time.Duration
-	// Logger receives the switches to local pacing and back.
+	// Logger receives the switches to local pacing and back; the caller's
+	// logger names the component (the store adds none).
 	Logger *slog.Logger
 }
 
@@ -115,7 +116,7 @@ func NewFallbackStore(shared Store, opts FallbackOptions) *FallbackStore {
 	}
 	f := &FallbackStore{
 		shared: shared, share: opts.Share, retry: opts.Retry,
-		log:     opts.Logger.With("component", "governor"),
+		log:     opts.Logger,
 		budgets: make(map[string]*Budget), grants: make(map[grantKey]int),
 	}
 	f.live, f.endLive = context.WithCancel(context.Background())
@@ -262,7 +263,7 @@ func (f *FallbackStore) failed(key string, now time.Time, p Policy, err error) {
 	f.endLive()
 	f.fallbacks++
 	f.log.Warn("governor: shared budget unreachable: pacing locally",
-		"share", f.share, "retry_every", f.retry, "err", err)
+		"share", f.share, "retry_every", f.retry.String(), "err", err)
 	if !f.closed && f.stopProbe == nil {
 		ctx, stop := context.WithCancel(context.Background())
 		f.stopProbe = stop

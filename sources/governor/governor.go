@@ -88,7 +88,9 @@ type Options struct {
 	Rand  func() float64
 	// Store holds the budget (default: a new MemoryStore).
 	Store Store
-	// Logger receives 429 pauses; it never sees the API key.
+	// Logger receives 429 pauses; it never sees the API key. The lines
+	// carry key_id; the caller's logger names the component (the governor
+	// adds none, so that JSON lines never hold two).
 	Logger *slog.Logger
 }
 
@@ -177,7 +179,7 @@ func New(apiKey string, opts Options) *Governor {
 		clock:  opts.Clock,
 		rand:   opts.Rand,
 		store:  opts.Store,
-		log:    opts.Logger.With("component", "governor", "key_id", key),
+		log:    opts.Logger.With("key_id", key),
 	}
 }
 
@@ -256,7 +258,7 @@ func (t *Ticket) Done(status int, h http.Header) {
 	if status == http.StatusTooManyRequests {
 		if st, err := g.store.Snapshot(t.ctx, g.key, now, g.policy); err == nil {
 			g.log.Info("rate limited: key paused",
-				"paused_for", st.PausedUntil.Sub(now), "consecutive_429", st.Consecutive429,
+				"paused_for", st.PausedUntil.Sub(now).Round(time.Millisecond).String(), "consecutive_429", st.Consecutive429,
 				"retry_after", h.Get("Retry-After"))
 		}
 	}
