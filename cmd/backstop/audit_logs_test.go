@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
 )
 
 // duplicateKey returns the first key that a JSON object (or one nested in
@@ -187,5 +188,76 @@ func TestAuditServeJSONLogsHoldEachKeyOnce(t *testing.T) {
 				t.Errorf("paused_for %q: %v", s, err)
 			}
 		}
+	}
+}
+
+// A cron-run maintenance job prunes the dashboard's quota and intake
+// samples older than 14 days, and expired revoked sessions: only serve's
+// dashboard did, so without dashboard.token they grew forever. Its JSON
+// "job finished" line gives the duration as a string, each key once.
+func TestAuditMaintenanceRunPrunesSamplesAndLogsADuration(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.withJobs()
+	db := e.openStore()
+	ctx := t.Context()
+	old := time.Now().Add(-15 * 24 * time.Hour)
+	if err := db.SaveQuotaSample(ctx, store.QuotaSample{KeyID: "k1", At: old, Limit: 100, Remaining: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.SaveIntakeSample(ctx, store.IntakeSample{At: old, Duplicates: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.RevokeSession(ctx, "signed-out", time.Now().Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	cmd, ch := e.startBinary("--log-format", "json", "run", "prune")
+	var logs logLines
+	done := logs.collect(ch)
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("run prune did not end within 60 s")
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("run prune: %v\n%s", err, strings.Join(logs.all(), "\n"))
+	}
+	db = e.openStore()
+	defer db.Close()
+	if qs, err := db.QuotaSamples(ctx, time.Time{}); err != nil || len(qs) != 0 {
+		t.Errorf("quota samples left after maintenance: %d (%v), want 0", len(qs), err)
+	}
+	if is, err := db.IntakeSamples(ctx, time.Time{}); err != nil || len(is) != 0 {
+		t.Errorf("intake samples left after maintenance: %d (%v), want 0", len(is), err)
+	}
+	if ok, _ := db.SessionRevoked(ctx, "signed-out"); ok {
+		t.Error("an expired revoked session was kept")
+	}
+	finished := 0
+	for _, line := range logs.all() {
+		if dup, _ := duplicateKey([]byte(line)); dup != "" {
+			t.Errorf("key %q twice in: %s", dup, line)
+		}
+		var l struct {
+			Msg      string `json:"msg"`
+			Duration any    `json:"duration"`
+			Pruned   int    `json:"pruned"`
+		}
+		if json.Unmarshal([]byte(line), &l) != nil || l.Msg != "job finished" {
+			continue
+		}
+		finished++
+		if s, ok := l.Duration.(string); !ok {
+			t.Errorf("job finished: duration %#v, want a string such as 12ms: %s", l.Duration, line)
+		} else if _, err := time.ParseDuration(s); err != nil {
+			t.Errorf("job finished: duration %q: %v", s, err)
+		}
+		if l.Pruned < 3 {
+			t.Errorf("job finished: pruned %d, want at least 3 (two samples, a session): %s", l.Pruned, line)
+		}
+	}
+	if finished != 1 {
+		t.Errorf("%d job finished lines, want 1:\n%s", finished, strings.Join(logs.all(), "\n"))
 	}
 }
