@@ -272,8 +272,10 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	})
 	mux.Handle("/healthz", healthz)
 	mux.Handle("/readyz", readyz)
-	admin.Handle("/healthz", healthz)
-	admin.Handle("/readyz", readyz)
+	if adminLn != nil {
+		admin.Handle("/healthz", healthz)
+		admin.Handle("/readyz", readyz)
+	}
 	admin.Handle("/ui", dash.handler)
 	admin.Handle("/ui/", dash.handler)
 	admin.Handle("/metrics", getOnly(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}).ServeHTTP))
