@@ -172,7 +172,7 @@ func TestRepeatedRateLimitsReportTheRealPause(t *testing.T) {
 	var logs lockedBuffer
 	pacer := &doublingPacer{}
 	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, RetrySchedule: ms(5, 5, 5, 5)}},
-		Options{Pacers: map[string]Pacer{"crm": pacer}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+		Options{Pacers: map[string]Pacer{"crm": pacer}, Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 
 	var stored []time.Time // the target's pause as stored after each 429
 	q.waitFor(t, 20*time.Second, "delivery", func() bool {
