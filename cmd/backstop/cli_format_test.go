@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -45,5 +46,19 @@ func TestParseSinceTakesADate(t *testing.T) {
 		if _, err := parseSince(in, now); err == nil || !strings.Contains(err.Error(), "a date (2026-01-31)") {
 			t.Errorf("parseSince(%q): %v, want refused naming the forms", in, err)
 		}
+	}
+}
+
+// JSON logs give durations as people read them ("1.5s"), as the text
+// format does, not as integer nanoseconds.
+func TestJSONLogsWriteDurationsAsText(t *testing.T) {
+	var out strings.Builder
+	log, err := (&globals{logLevel: "info", logFormat: "json"}).newLogger(&out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("target paused", "for", 1500*time.Millisecond, "group", slog.GroupValue(slog.Duration("wait", 2*time.Second)))
+	if got := out.String(); !strings.Contains(got, `"for":"1.5s"`) || !strings.Contains(got, `"wait":"2s"`) {
+		t.Errorf("JSON log line %s, want durations as text", got)
 	}
 }

@@ -132,7 +132,7 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 
 	client, err := sources.New(sources.Options{
 		BaseURL: "http://" + apiLn.Addr().String(), APIKey: platform.APIKey(), PageSize: 200,
-		Governor: governor.New(platform.APIKey(), governor.Options{Logger: log}), Logger: log,
+		Governor: governor.New(platform.APIKey(), governor.Options{Logger: log.With("component", "governor")}), Logger: log,
 	})
 	if err != nil {
 		return err

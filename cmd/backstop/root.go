@@ -155,6 +155,14 @@ func (g *globals) newLogger(w io.Writer) (*slog.Logger, error) {
 	case "text", "":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
+		// Durations as people read them ("1.5s"), as the text format
+		// shows them, not JSON's default of integer nanoseconds.
+		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.StringValue(a.Value.Duration().String())
+			}
+			return a
+		}
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usagef("--log-format %q: want text or json", g.logFormat)

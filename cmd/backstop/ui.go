@@ -20,11 +20,9 @@ import (
 	bsync "github.com/backstop-sync/backstop/sync"
 )
 
-// Sampling of the quota and intake figures the dashboard draws over time.
-const (
-	sampleEvery     = time.Minute
-	sampleRetention = 14 * 24 * time.Hour
-)
+// sampleEvery is how often serve samples the quota and intake figures the
+// dashboard draws over time (kept bsync.SampleRetention).
+const sampleEvery = time.Minute
 
 // ui is the dashboard as serve runs it: the handler under /ui and the
 // sampler that records the quota and intake figures it draws.
@@ -294,7 +292,7 @@ func counterValue(c prometheus.Counter) float64 {
 // sampler records, every period, the governor's budget with the meter's
 // counts since the previous sample, and the intake's duplicates and
 // signature failures since the previous sample; it prunes samples older
-// than sampleRetention.
+// than bsync.SampleRetention.
 type sampler struct {
 	db     *store.DB
 	gov    *governor.Governor
@@ -340,7 +338,7 @@ func (s *sampler) sample(ctx context.Context) {
 	} else {
 		s.dups, s.badSigs = dups, bad
 	}
-	if _, err := s.db.PruneSamples(ctx, now.Add(-sampleRetention)); err != nil {
+	if _, err := s.db.PruneSamples(ctx, now.Add(-bsync.SampleRetention)); err != nil {
 		s.log.Warn("prune samples", "err", err)
 	}
 	if _, err := s.db.PruneRevokedSessions(ctx, now); err != nil {
