@@ -78,3 +78,37 @@ func TestRedirectNeverGoesToMetadataWithAllowPrivate(t *testing.T) {
 		t.Errorf("Redirect to a loopback inspector from an allow_private target: %v %+v", err, a)
 	}
 }
+
+// Rows that come in bursts while a refill waits are all delivered without
+// waiting for the worker's poll (an hour here): a wake the refill takes
+// but cannot use all of is passed on.
+func TestRefillLosesNoWake(t *testing.T) {
+	t.Parallel()
+	const rows = 150
+	rec := newRecorder(t, func(k int, w http.ResponseWriter, r *http.Request) {
+		if k%10 == 0 {
+			timer := time.NewTimer(200 * time.Millisecond)
+			select {
+			case <-timer.C:
+			case <-r.Context().Done():
+				timer.Stop()
+			}
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	q := newStoreQueue(t)
+	first := q.add(t, "crm", "evt_first", "contact.created", `{"id":"ct_1"}`)
+	d := start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: 4}}, Options{Poll: time.Hour})
+	q.waitFor(t, 10*time.Second, "the first row delivered", q.rowStatus(t, first, StatusDelivered))
+	ids := make([]int64, 0, rows)
+	for i := range rows {
+		ids = append(ids, q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`))
+		if i%7 == 0 {
+			d.Wake("crm") // a burst of up to 7 rows per wake, as an intake commit makes
+		}
+	}
+	d.Wake("crm")
+	for _, id := range ids {
+		q.waitFor(t, 30*time.Second, fmt.Sprintf("row %d delivered without another wake or poll", id), q.rowStatus(t, id, StatusDelivered))
+	}
+}

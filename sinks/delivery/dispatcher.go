@@ -687,23 +687,28 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 	// claimed some (and started senders for them, up to w.concurrency),
 	// false when there is nothing to wait for (the others are done, the
 	// target stopped, or ctx ended).
-	refillRows := func() bool {
+	refillRows := func() (refilled bool) {
 		w.mu.Lock()
 		if !refill || refilling || active == 1 {
 			w.mu.Unlock()
 			return false
 		}
+		select {
+		case <-idle: // a token left from an earlier wait
+		default:
+		}
 		refilling = true
 		w.mu.Unlock()
+		woken := false // a wake was taken from the worker
 		defer func() {
 			w.mu.Lock()
 			refilling = false
 			w.mu.Unlock()
+			if woken && !refilled {
+				// Not this refill's to use: the next pass's.
+				w.poke()
+			}
 		}()
-		select {
-		case <-idle: // a token left from before this wait
-		default:
-		}
 		for {
 			w.mu.Lock()
 			due, hasDue := w.dues.next()
@@ -722,8 +727,10 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 				return false
 			case <-w.wake:
 				timer.Stop()
+				woken = true
 			case <-timer.C:
 			}
+			d.readState(ctx, w) // another process may have paused or disabled the target
 			now := d.now()
 			w.mu.Lock()
 			if stopped(now) || active == 1 {
@@ -733,7 +740,10 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 			free := w.concurrency - active + 1
 			w.dues.drop(now) // this claim takes their rows
 			w.mu.Unlock()
-			more, err := d.claim(ctx, w, now, free)
+			// As many as a pass would claim: those beyond the free slots
+			// wait in memory for one, under their lease (claimLimit keeps
+			// them within it).
+			more, err := d.claim(ctx, w, now, d.claimLimit(w))
 			if err != nil {
 				if ctx.Err() == nil {
 					w.logger.Error("claim due deliveries", "err", err)
@@ -741,14 +751,20 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 				return false
 			}
 			if len(more.rows) == 0 {
+				woken = false // used: nothing was due
 				continue
+			}
+			if more.full {
+				// More may be due: the next refill (or pass) claims at
+				// once rather than at the next poll.
+				w.poke()
 			}
 			w.mu.Lock()
 			claims = append(claims, more)
 			for _, r := range more.rows {
 				items = append(items, item{row: r, claim: len(claims) - 1})
 			}
-			extra := min(len(more.rows)-1, w.concurrency-active)
+			extra := min(len(more.rows)-1, free-1)
 			active += extra
 			w.mu.Unlock()
 			for range extra {
