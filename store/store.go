@@ -292,15 +292,10 @@ var ErrClaimed = errors.New("claimed by another process")
 // with an error wrapping ErrClaimed, at once, while another holder has it.
 // The returned func releases it.
 func Claim(ctx context.Context, path, name string) (release func() error, err error) {
-	file := path + "." + name + "-lock"
-	c, err := sqlx.Open(driverName, file+"?_pragma=busy_timeout(0)&_pragma=journal_mode(OFF)&_pragma=locking_mode(EXCLUSIVE)")
+	file, c, err := openClaim(path, name, "busy_timeout(0)&_pragma=journal_mode(OFF)&_pragma=locking_mode(EXCLUSIVE)")
 	if err != nil {
-		return nil, fmt.Errorf("claim %s: %w", file, err)
+		return nil, err
 	}
-	c.SetMaxOpenConns(1)
-	c.SetMaxIdleConns(1)
-	c.SetConnMaxLifetime(0)
-	c.SetConnMaxIdleTime(0)
 	// In EXCLUSIVE locking mode the first write takes the file's exclusive
 	// lock and the connection keeps it until it closes.
 	if _, err = c.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS claim (at TEXT NOT NULL)`); err == nil {
@@ -318,26 +313,39 @@ func Claim(ctx context.Context, path, name string) (release func() error, err er
 	return c.Close, nil
 }
 
+// openClaim opens the one-connection database of the claim called name on
+// the store at path, with the given pragmas, and returns its file name.
+func openClaim(path, name, pragmas string) (string, *sqlx.DB, error) {
+	file := path + "." + name + "-lock"
+	c, err := sqlx.Open(driverName, file+"?_pragma="+pragmas)
+	if err != nil {
+		return file, nil, fmt.Errorf("claim %s: %w", file, err)
+	}
+	c.SetMaxOpenConns(1)
+	c.SetMaxIdleConns(1)
+	c.SetConnMaxLifetime(0)
+	c.SetConnMaxIdleTime(0)
+	return file, c, nil
+}
+
 // ClaimShared takes the claim called name on the store at path, as Claim
 // does, but shared: any number of processes hold it at once, none while
 // Claim's holder has it, and Claim fails while any holds it. It waits up
 // to 2 s for another process creating the lock file, then fails with an
 // error wrapping ErrClaimed while the exclusive holder has it.
 func ClaimShared(ctx context.Context, path, name string) (release func() error, err error) {
-	file := path + "." + name + "-lock"
-	c, err := sqlx.Open(driverName, file+"?_pragma=busy_timeout(2000)&_pragma=journal_mode(OFF)")
+	file, c, err := openClaim(path, name, "busy_timeout(2000)&_pragma=journal_mode(OFF)")
 	if err != nil {
-		return nil, fmt.Errorf("claim %s: %w", file, err)
+		return nil, err
 	}
-	c.SetMaxOpenConns(1)
-	c.SetMaxIdleConns(1)
-	c.SetConnMaxLifetime(0)
-	c.SetConnMaxIdleTime(0)
 	// A read transaction kept open holds the file's shared lock, which
-	// Claim's exclusive one cannot be taken beside.
+	// Claim's exclusive one cannot be taken beside. It must outlive ctx
+	// (serve's, cancelled by SIGTERM): database/sql rolls a transaction
+	// back when its context ends, and the claim must last until release,
+	// through serve's drain.
 	var tx *sqlx.Tx
 	if _, err = c.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS claim (at TEXT NOT NULL)`); err == nil {
-		if tx, err = c.BeginTxx(ctx, nil); err == nil {
+		if tx, err = c.BeginTxx(context.WithoutCancel(ctx), nil); err == nil {
 			var n int
 			if err = tx.GetContext(ctx, &n, `SELECT count(*) FROM claim`); err != nil {
 				tx.Rollback()

@@ -900,3 +900,31 @@ func BenchmarkIngest(b *testing.B) {
 	fmt.Printf("BENCH store-apply-page objects=%d apply_per_s=%.0f insert_batch_per_s=%.0f ratio=%.2f\n",
 		pages*perPage, n/apply.Seconds(), n/raw.Seconds(), raw.Seconds()/apply.Seconds())
 }
+
+// A shared claim lasts until it is released, not until the context it was
+// taken with ends: serve takes it with its signal context and keeps
+// draining after SIGTERM, and a serve without Redis must not start beside
+// it meanwhile.
+func TestSharedClaimOutlivesItsContext(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	ctx, cancel := context.WithCancel(context.Background())
+	release, err := ClaimShared(ctx, path, "serve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if r, err := Claim(context.Background(), path, "serve"); !errors.Is(err, ErrClaimed) {
+		if err == nil {
+			r()
+		}
+		t.Fatalf("exclusive claim beside a shared one whose context ended: %v, want ErrClaimed", err)
+	}
+	if err := release(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Claim(context.Background(), path, "serve")
+	if err != nil {
+		t.Fatalf("exclusive claim after the shared one was released: %v", err)
+	}
+	r()
+}
