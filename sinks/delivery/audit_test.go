@@ -67,7 +67,11 @@ func TestRedirectNeverGoesToMetadataWithAllowPrivate(t *testing.T) {
 	}
 	row := q.row(t, id)
 	for _, u := range []string{"http://169.254.169.254/latest/meta-data/iam/", "http://169.254.1.1/", "http://[fe80::1]/",
-		"http://[::ffff:169.254.169.254]/", "http://[64:ff9b::a9fe:a9fe]/"} {
+		"http://[::ffff:169.254.169.254]/", "http://[64:ff9b::a9fe:a9fe]/",
+		// AWS's IPv6 metadata address and Alibaba Cloud's, outside the
+		// link-local ranges; a Teredo address whose server is private
+		// but whose client is the metadata address.
+		"http://[fd00:ec2::254]/", "http://100.100.100.200/", "http://[2001:0:a00:1::5601:5601]/"} {
 		a, err := d.Redirect(context.Background(), row, u)
 		if !errors.Is(err, ErrRefused) || !strings.Contains(a.Error, "a redirect never goes there") {
 			t.Errorf("Redirect to %s from an allow_private target: %v (attempt error %q), want refused", u, err, a.Error)

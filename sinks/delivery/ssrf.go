@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,9 +27,6 @@ type RefusedError struct {
 	Reason string
 	// Private says allow_private on the target would allow it.
 	Private bool
-	// kind is the range Addr fell in (one of v4Ranges' or v6Ranges'
-	// kinds), for checkRedirectAddr.
-	kind string
 }
 
 // Error reads "refused: <reason>", with a hint when allow_private would
@@ -105,7 +103,7 @@ func CheckAddr(ip netip.Addr) error {
 	ip = ip.WithZone("")
 	if ip.Is4() {
 		if kind := v4Kind(ip); kind != "" {
-			return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s", ip, kind), Private: true, kind: kind}
+			return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s", ip, kind), Private: true}
 		}
 		return nil
 	}
@@ -133,7 +131,7 @@ func CheckAddr(ip netip.Addr) error {
 	}
 	for _, r := range v6Ranges {
 		if r.prefix.Contains(ip) {
-			return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s", ip, r.kind), Private: true, kind: r.kind}
+			return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s", ip, r.kind), Private: true}
 		}
 	}
 	return nil
@@ -143,7 +141,7 @@ func CheckAddr(ip netip.Addr) error {
 // address v4 it carries is refused.
 func embedded(ip, v4 netip.Addr, kind string) error {
 	if k := v4Kind(v4); k != "" {
-		return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s of %s, %s", ip, kind, v4, k), Private: true, kind: k}
+		return &RefusedError{Addr: ip, Reason: fmt.Sprintf("%s is %s of %s, %s", ip, kind, v4, k), Private: true}
 	}
 	return nil
 }
@@ -341,15 +339,56 @@ func guardRedirectDial(_, address string, _ syscall.RawConn) error {
 	return checkRedirectAddr(ap.Addr())
 }
 
-// checkRedirectAddr refuses, allow_private or not, a link-local address,
-// where cloud instance metadata lives (169.254.169.254, fe80::/10), in any
-// of the forms CheckAddr reads, IPv4 addresses carried in IPv6 ones
-// included.
+// metadataAddrs are the cloud instance metadata addresses outside the
+// link-local ranges: AWS's IPv6 one and Alibaba Cloud's.
+var metadataAddrs = []netip.Addr{
+	netip.MustParseAddr("fd00:ec2::254"),
+	netip.MustParseAddr("100.100.100.200"),
+}
+
+// checkRedirectAddr refuses, allow_private or not, a link-local address
+// (169.254.0.0/16, fe80::/10), where cloud instance metadata lives, and the
+// metadata addresses outside those ranges (metadataAddrs), in any form: the
+// address itself and every IPv4 address an IPv6 one carries (IPv4-mapped,
+// NAT64, 6to4, IPv4-translated, and both of a Teredo address's).
 func checkRedirectAddr(ip netip.Addr) error {
-	var re *RefusedError
-	if errors.As(CheckAddr(ip), &re) && (re.kind == kindMetadata || re.kind == kindLinkLocal) {
-		return &RefusedError{Addr: re.Addr, kind: re.kind,
-			Reason: re.Reason + ": a redirect never goes there, whatever the target's allow_private"}
+	ip = ip.WithZone("")
+	for _, a := range append([]netip.Addr{ip.Unmap()}, carriedV4(ip)...) {
+		if a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || slices.Contains(metadataAddrs, a) {
+			what := "a link-local address"
+			if a != ip {
+				what = fmt.Sprintf("an address carrying %s, a link-local address", a)
+			}
+			if slices.Contains(metadataAddrs, a) {
+				what = kindMetadata
+				if a != ip {
+					what = fmt.Sprintf("an address carrying %s, %s", a, kindMetadata)
+				}
+			}
+			return &RefusedError{Addr: ip,
+				Reason: fmt.Sprintf("%s is %s: a redirect never goes there, whatever the target's allow_private", ip, what)}
+		}
+	}
+	return nil
+}
+
+// carriedV4 returns the IPv4 addresses the IPv6 address ip carries in the
+// forms CheckAddr reads: none for an IPv4 address or another IPv6 one.
+func carriedV4(ip netip.Addr) []netip.Addr {
+	if !ip.Is6() || ip.Is4In6() {
+		return nil
+	}
+	b := ip.As16()
+	switch {
+	case nat64Prefix.Contains(ip), translated.Contains(ip):
+		return []netip.Addr{netip.AddrFrom4([4]byte(b[12:16]))}
+	case sixToFour.Contains(ip):
+		return []netip.Addr{netip.AddrFrom4([4]byte(b[2:6]))}
+	case teredo.Contains(ip):
+		return []netip.Addr{netip.AddrFrom4([4]byte(b[4:8])), netip.AddrFrom4([4]byte{^b[12], ^b[13], ^b[14], ^b[15]})}
+	case ip.Is6() && b[0] == 0 && b[1] == 0 && b[2] == 0 && b[3] == 0 && b[4] == 0 && b[5] == 0 && b[6] == 0 && b[7] == 0 && b[8] == 0 && b[9] == 0 && b[10] == 0 && b[11] == 0:
+		// IPv4-compatible (::a.b.c.d, deprecated).
+		return []netip.Addr{netip.AddrFrom4([4]byte(b[12:16]))}
 	}
 	return nil
 }
