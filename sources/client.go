@@ -326,14 +326,17 @@ type quietWhenCancelled struct {
 	ctx context.Context
 }
 
+// Error logs unless the call was cancelled (a deadline that passed is a
+// failure, and is logged).
 func (q quietWhenCancelled) Error(msg string, kv ...any) {
-	if q.ctx.Err() == nil {
+	if !errors.Is(q.ctx.Err(), context.Canceled) {
 		q.retryLogger.Error(msg, kv...)
 	}
 }
 
+// Warn logs unless the call was cancelled.
 func (q quietWhenCancelled) Warn(msg string, kv ...any) {
-	if q.ctx.Err() == nil {
+	if !errors.Is(q.ctx.Err(), context.Canceled) {
 		q.retryLogger.Warn(msg, kv...)
 	}
 }
