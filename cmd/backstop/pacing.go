@@ -90,6 +90,11 @@ func (p governorPacer) Acquire(ctx context.Context) (delivery.PaceTicket, error)
 	return cappedTicket{target: t, limit: c, p: p}, nil
 }
 
+// firstBudgetTimeout bounds the recording of a target's first rate-limit
+// headers into its own budget (cappedTicket.Done): a grant on a budget that
+// has no state yet, so it does not wait but for Redis.
+const firstBudgetTimeout = 5 * time.Second
+
 // cappedTicket is a request granted by its target's rate_limit and, unless
 // target is nil (its pacer leaves g out until the target sends rate-limit
 // headers), by the target's budget.
@@ -107,6 +112,16 @@ func (t cappedTicket) Done(status int, h http.Header) {
 		t.target.Done(status, h)
 	} else if hasRateLimitHeaders(h) && t.p.headers.CompareAndSwap(false, true) {
 		t.p.log.Info("target answers with rate-limit headers: pacing it by them too, through Redis with the other processes")
+		// The budget this answer gives (say, none left until its reset)
+		// is g's first: without it g would let the next request through
+		// as if it knew nothing.
+		ctx, cancel := context.WithTimeout(context.Background(), firstBudgetTimeout)
+		if tk, err := t.p.g.Acquire(ctx); err == nil {
+			tk.Done(status, h)
+		} else {
+			t.p.log.Warn("target governor: could not record the first rate-limit headers", "err", err)
+		}
+		cancel()
 	}
 	var rest http.Header
 	if ra := h.Values("Retry-After"); len(ra) > 0 {

@@ -265,3 +265,34 @@ func TestCappedTargetTakesTwoRedisRoundTripsPerDelivery(t *testing.T) {
 		t.Errorf("%d deliveries to a capped target with rate-limit headers: %d Redis round trips, want at most %d", n, got, 4*n)
 	}
 }
+
+// The answer that first brings a capped target's rate-limit headers also
+// gives its own budget: "none left until the reset" holds the next request
+// back, rather than the budget starting as if it knew nothing.
+func TestCappedTargetsFirstHeadersHoldTheNextRequest(t *testing.T) {
+	t.Parallel()
+	target := config.Target{Name: "crm", URL: "http://127.0.0.1:9/hook",
+		RateLimit: config.TargetRateLimit{PerSecond: 1_000_000}, // never binds here
+		Timeout:   config.Duration(30 * time.Second), ConnectTimeout: config.Duration(10 * time.Second)}
+	cfg := &config.Config{Governor: config.Governor{FallbackShare: 0.5}, Targets: []config.Target{target}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rds := redistest.Start(t)
+	rdb, err := connectRedis(ctx, rds.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	pacer := targetPacers(cfg.Targets, targetGovernorStore(ctx, rdb, cfg, slog.New(slog.DiscardHandler)), slog.New(slog.DiscardHandler))["crm"]
+	tk, err := pacer.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.Done(http.StatusOK, http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset-After": {"30"}})
+	wctx, wcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer wcancel()
+	if tk, err := pacer.Acquire(wctx); err == nil {
+		tk.Abort()
+		t.Fatal("the next request was let through although the target said none was left for 30 s")
+	}
+}
