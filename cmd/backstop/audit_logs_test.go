@@ -138,7 +138,7 @@ func TestAuditServeJSONLogsHoldEachKeyOnce(t *testing.T) {
 	done := logs.collect(ch)
 	logs.waitFor(t, 30*time.Second, `"msg":"serving"`)
 	proxyPost(t, addr, "evt_logs_1", `{"hello":"world"}`)
-	logs.waitFor(t, 60*time.Second, `"msg":"target recorder delivers again"`)
+	logs.waitFor(t, 60*time.Second, `"msg":"target delivers again","component":"delivery","target":"recorder"`)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -167,10 +167,10 @@ func TestAuditServeJSONLogsHoldEachKeyOnce(t *testing.T) {
 	if n := logs.count("will retry"); n != 0 {
 		t.Errorf("%d will-retry lines at the default level, want 0:\n%s", n, text)
 	}
-	if n := logs.count(`"msg":"target recorder failing: `); n != 1 {
+	if n := logs.count(`"msg":"target failing; further failures at debug until it delivers again","component":"delivery","target":"recorder"`); n != 1 {
 		t.Errorf("%d warnings that the target fails, want 1:\n%s", n, text)
 	}
-	if n := logs.count(`"msg":"target recorder delivers again"`); n != 1 {
+	if n := logs.count(`"msg":"target delivers again","component":"delivery","target":"recorder"`); n != 1 {
 		t.Errorf("%d lines saying the target delivers again, want 1:\n%s", n, text)
 	}
 	for _, line := range all {

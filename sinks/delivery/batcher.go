@@ -292,7 +292,7 @@ func (r *batcher) logOutcome(w *worker, row Row, a Attempt, dec Decision) {
 	switch dec.Status {
 	case StatusDelivered:
 		if wasFailing {
-			w.logger.Info(fmt.Sprintf("target %s delivers again", name), "failed_attempts", failed,
+			w.logger.Info("target delivers again", "failed_attempts", failed,
 				"delivery", row.ID, "event_id", row.EventID)
 		}
 		if w.logger.Enabled(r.ctx, slog.LevelDebug) {
@@ -305,8 +305,8 @@ func (r *batcher) logOutcome(w *worker, row Row, a Attempt, dec Decision) {
 		if a.Error != "" {
 			reason += " (" + a.Error + ")"
 		}
-		w.logger.Warn(fmt.Sprintf("target %s failing: %s; further failures at debug until it delivers again", name, reason),
-			"delivery", row.ID, "event_id", row.EventID, "status", a.StatusCode)
+		w.logger.Warn("target failing; further failures at debug until it delivers again",
+			"reason", reason, "delivery", row.ID, "event_id", row.EventID, "status", a.StatusCode)
 	}
 	if dec.Status == StatusDeadLetter {
 		attemptLog(w.logger, row, a, dec).Warn("dead-lettered", "reason", dec.Reason, "err", a.Error)

@@ -267,11 +267,11 @@ func TestFailingTargetLogsOnceUntilItDeliversAgain(t *testing.T) {
 	if n := strings.Count(out, "will retry"); n != 0 {
 		t.Errorf("%d retries logged above debug, want 0:\n%s", n, out)
 	}
-	warn := "level=WARN msg=\"target crm failing: HTTP 500; further failures at debug until it delivers again\""
+	warn := "level=WARN msg=\"target failing; further failures at debug until it delivers again\" component=delivery target=crm reason=\"HTTP 500\""
 	if n := strings.Count(out, warn); n != 2 {
 		t.Errorf("%d warnings that the target fails, want 2 (its first failure, and the first after it delivered again):\n%s", n, out)
 	}
-	if n := strings.Count(out, `level=INFO msg="target crm delivers again" component=delivery target=crm failed_attempts=4`); n != 1 {
+	if n := strings.Count(out, `level=INFO msg="target delivers again" component=delivery target=crm failed_attempts=4`); n != 1 {
 		t.Errorf("%d lines saying the target delivers again after 4 failed attempts, want 1:\n%s", n, out)
 	}
 	if n := strings.Count(out, `msg=dead-lettered`); n != 1 || !strings.Contains(out, "level=WARN msg=dead-lettered") {
