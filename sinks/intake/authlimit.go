@@ -18,7 +18,8 @@ const (
 	MaxAuthFailures   = 10
 	AuthFailureWindow = time.Minute
 	// MaxAuthTracked bounds the addresses remembered; when full, expired
-	// entries are dropped, and if none has expired the oldest window goes.
+	// entries are dropped, and if none has expired the oldest window of an
+	// address not blocked goes (the oldest of all when every one is).
 	MaxAuthTracked = 4096
 )
 
@@ -92,10 +93,12 @@ func (f *AuthFailures) Tracked() int {
 	return len(f.addrs)
 }
 
-// evict drops expired windows, or the oldest one when none has expired.
+// evict drops expired windows, or, when none has expired, the oldest
+// window of an address not blocked (so that failures from many other
+// addresses cannot lift a block), or the oldest of all when every one is.
 func (f *AuthFailures) evict(now time.Time) {
-	var oldest string
-	var oldestStart time.Time
+	var oldest, oldestOpen string
+	var oldestStart, oldestOpenStart time.Time
 	for a, st := range f.addrs {
 		if now.Sub(st.start) >= AuthFailureWindow {
 			delete(f.addrs, a)
@@ -104,8 +107,16 @@ func (f *AuthFailures) evict(now time.Time) {
 		if oldest == "" || st.start.Before(oldestStart) {
 			oldest, oldestStart = a, st.start
 		}
+		if st.count < MaxAuthFailures && (oldestOpen == "" || st.start.Before(oldestOpenStart)) {
+			oldestOpen, oldestOpenStart = a, st.start
+		}
 	}
-	if len(f.addrs) >= MaxAuthTracked && oldest != "" {
+	if len(f.addrs) < MaxAuthTracked {
+		return
+	}
+	if oldestOpen != "" {
+		delete(f.addrs, oldestOpen)
+	} else if oldest != "" {
 		delete(f.addrs, oldest)
 	}
 }

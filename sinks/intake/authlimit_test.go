@@ -60,3 +60,22 @@ func TestAuthFailuresForgetOldAddresses(t *testing.T) {
 		t.Errorf("%d addresses tracked, want at most %d", n, MaxAuthTracked)
 	}
 }
+
+// A blocked address stays blocked while wrong tokens from many other
+// addresses fill the table: they cannot be used to lift a block.
+func TestAuthFailuresKeepABlockWhenTheTableFills(t *testing.T) {
+	var f AuthFailures
+	now := time.Unix(1_700_000_000, 0)
+	for range MaxAuthFailures {
+		f.Fail("blocked", now)
+	}
+	for i := range 2 * MaxAuthTracked {
+		f.Fail(fmt.Sprint("2001:db8:", i, "::/64"), now.Add(time.Duration(i+1)*time.Millisecond))
+	}
+	if n := f.Tracked(); n > MaxAuthTracked {
+		t.Errorf("%d addresses tracked, want at most %d", n, MaxAuthTracked)
+	}
+	if w := f.Blocked("blocked", now.Add(time.Second)); w == 0 {
+		t.Error("the block was lifted by failures from other addresses")
+	}
+}
