@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -60,5 +62,22 @@ func TestJSONLogsWriteDurationsAsText(t *testing.T) {
 	log.Info("target paused", "for", 1500*time.Millisecond, "group", slog.GroupValue(slog.Duration("wait", 2*time.Second)))
 	if got := out.String(); !strings.Contains(got, `"for":"1.5s"`) || !strings.Contains(got, `"wait":"2s"`) {
 		t.Errorf("JSON log line %s, want durations as text", got)
+	}
+}
+
+// The readiness write probe runs at most once a second, however often
+// /readyz is asked, and then again.
+func TestCachedProbeRunsAtMostOnceASecond(t *testing.T) {
+	c := &cachedProbe{every: time.Hour}
+	runs := 0
+	probe := func(context.Context) error { runs++; return fmt.Errorf("disk full %d", runs) }
+	for range 5 {
+		if err := c.check(context.Background(), probe); err == nil || err.Error() != "disk full 1" {
+			t.Fatalf("check = %v, want the first run's error", err)
+		}
+	}
+	c.every = 0
+	if err := c.check(context.Background(), probe); err == nil || err.Error() != "disk full 2" || runs != 2 {
+		t.Errorf("check after its interval = %v (%d runs), want a second run", err, runs)
 	}
 }

@@ -251,6 +251,9 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	healthz := getOnly(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSONStatus(w, http.StatusOK, "ok")
 	})
+	// After a failed commit each /readyz makes a test write, which holds
+	// the store's one writer connection: a second's probes share one.
+	writeProbe := &cachedProbe{every: time.Second}
 	readyz := getOnly(func(w http.ResponseWriter, r *http.Request) {
 		if err := a.db.Ping(r.Context()); err != nil {
 			intake.WriteError(w, http.StatusServiceUnavailable, "store_unavailable", "the store cannot be reached: "+err.Error())
@@ -261,7 +264,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		// a write of its own commits again; without this check a serve
 		// answering every webhook 503 said it was ready.
 		if failed := stack.metrics.CommitFailure(); failed != nil {
-			if err := a.db.PingWrite(r.Context()); err != nil {
+			if err := writeProbe.check(r.Context(), a.db.PingWrite); err != nil {
 				intake.WriteError(w, http.StatusServiceUnavailable, "store_error",
 					"the store cannot commit: the last webhook commit failed ("+failed.Error()+") and so did a test write: "+err.Error())
 				return
@@ -732,4 +735,23 @@ func warnUnconfiguredTargets(ctx context.Context, db *store.DB, targets []config
 			"target", s.Name, "pending", s.Pending, "retrying", s.Retrying, "dead_letter", s.DeadLetter)
 	}
 	return nil
+}
+
+// cachedProbe runs a check at most once every so often and answers the
+// calls in between with its last result.
+type cachedProbe struct {
+	every time.Duration
+	mu    sync.Mutex
+	at    time.Time
+	err   error
+}
+
+// check returns probe's result, run now or within the last c.every.
+func (c *cachedProbe) check(ctx context.Context, probe func(context.Context) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at.IsZero() || time.Since(c.at) >= c.every {
+		c.err, c.at = probe(ctx), time.Now()
+	}
+	return c.err
 }
