@@ -335,12 +335,16 @@ func (db *DB) resetCursors(ctx context.Context, r backstop.Resource, kinds ...ba
 }
 
 // CheckpointEmitted reports whether the backfill that saved checkpoint
-// chk emitted its events: whether the last object before chk (its
-// Position) has an event of origin backfill. A backfill's page and its
-// events commit together, and on a first fill that last object is new, so
-// an emitting backfill interrupted at any point leaves that event behind
-// (one lookup on the dedup key). A version an earlier webhook brought
-// holds that webhook's event instead, and then it reports false.
+// chk emitted its events. A backfill's page and its events commit
+// together, and on a first fill the objects are new, so an emitting
+// backfill interrupted at any point leaves events of origin backfill
+// behind: first the last object before chk (its Position) is looked up,
+// one lookup on the dedup key. When that version came by webhook before
+// the backfill read it (its event is the webhook's), any event of origin
+// backfill of chk's resource is looked for instead: a scan of
+// processed_events, made only then, stopping at the first. (One an
+// earlier backfill left, within the 30 days events are kept, also counts:
+// the guards then refuse rather than risk losing events.)
 func (db *DB) CheckpointEmitted(ctx context.Context, chk backstop.Cursor) (bool, error) {
 	if err := checkCursor(chk); err != nil {
 		return false, fmt.Errorf("read %w", err)
@@ -352,6 +356,13 @@ func (db *DB) CheckpointEmitted(ctx context.Context, chk backstop.Cursor) (bool,
 	if err := db.r.GetContext(ctx, &n, `SELECT count(*) FROM processed_events WHERE dedup_key = ? AND origin = ?`,
 		backstop.DedupKey(chk.Resource, chk.Position.ID, chk.Position.UpdatedAt), string(backstop.OriginBackfill)); err != nil {
 		return false, fmt.Errorf("read checkpoint %s/%s events: %w", chk.Resource, chk.Kind, err)
+	}
+	if n > 0 {
+		return true, nil
+	}
+	if err := db.r.GetContext(ctx, &n, `SELECT count(*) FROM (SELECT 1 FROM processed_events WHERE resource = ? AND origin = ? LIMIT 1)`,
+		string(chk.Resource), string(backstop.OriginBackfill)); err != nil {
+		return false, fmt.Errorf("read %s backfill events: %w", chk.Resource, err)
 	}
 	return n > 0, nil
 }

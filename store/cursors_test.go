@@ -115,3 +115,34 @@ func TestPageCommitsNeverMoveCursorBack(t *testing.T) {
 		t.Error("ResetCursor of an unknown kind succeeded")
 	}
 }
+
+// An emitting backfill is told apart from a silent one even when the last
+// object it read came by webhook first (its event is the webhook's): any
+// backfill event of the resource says it emitted.
+func TestCheckpointEmittedWhenItsLastObjectCameByWebhook(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	r := backstop.Contacts
+	routes := []backstop.Route{{Target: "crm", Events: []string{"contact.*"}}}
+	event := func(id string, at time.Time, origin backstop.Origin) backstop.Event {
+		return backstop.Event{ID: backstop.EventID(backstop.DedupKey(r, id, at)), Type: "contact.created",
+			Resource: r, ObjectID: id, UpdatedAt: at, Origin: origin, Data: obj(t, r, id, at.Format(time.RFC3339), nil).Data}
+	}
+	at1, at2 := mustTime(t, "2026-01-01T00:00:00Z"), mustTime(t, "2026-01-02T00:00:00Z")
+	last := backstop.Position{UpdatedAt: at2, ID: "ct_2"}
+	chk := cursorAt(r, backstop.CursorBackfill, "page-1", last)
+	if emitted, err := db.CheckpointEmitted(ctx, chk); err != nil || emitted {
+		t.Fatalf("no events: CheckpointEmitted = %v, %v; want false", emitted, err)
+	}
+	// The webhook brings ct_2's version first; the backfill then emits
+	// ct_1 (new) and finds ct_2 a duplicate.
+	if _, err := db.Emit(ctx, []backstop.Event{event("ct_2", at2, backstop.OriginWebhook)}, routes); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.EmitPage(ctx, []backstop.Event{event("ct_1", at1, backstop.OriginBackfill), event("ct_2", at2, backstop.OriginBackfill)}, routes, chk); err != nil {
+		t.Fatal(err)
+	}
+	if emitted, err := db.CheckpointEmitted(ctx, chk); err != nil || !emitted {
+		t.Errorf("an emitting backfill whose last object came by webhook: CheckpointEmitted = %v, %v; want true", emitted, err)
+	}
+}
