@@ -23,6 +23,7 @@ func TestOneLineShowsControlCharactersEscaped(t *testing.T) {
 		{"bad \xff byte", 40, "bad \ufffd byte"},
 		{"héllo wörld", 5, "héllo…"},
 		{"\x00\x00", 1, `\x00…`},
+		{"ok \u202egnp.exe", 40, `ok \u202egnp.exe`},
 	} {
 		if got := oneLine(tc.in, tc.n); got != tc.want {
 			t.Errorf("oneLine(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)

@@ -687,7 +687,9 @@ func statusOrDash(code int) string {
 
 // oneLine returns s on one line for a terminal, cut to n runes: line
 // breaks and tabs become spaces, other control characters (an escape
-// sequence in a target's answer) and invalid UTF-8 are shown escaped.
+// sequence in a target's answer), format characters (bidirectional
+// overrides that reorder what the terminal shows) and invalid UTF-8 are
+// shown escaped.
 func oneLine(s string, n int) string {
 	var b strings.Builder
 	count := 0
@@ -699,7 +701,7 @@ func oneLine(s string, n int) string {
 		switch {
 		case r == '\n' || r == '\r' || r == '\t':
 			b.WriteByte(' ')
-		case unicode.IsControl(r) || r == utf8.RuneError:
+		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError:
 			// A target's answer is anyone's bytes: an escape sequence
 			// printed raw would drive the operator's terminal.
 			q := strconv.QuoteRune(r)
