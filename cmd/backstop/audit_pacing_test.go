@@ -255,20 +255,8 @@ func TestTargetPacersFallBackWhileRedisIsDown(t *testing.T) {
 // answers with such headers, and from then on its budget is shared.
 func TestUncappedTargetGoesThroughRedisOnceItSendsHeaders(t *testing.T) {
 	t.Parallel()
-	cfg := &config.Config{
-		Governor: config.Governor{FallbackShare: 0.5},
-		Targets: []config.Target{{Name: "crm", URL: "http://127.0.0.1:9/hook",
-			Timeout: config.Duration(30 * time.Second), ConnectTimeout: config.Duration(10 * time.Second)}},
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	rds := redistest.Start(t)
-	rdb, err := connectRedis(ctx, rds.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
-	pacer := targetPacers(cfg.Targets, targetGovernorStore(ctx, rdb, cfg, slog.New(slog.DiscardHandler)), slog.New(slog.DiscardHandler))["crm"]
+	pacer, rdb, _, ctx := redisTargetPacer(t, config.Target{Name: "crm", URL: "http://127.0.0.1:9/hook",
+		Timeout: config.Duration(30 * time.Second), ConnectTimeout: config.Duration(10 * time.Second)})
 	deliver := func(h http.Header) {
 		t.Helper()
 		tk, err := pacer.Acquire(ctx)

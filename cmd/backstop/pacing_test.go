@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/backstop-sync/backstop/cmd/backstop/config"
 	"github.com/backstop-sync/backstop/internal/redistest"
 	"github.com/backstop-sync/backstop/sinks/delivery"
@@ -208,21 +210,8 @@ func TestTargetPacerReportsItsPause(t *testing.T) {
 // its own budget, learned from them, is shared too (four round trips).
 func TestCappedTargetTakesTwoRedisRoundTripsPerDelivery(t *testing.T) {
 	t.Parallel()
-	target := config.Target{Name: "crm", URL: "http://127.0.0.1:9/hook",
-		RateLimit: config.TargetRateLimit{PerSecond: 1_000_000}, // never binds here: no pacing waits
-		Timeout:   config.Duration(30 * time.Second), ConnectTimeout: config.Duration(10 * time.Second)}
-	cfg := &config.Config{Governor: config.Governor{FallbackShare: 0.5}, Targets: []config.Target{target}}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	rds := redistest.Start(t)
-	rdb, err := connectRedis(ctx, rds.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
-	rt := &redistest.RoundTrips{}
-	rdb.AddHook(rt)
-	pacer := targetPacers(cfg.Targets, targetGovernorStore(ctx, rdb, cfg, slog.New(slog.DiscardHandler)), slog.New(slog.DiscardHandler))["crm"]
+	target := cappedTestTarget() // its rate_limit never binds here: no pacing waits
+	pacer, rdb, rt, ctx := redisTargetPacer(t, target)
 	deliver := func(n int, h http.Header) {
 		t.Helper()
 		for range n {
@@ -271,19 +260,7 @@ func TestCappedTargetTakesTwoRedisRoundTripsPerDelivery(t *testing.T) {
 // back, rather than the budget starting as if it knew nothing.
 func TestCappedTargetsFirstHeadersHoldTheNextRequest(t *testing.T) {
 	t.Parallel()
-	target := config.Target{Name: "crm", URL: "http://127.0.0.1:9/hook",
-		RateLimit: config.TargetRateLimit{PerSecond: 1_000_000}, // never binds here
-		Timeout:   config.Duration(30 * time.Second), ConnectTimeout: config.Duration(10 * time.Second)}
-	cfg := &config.Config{Governor: config.Governor{FallbackShare: 0.5}, Targets: []config.Target{target}}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	rds := redistest.Start(t)
-	rdb, err := connectRedis(ctx, rds.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
-	pacer := targetPacers(cfg.Targets, targetGovernorStore(ctx, rdb, cfg, slog.New(slog.DiscardHandler)), slog.New(slog.DiscardHandler))["crm"]
+	pacer, _, _, ctx := redisTargetPacer(t, cappedTestTarget())
 	tk, err := pacer.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -295,4 +272,31 @@ func TestCappedTargetsFirstHeadersHoldTheNextRequest(t *testing.T) {
 		tk.Abort()
 		t.Fatal("the next request was let through although the target said none was left for 30 s")
 	}
+}
+
+// redisTargetPacer returns the pacer serve makes for target with
+// governor.redis on a private redis-server, that client (its round trips
+// counted by rt) and the context it was made with.
+func redisTargetPacer(t *testing.T, target config.Target) (delivery.Pacer, *redis.Client, *redistest.RoundTrips, context.Context) {
+	t.Helper()
+	cfg := &config.Config{Governor: config.Governor{FallbackShare: 0.5}, Targets: []config.Target{target}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	rds := redistest.Start(t)
+	rdb, err := connectRedis(ctx, rds.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	rt := &redistest.RoundTrips{}
+	rdb.AddHook(rt)
+	log := slog.New(slog.DiscardHandler)
+	return targetPacers(cfg.Targets, targetGovernorStore(ctx, rdb, cfg, log), log)[target.Name], rdb, rt, ctx
+}
+
+// cappedTestTarget is a target whose rate_limit never binds in a test.
+func cappedTestTarget() config.Target {
+	return config.Target{Name: "crm", URL: "http://127.0.0.1:9/hook",
+		RateLimit: config.TargetRateLimit{PerSecond: 1_000_000},
+		Timeout:   config.Duration(30 * time.Second), ConnectTimeout: config.Duration(10 * time.Second)}
 }
