@@ -618,3 +618,19 @@ func TestCancelledRequestIsNotLoggedAsFailure(t *testing.T) {
 		t.Errorf("a cancelled request was logged as a failure:\n%s", logs)
 	}
 }
+
+// A request that fails on its deadline is a failure, and is logged as one
+// (only a cancelled run's is not).
+func TestRequestPastItsDeadlineIsLoggedAsFailure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	hs := newHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // never answered: the deadline passes
+	}, nil)
+	if _, err := hs.client.List(ctx, backstop.ListRequest{Resource: backstop.Contacts}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want context.DeadlineExceeded", err)
+	}
+	if logs := hs.logs.String(); !strings.Contains(logs, "request failed") {
+		t.Errorf("a request past its deadline was not logged as a failure:\n%s", logs)
+	}
+}
