@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -301,7 +302,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 			// While draining, the intake answers its own 503s (counted
 			// in its metrics) and /healthz stays 200; the gate answers
 			// the rest.
-			Handler: drainGate(h, handler.Draining, "/healthz", cfg.Intake.Path),
+			Handler: realClient(drainGate(h, handler.Draining, "/healthz", cfg.Intake.Path), cfg.Intake.TrustedPrefixes()),
 			// The intake's body deadline (intake.DefaultBodyTimeout,
 			// 10 s) is well within WriteTimeout, so a body that does not
 			// arrive in time still gets its 408.
@@ -754,4 +755,50 @@ func (c *cachedProbe) check(ctx context.Context, probe func(context.Context) err
 		c.err, c.at = probe(ctx), time.Now()
 	}
 	return c.err
+}
+
+// realClient serves next with each request's RemoteAddr set to the client
+// its proxy names, when the request comes from a trusted proxy: the last
+// address in X-Forwarded-For that is not itself a trusted proxy (each
+// proxy appends the address it got the request from, so the entries to
+// its left are the client's to write and are not believed). Requests from
+// anywhere else keep their connection's address, X-Forwarded-For or not.
+func realClient(next http.Handler, trusted []netip.Prefix) http.Handler {
+	if len(trusted) == 0 {
+		return next
+	}
+	isTrusted := func(a netip.Addr) bool {
+		a = a.WithZone("").Unmap()
+		for _, p := range trusted {
+			if p.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		peer, perr := netip.ParseAddr(host)
+		if err != nil || perr != nil || !isTrusted(peer) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		var hops []string
+		for _, v := range r.Header.Values("X-Forwarded-For") {
+			hops = append(hops, strings.Split(v, ",")...)
+		}
+		for i := len(hops) - 1; i >= 0; i-- {
+			a, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+			if err != nil {
+				break // garbled: believe nothing to its left
+			}
+			if !isTrusted(a) {
+				r2 := r.WithContext(r.Context()) // a copy
+				r2.RemoteAddr = net.JoinHostPort(a.WithZone("").Unmap().String(), "0")
+				next.ServeHTTP(w, r2)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -107,6 +108,37 @@ type Intake struct {
 	// ProxyTokens are more bearer tokens the proxy takes, to rotate
 	// proxy_token without downtime.
 	ProxyTokens []Secret `yaml:"proxy_tokens"`
+	// TrustedProxies are the addresses (or CIDR ranges) of the load
+	// balancers or proxies in front of serve: a request from one of them
+	// is taken to come from the address it names in X-Forwarded-For (the
+	// last one not itself trusted), for the wrong-token limits and the
+	// logs. Empty: every request's address is its connection's.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+}
+
+// TrustedPrefixes returns TrustedProxies as prefixes (an address is its
+// own /32 or /128); Validate has checked them.
+func (in Intake) TrustedPrefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range in.TrustedProxies {
+		if p, err := parseTrustedProxy(s); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// parseTrustedProxy reads one entry of intake.trusted_proxies.
+func parseTrustedProxy(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 // AllProxyTokens returns ProxyToken followed by ProxyTokens, leaving out

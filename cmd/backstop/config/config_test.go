@@ -939,3 +939,19 @@ func TestAdminListen(t *testing.T) {
 		t.Errorf("a good admin.listen: %v %+v", err, cfg.Admin)
 	}
 }
+
+// intake.trusted_proxies takes addresses and CIDR ranges, and names a bad
+// entry's line and index.
+func TestTrustedProxies(t *testing.T) {
+	cfg, err := Parse("schedules.yaml", []byte(base+"intake:\n  trusted_proxies: [10.0.0.0/8, 192.0.2.7, \"::ffff:198.51.100.1\", \"fd00::/8\"]\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(cfg.Intake.TrustedPrefixes()); got != "[10.0.0.0/8 192.0.2.7/32 198.51.100.1/32 fd00::/8]" {
+		t.Errorf("TrustedPrefixes = %s", got)
+	}
+	_, err = Parse("schedules.yaml", []byte(base+"intake:\n  trusted_proxies: [10.0.0.0/8, lb.internal]\n"), env(nil))
+	if want := `schedules.yaml:5: intake.trusted_proxies[1]: want an IP address or a CIDR range such as 10.0.0.0/8, got "lb.internal"`; err == nil || err.Error() != want {
+		t.Errorf("a host name: %v, want %s", err, want)
+	}
+}

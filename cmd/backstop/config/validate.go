@@ -161,6 +161,11 @@ func (c *Config) validate(p *problems) {
 	if in.MaxBatch < 1 || in.MaxBatch > 10000 {
 		p.add(c.errorf("intake.max_batch", "want 1..10000 webhooks per commit, got %d", in.MaxBatch))
 	}
+	for i, tp := range in.TrustedProxies {
+		if _, err := parseTrustedProxy(tp); err != nil {
+			p.add(c.errorf(fmt.Sprintf("intake.trusted_proxies[%d]", i), "want an IP address or a CIDR range such as 10.0.0.0/8, got %q", tp))
+		}
+	}
 	c.shortToken("intake.proxy_token", in.ProxyToken)
 	for i, tok := range in.ProxyTokens {
 		c.shortToken(fmt.Sprintf("intake.proxy_tokens[%d]", i), tok)
