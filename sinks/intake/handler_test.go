@@ -372,6 +372,26 @@ func sendSlowly(t *testing.T, url, head string, body []byte, trickle bool) *http
 	return res
 }
 
+// testClock is a clock a test moves by hand, safe for concurrent use.
+type testClock struct {
+	mu  stdsync.Mutex
+	now time.Time
+}
+
+// Now returns the clock's time.
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Add moves the clock on by d.
+func (c *testClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
 // syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
 type syncBuffer struct {
 	mu  stdsync.Mutex
@@ -395,14 +415,8 @@ func (b *syncBuffer) String() string {
 // rather than a line each; the metric still counts every one.
 func TestBadSignaturesAreLoggedAtMostOnceASecond(t *testing.T) {
 	var logs syncBuffer
-	var mu stdsync.Mutex
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clock := func() time.Time {
-		mu.Lock()
-		defer mu.Unlock()
-		return now
-	}
-	e := newIntakeWith(t, intake.HandlerOptions{Now: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))}, nil)
+	clock := &testClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	e := newIntakeWith(t, intake.HandlerOptions{Now: clock.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))}, nil)
 	body := paymentEvent("evt_forged", "pay_1", "2026-03-01T10:00:00Z", "succeeded")
 	forge := func(r *http.Request) { r.Header.Set("X-Botix-Signature", intake.SignBotix("guessed-secret", body)) }
 	for i := range 50 {
@@ -413,9 +427,7 @@ func TestBadSignaturesAreLoggedAtMostOnceASecond(t *testing.T) {
 	if n := strings.Count(logs.String(), "bad signature"); n != 1 {
 		t.Fatalf("%d warnings for 50 refused signatures within a second, want 1:\n%s", n, logs.String())
 	}
-	mu.Lock()
-	now = now.Add(time.Second)
-	mu.Unlock()
+	clock.Add(time.Second)
 	e.post(body, forge)
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
 	if len(lines) != 2 || !strings.Contains(lines[1], "not_logged_since_last=49") {
@@ -436,13 +448,7 @@ func TestBadSignaturesAreLoggedAtMostOnceASecond(t *testing.T) {
 func TestStoreFailuresAreLoggedAtMostOnceASecond(t *testing.T) {
 	var logs syncBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	var mu stdsync.Mutex
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clock := func() time.Time {
-		mu.Lock()
-		defer mu.Unlock()
-		return now
-	}
+	clock := &testClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
 	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "intake.db"), store.Options{Synchronous: "FULL"})
 	if err != nil {
 		t.Fatal(err)
@@ -456,7 +462,7 @@ func TestStoreFailuresAreLoggedAtMostOnceASecond(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(context.Background()) }()
 	t.Cleanup(func() { w.Close(context.Background()); <-done })
-	srv := httptest.NewServer(intake.NewHandler(v, w, intake.HandlerOptions{Now: clock, Logger: logger}))
+	srv := httptest.NewServer(intake.NewHandler(v, w, intake.HandlerOptions{Now: clock.Now, Logger: logger}))
 	t.Cleanup(srv.Close)
 	e := &intakeEnv{t: t, db: db, srv: srv, writer: w}
 	db.Close() // every commit fails from here on
@@ -470,9 +476,7 @@ func TestStoreFailuresAreLoggedAtMostOnceASecond(t *testing.T) {
 	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
 		t.Fatalf("%d error lines for 20 failed commits within a second, want 1:\n%s", n, logs.String())
 	}
-	mu.Lock()
-	now = now.Add(time.Second)
-	mu.Unlock()
+	clock.Add(time.Second)
 	e.post(paymentEvent("evt_last", "pay_1", "2026-03-01T10:00:00Z", "succeeded"), nil)
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
 	if len(lines) != 2 || !strings.Contains(lines[1], "not_logged_since_last=19") {

@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	stdsync "sync"
 	"testing"
 	"time"
 
@@ -255,16 +254,10 @@ func TestProxyWrongTokensAreLoggedAtMostOnceASecond(t *testing.T) {
 	}
 	t.Cleanup(func() { db.Close() })
 	var logs syncBuffer
-	var mu stdsync.Mutex
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clock := func() time.Time {
-		mu.Lock()
-		defer mu.Unlock()
-		return now
-	}
+	clock := &testClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
 	mux := http.NewServeMux()
 	mux.Handle("/outbox/{target}", intake.NewProxy(db, intake.ProxyOptions{Token: "proxy-token", Targets: []string{"crm"},
-		Now: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
+		Now: clock.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	post := func() int {
@@ -289,9 +282,7 @@ func TestProxyWrongTokensAreLoggedAtMostOnceASecond(t *testing.T) {
 	if n := strings.Count(logs.String(), "wrong bearer token"); n != 1 {
 		t.Fatalf("%d warnings for %d wrong tokens within a second, want 1:\n%s", n, intake.MaxAuthFailures, logs.String())
 	}
-	mu.Lock()
-	now = now.Add(intake.AuthFailureWindow)
-	mu.Unlock()
+	clock.Add(intake.AuthFailureWindow)
 	if code := post(); code != http.StatusUnauthorized {
 		t.Fatalf("wrong token after the window: %d, want 401", code)
 	}
