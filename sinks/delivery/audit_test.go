@@ -116,3 +116,48 @@ func TestRefillLosesNoWake(t *testing.T) {
 		q.waitFor(t, 30*time.Second, fmt.Sprintf("row %d delivered without another wake or poll", id), q.rowStatus(t, id, StatusDelivered))
 	}
 }
+
+// TestConcurrencyHoldsThroughABacklog: with Concurrency 4 and a backlog
+// of several claims, a request that hangs holds one slot: the rest of the
+// backlog, claim after claim, is delivered meanwhile, at most four in
+// flight.
+func TestConcurrencyHoldsThroughABacklog(t *testing.T) {
+	t.Parallel()
+	const n, rows = 4, 400
+	var inFlight, most atomic.Int32
+	hang := make(chan struct{})
+	defer close(hang)
+	rec := newRecorder(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		now := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+		}
+		if r.Header.Get(HeaderEventID) == "evt_5" {
+			select {
+			case <-hang:
+			case <-r.Context().Done():
+			}
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	q := newStoreQueue(t)
+	ids := make([]int64, rows)
+	for i := range rows {
+		ids[i] = q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
+	}
+	// The hanging request outlasts every wait below (its Timeout is a
+	// minute).
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: n, Timeout: time.Minute}}, Options{Poll: time.Hour, Batch: 64})
+	for i, id := range ids {
+		if i == 5 {
+			continue
+		}
+		q.waitFor(t, 30*time.Second, fmt.Sprintf("row %d delivered while evt_5 hangs", i), q.rowStatus(t, id, StatusDelivered))
+	}
+	if st := q.row(t, ids[5]).Status; st == StatusDelivered {
+		t.Fatalf("the hanging row is %s, want still in flight", st)
+	}
+	if m := most.Load(); m > n {
+		t.Errorf("%d requests were in flight at once, want at most %d", m, n)
+	}
+}

@@ -113,6 +113,11 @@ const RecordLinger = 2 * time.Millisecond
 // spread over time do not wake it up once each (see dues).
 const dueSlackPerPoll = 16
 
+// maxPassRows bounds, in claims' worth of rows (Options.Batch), how many
+// rows one pass takes in through refills before it lets its senders drain
+// and the next pass start: the pass keeps a small entry per row it took.
+const maxPassRows = 16
+
 // firstBatch is the most rows a worker claims before it has timed any
 // answer of its target.
 const firstBatch = 16
@@ -479,8 +484,10 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 	// the next one while this one is sent, so that the target does not
 	// wait for a claim, or for its next poll, between batches.
 	// (claimLimit keeps the two within the lease.)
+	// With concurrency over 1 deliverAll claims the next rows itself as
+	// slots free up (see its refills).
 	var ahead chan claim
-	if c.full {
+	if c.full && w.concurrency == 1 {
 		ahead = make(chan claim, 1)
 		go func() {
 			next, err := d.claim(ctx, w, d.now(), limit)
@@ -490,7 +497,7 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 			ahead <- next
 		}()
 	}
-	unsent, gone := d.deliverAll(ctx, w, c)
+	unsent, gone, backlog := d.deliverAll(ctx, w, c)
 	if ahead != nil {
 		w.ahead = <-ahead
 	}
@@ -508,7 +515,7 @@ func (d *Dispatcher) pass(ctx context.Context, w *worker) time.Duration {
 		d.setDisabled(w, true)
 		return d.poll
 	}
-	if len(w.ahead.rows) > 0 {
+	if len(w.ahead.rows) > 0 || backlog {
 		return 0
 	}
 	wait := d.poll
@@ -615,13 +622,14 @@ func (d *Dispatcher) release(ctx context.Context, w *worker, c claim) {
 // (a 410), none is sent at all and deliverAll reports gone. No row is sent
 // once its claim's lease has less than w.room left.
 //
-// With concurrency over 1 and a claim that took every due row (not full),
-// a sender that runs out of rows while others are still in flight does
-// not leave its slot idle until they are answered: it waits for rows to
-// come (Wake, or a retry of the worker's coming due), claims them and
-// sends them beside the requests in flight, so that one slow request
-// holds one slot, not the target.
-func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent []claim, gone bool) {
+// With concurrency over 1, a sender that runs out of rows while others are
+// still in flight does not leave its slot idle until they are answered: it
+// claims the next rows (at once while the last claim was full, so a
+// backlog flows claim after claim; else once rows come: Wake, or a retry
+// of the worker's coming due) and sends them beside the requests in
+// flight, so that one slow request holds one slot, not the target.
+// backlog reports that the last claim was full: more rows may be due.
+func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent []claim, gone, backlog bool) {
 	// items are the rows to send, in order, each with the claim (an index
 	// in claims) that leased it: c's, then those of refills.
 	type item struct {
@@ -646,7 +654,11 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 	// Refills (see above), guarded by w.mu: active counts the senders
 	// running; refilling is set while one of them waits for rows, and idle
 	// tells it when it is the last one left.
-	refill := w.concurrency > 1 && !c.full && len(c.rows) > 0
+	refill := w.concurrency > 1 && len(c.rows) > 0
+	// more is set while the last claim took every row it asked for: more
+	// may be due, and a refill claims them at once rather than wait for a
+	// wake; guarded by w.mu.
+	more := c.full
 	active, refilling := 0, false
 	idle := make(chan struct{}, 1)
 	// stopped reports, under w.mu, whether no row may be sent now.
@@ -678,7 +690,9 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 			return 0, item{}, false, false
 		}
 		next++
-		return next - 1, items[next-1], true, false
+		it = items[next-1]
+		items[next-1].row = Row{} // taken: its payload is the sender's now
+		return next - 1, it, true, false
 	}
 	var senders sync.WaitGroup
 	var send func()
@@ -689,7 +703,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 	// target stopped, or ctx ended).
 	refillRows := func() (refilled bool) {
 		w.mu.Lock()
-		if !refill || refilling || active == 1 {
+		if !refill || refilling || active == 1 || len(items) >= maxPassRows*d.batch {
 			w.mu.Unlock()
 			return false
 		}
@@ -712,10 +726,14 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		for {
 			w.mu.Lock()
 			due, hasDue := w.dues.next()
+			backlog := more
 			w.mu.Unlock()
 			wait := d.poll
 			if hasDue {
 				wait = min(wait, max(due.Sub(d.now()), 0))
+			}
+			if backlog {
+				wait = 0
 			}
 			timer := time.NewTimer(wait)
 			select {
@@ -743,28 +761,26 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 			// As many as a pass would claim: those beyond the free slots
 			// wait in memory for one, under their lease (claimLimit keeps
 			// them within it).
-			more, err := d.claim(ctx, w, now, d.claimLimit(w))
+			next, err := d.claim(ctx, w, now, d.claimLimit(w))
 			if err != nil {
 				if ctx.Err() == nil {
 					w.logger.Error("claim due deliveries", "err", err)
 				}
 				return false
 			}
-			if len(more.rows) == 0 {
+			w.mu.Lock()
+			more = next.full
+			w.mu.Unlock()
+			if len(next.rows) == 0 {
 				woken = false // used: nothing was due
 				continue
 			}
-			if more.full {
-				// More may be due: the next refill (or pass) claims at
-				// once rather than at the next poll.
-				w.poke()
-			}
 			w.mu.Lock()
-			claims = append(claims, more)
-			for _, r := range more.rows {
+			claims = append(claims, next)
+			for _, r := range next.rows {
 				items = append(items, item{row: r, claim: len(claims) - 1})
 			}
-			extra := min(len(more.rows)-1, free-1)
+			extra := min(len(next.rows)-1, free-1)
 			active += extra
 			w.mu.Unlock()
 			for range extra {
@@ -878,7 +894,10 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 			// Done, stopped, out of lease, or paused for longer than the
 			// lease lets the rest be held: it is released, and the next
 			// pass waits for the pause.
-			return unsentRows(), gone
+			w.mu.Lock()
+			backlog = more
+			w.mu.Unlock()
+			return unsentRows(), gone, backlog
 		}
 		// The rest of the batch is claimed: hold it until the pause ends
 		// rather than leave it to its lease.
@@ -886,7 +905,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		ok := d.holdThrough(ctx, w, until)
 		d.setPaused(w, false)
 		if !ok {
-			return unsentRows(), false
+			return unsentRows(), false, false
 		}
 		w.mu.Lock()
 		w.pauseUntil = time.Time{} // slept out (no sender runs meanwhile)
