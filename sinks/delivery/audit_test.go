@@ -18,26 +18,12 @@ import (
 func TestConcurrencyHoldsForRowsThatComeOneAtATime(t *testing.T) {
 	t.Parallel()
 	const n = 4
-	var inFlight, most atomic.Int32
-	hang := make(chan struct{})
-	defer close(hang)
-	rec := newRecorder(t, func(_ int, w http.ResponseWriter, r *http.Request) {
-		now := inFlight.Add(1)
-		defer inFlight.Add(-1)
-		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
-		}
-		if r.Header.Get(HeaderEventID) == "evt_slow" {
-			select {
-			case <-hang:
-			case <-r.Context().Done():
-			}
-		}
-		w.WriteHeader(http.StatusOK)
-	})
+	rec, flight, release := hangingTarget(t, "evt_slow")
+	defer release()
 	q := newStoreQueue(t)
 	slow := q.add(t, "crm", "evt_slow", "contact.created", `{"id":"ct_slow"}`)
 	d := start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: n}}, Options{Poll: time.Hour})
-	q.waitFor(t, 10*time.Second, "the slow request in flight", func() bool { return inFlight.Load() == 1 })
+	q.waitFor(t, 10*time.Second, "the slow request in flight", func() bool { return flight.now.Load() == 1 })
 	for i := range 6 {
 		id := q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
 		d.Wake("crm")
@@ -46,7 +32,7 @@ func TestConcurrencyHoldsForRowsThatComeOneAtATime(t *testing.T) {
 	if st := q.row(t, slow).Status; st == StatusDelivered {
 		t.Fatalf("the slow row is %s, want still in flight", st)
 	}
-	if m := most.Load(); m > n {
+	if m := flight.most.Load(); m > n {
 		t.Errorf("%d requests were in flight at once, want at most %d", m, n)
 	}
 }
@@ -124,22 +110,8 @@ func TestRefillLosesNoWake(t *testing.T) {
 func TestConcurrencyHoldsThroughABacklog(t *testing.T) {
 	t.Parallel()
 	const n, rows = 4, 400
-	var inFlight, most atomic.Int32
-	hang := make(chan struct{})
-	defer close(hang)
-	rec := newRecorder(t, func(_ int, w http.ResponseWriter, r *http.Request) {
-		now := inFlight.Add(1)
-		defer inFlight.Add(-1)
-		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
-		}
-		if r.Header.Get(HeaderEventID) == "evt_5" {
-			select {
-			case <-hang:
-			case <-r.Context().Done():
-			}
-		}
-		w.WriteHeader(http.StatusOK)
-	})
+	rec, flight, release := hangingTarget(t, "evt_5")
+	defer release()
 	q := newStoreQueue(t)
 	ids := make([]int64, rows)
 	for i := range rows {
@@ -157,7 +129,39 @@ func TestConcurrencyHoldsThroughABacklog(t *testing.T) {
 	if st := q.row(t, ids[5]).Status; st == StatusDelivered {
 		t.Fatalf("the hanging row is %s, want still in flight", st)
 	}
-	if m := most.Load(); m > n {
+	if m := flight.most.Load(); m > n {
 		t.Errorf("%d requests were in flight at once, want at most %d", m, n)
 	}
+}
+
+// inFlight counts a test target's requests in flight, and the most there
+// were at once.
+type inFlight struct{ now, most atomic.Int32 }
+
+// enter counts a request in; the returned func counts it out.
+func (c *inFlight) enter() func() {
+	now := c.now.Add(1)
+	for m := c.most.Load(); now > m && !c.most.CompareAndSwap(m, now); m = c.most.Load() {
+	}
+	return func() { c.now.Add(-1) }
+}
+
+// hangingTarget is a target that answers 200 at once, but holds the
+// request for event id hangID until release is called (defer it: before
+// the dispatcher and the target stop, which would wait for it).
+func hangingTarget(t *testing.T, hangID string) (rec *recorder, flight *inFlight, release func()) {
+	t.Helper()
+	flight = &inFlight{}
+	hang := make(chan struct{})
+	rec = newRecorder(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		defer flight.enter()()
+		if r.Header.Get(HeaderEventID) == hangID {
+			select {
+			case <-hang:
+			case <-r.Context().Done():
+			}
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	return rec, flight, func() { close(hang) }
 }

@@ -691,13 +691,10 @@ func TestConcurrencySendsInParallelWithinItsBound(t *testing.T) {
 		n    = 3
 		rows = 12
 	)
-	var inFlight, most atomic.Int32
+	var flight inFlight
 	release := make(chan struct{})
 	rec := newRecorder(t, func(_ int, w http.ResponseWriter, r *http.Request) {
-		now := inFlight.Add(1)
-		defer inFlight.Add(-1)
-		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
-		}
+		defer flight.enter()()
 		select {
 		case <-release:
 		case <-r.Context().Done():
@@ -710,12 +707,12 @@ func TestConcurrencySendsInParallelWithinItsBound(t *testing.T) {
 		ids[i] = q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
 	}
 	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: n}}, Options{Concurrency: 1})
-	q.waitFor(t, 10*time.Second, "n requests in flight", func() bool { return inFlight.Load() == n })
+	q.waitFor(t, 10*time.Second, "n requests in flight", func() bool { return flight.now.Load() == n })
 	close(release)
 	for _, id := range ids {
 		q.waitFor(t, 10*time.Second, "delivery", q.rowStatus(t, id, StatusDelivered))
 	}
-	if m := most.Load(); m != n {
+	if m := flight.most.Load(); m != n {
 		t.Errorf("at most %d requests were in flight, want %d", m, n)
 	}
 }
