@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/backstop-sync/backstop/internal/redistest"
+	"github.com/backstop-sync/backstop/internal/syncbuf"
 	bsync "github.com/backstop-sync/backstop/sync"
 )
 
@@ -262,7 +263,7 @@ func TestSchedulerStopsARunWhenTheLeaseIsLost(t *testing.T) {
 func TestRedisLeaseLogsStandbyOnce(t *testing.T) {
 	rdb := redisClient(t)
 	ctx := context.Background()
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	a, c := newLease(t, rdb, 3*time.Second), newLease(t, rdb, 3*time.Second)
 	b, err := bsync.NewRedisLease(rdb, bsync.LeaseOptions{TTL: 3 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})

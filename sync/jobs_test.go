@@ -8,12 +8,12 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
-	stdsync "sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/syncbuf"
 	"github.com/backstop-sync/backstop/store"
 	bsync "github.com/backstop-sync/backstop/sync"
 )
@@ -86,7 +86,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // the scheduled runs that come meanwhile are skipped, counted and stored.
 func TestJobLongerThanIntervalNeverOverlaps(t *testing.T) {
 	db := openStore(t)
-	var warnings lockedBuffer
+	var warnings syncbuf.Buffer
 	var running, maxRunning, calls atomic.Int32
 	release := make(chan struct{})
 	started := make(chan struct{}, 100)
@@ -172,24 +172,6 @@ func TestJobLongerThanIntervalNeverOverlaps(t *testing.T) {
 	if n := strings.Count(warnings.String(), "run skipped"); n != 1 {
 		t.Errorf("%d warnings of skipped runs during one run, want 1:\n%s", n, warnings.String())
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type lockedBuffer struct {
-	mu  stdsync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // RunJob runs a job now and stores the run with its counts; a sync job

@@ -8,7 +8,6 @@ package redistest
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/backstop-sync/backstop/internal/syncbuf"
 )
 
 // startTimeout bounds how long Start and Restart wait for PONG.
@@ -104,7 +105,7 @@ func (s *Server) Restart() {
 
 // start runs redis-server on s.port and waits for PONG.
 func (s *Server) start() error {
-	out := &lockedBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd := exec.Command(s.bin,
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
@@ -218,22 +219,4 @@ func freePort() (int, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-// lockedBuffer collects the server's output for error messages.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

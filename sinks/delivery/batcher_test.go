@@ -1,7 +1,6 @@
 package delivery
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/backstop-sync/backstop/internal/syncbuf"
 )
 
 // TestBatcherRecordsTheOthersWhenOneFails: attempts handed over together
@@ -106,24 +107,6 @@ func (q *stuckQueue) RecordAttempts(ctx context.Context, _ []AttemptRecord) ([]i
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestStuckStoreGivesRecordsUpWithinTheirRoom: while the store cannot
 // commit, the record of each answered attempt is given up recordTimeout
 // after its answer, the room its lease keeps for it (a row is sent only
@@ -144,7 +127,7 @@ func TestStuckStoreGivesRecordsUpWithinTheirRoom(t *testing.T) {
 		ids = append(ids, sq.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`))
 	}
 	rec := newRecorder(t, status(http.StatusOK))
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	d, err := New(q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: rows}},
 		Options{Poll: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -207,7 +190,7 @@ func TestShortRecordResultIsAnError(t *testing.T) {
 	sq := newStoreQueue(t)
 	sq.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
 	rec := newRecorder(t, status(http.StatusOK))
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	reg := prometheus.NewRegistry()
 	d, err := New(shortQueue{sq}, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}},
 		Options{Poll: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registerer: reg})
@@ -236,7 +219,7 @@ func TestShortRecordResultIsAnError(t *testing.T) {
 // the next failure is a warning again; dead letters stay warnings.
 func TestFailingTargetLogsOnceUntilItDeliversAgain(t *testing.T) {
 	q := newStoreQueue(t)
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	d, err := New(q, []Target{{Name: "crm", URL: "https://crm.example.com/hook"}},
 		Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

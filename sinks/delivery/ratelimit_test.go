@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/backstop-sync/backstop/internal/syncbuf"
 )
 
 // A 429 pauses the target but does not use up the row's retries: only
@@ -169,7 +171,7 @@ func TestRepeatedRateLimitsReportTheRealPause(t *testing.T) {
 	})
 	q := newStoreQueue(t)
 	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	pacer := &doublingPacer{}
 	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, RetrySchedule: ms(5, 5, 5, 5)}},
 		Options{Pacers: map[string]Pacer{"crm": pacer}, Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})

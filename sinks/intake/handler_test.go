@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/syncbuf"
 	"github.com/backstop-sync/backstop/sinks/intake"
 	"github.com/backstop-sync/backstop/store"
 )
@@ -392,29 +393,11 @@ func (c *testClock) Add(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu  stdsync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // Anyone can send requests whose signature fails: a flood of them writes
 // one warning a second, the next one saying how many were not logged,
 // rather than a line each; the metric still counts every one.
 func TestBadSignaturesAreLoggedAtMostOnceASecond(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	clock := &testClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
 	e := newIntakeWith(t, intake.HandlerOptions{Now: clock.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))}, nil)
 	body := paymentEvent("evt_forged", "pay_1", "2026-03-01T10:00:00Z", "succeeded")
@@ -446,7 +429,7 @@ func TestBadSignaturesAreLoggedAtMostOnceASecond(t *testing.T) {
 // from the handler and another from the writer), the next line saying how
 // many were not logged.
 func TestStoreFailuresAreLoggedAtMostOnceASecond(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	clock := &testClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
 	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "intake.db"), store.Options{Synchronous: "FULL"})

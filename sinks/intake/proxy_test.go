@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/backstop-sync/backstop/internal/syncbuf"
 	"github.com/backstop-sync/backstop/sinks/intake"
 	"github.com/backstop-sync/backstop/store"
 )
@@ -253,7 +254,7 @@ func TestProxyWrongTokensAreLoggedAtMostOnceASecond(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	clock := &testClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
 	mux := http.NewServeMux()
 	mux.Handle("/outbox/{target}", intake.NewProxy(db, intake.ProxyOptions{Token: "proxy-token", Targets: []string{"crm"},

@@ -1,7 +1,6 @@
 package governor
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -19,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/backstop-sync/backstop/internal/redistest"
+	"github.com/backstop-sync/backstop/internal/syncbuf"
 )
 
 // newRedis starts a private redis-server and returns a client of it.
@@ -494,24 +494,6 @@ func TestRedisStoreVersionsDoNotRepeatAfterALostKey(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // probesEnded reports whether the store's background probes have all
 // ended within d.
 func probesEnded(f *FallbackStore, d time.Duration) bool {
@@ -547,7 +529,7 @@ func fallBack(t *testing.T, f *FallbackStore, pol Policy) {
 func TestFallbackStoreProbesInTheBackground(t *testing.T) {
 	srv, rdb := newRedis(t)
 	ctx := context.Background()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	const retry = 100 * time.Millisecond
 	f := NewFallbackStore(NewRedisStore(rdb, RedisOptions{}), FallbackOptions{Share: 0.25, Retry: retry,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
