@@ -139,9 +139,11 @@ func TestOpsServeWarnsWithoutMaintenanceJob(t *testing.T) {
 // said ready, so a load balancer kept sending them and no alert on
 // readiness fired. /readyz now answers 503 store_error after a failed
 // commit until a write of its own commits, and 200 again once it does,
-// without waiting for a webhook.
+// without waiting for a webhook. Its answer names the cause in words but
+// not the store's path or the driver's message (/readyz may be public);
+// those are in the log.
 func TestOpsReadyzFailsWhileTheStoreCannotCommit(t *testing.T) {
-	e, _, addr := opsServe(t)
+	e, p, addr := opsServe(t)
 	ctx := context.Background()
 	raw, err := sql.Open("sqlite", e.db+"?_pragma=busy_timeout(10000)")
 	if err != nil {
@@ -177,6 +179,15 @@ func TestOpsReadyzFailsWhileTheStoreCannotCommit(t *testing.T) {
 	if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(answer), "store_error") {
 		t.Fatalf("/readyz after a failed commit: %d %s, want 503 store_error", res.StatusCode, answer)
 	}
+	if !strings.Contains(string(answer), "another process holds the store's write lock") {
+		t.Fatalf("/readyz does not name the cause: %s", answer)
+	}
+	for _, leak := range []string{filepath.Base(e.db), "locked", "SQLITE"} {
+		if strings.Contains(string(answer), leak) {
+			t.Fatalf("/readyz answer shows %q, internals for the log only: %s", leak, answer)
+		}
+	}
+	p.waitCount("not ready: the last webhook commit failed and so did a test write", 1, 15*time.Second)
 	if got := getStatus(t, "http://"+addr+"/healthz"); got != http.StatusOK {
 		t.Fatalf("/healthz while the store cannot commit: %d, want 200 (a restart would not help)", got)
 	}

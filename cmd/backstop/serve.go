@@ -254,10 +254,20 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	})
 	// After a failed commit each /readyz makes a test write, which holds
 	// the store's one writer connection: a second's probes share one.
+	// The answers name the cause in a few words (store.Cause) but never
+	// the store's path or the driver's message: /readyz may be public.
+	// Those go to the log, once per probe run.
+	pingProbe := &cachedProbe{every: time.Second}
 	writeProbe := &cachedProbe{every: time.Second}
 	readyz := getOnly(func(w http.ResponseWriter, r *http.Request) {
-		if err := a.db.Ping(r.Context()); err != nil {
-			intake.WriteError(w, http.StatusServiceUnavailable, "store_unavailable", "the store cannot be reached: "+err.Error())
+		if err := pingProbe.check(r.Context(), func(ctx context.Context) error {
+			err := a.db.Ping(ctx)
+			if err != nil {
+				log.Error("not ready: the store cannot be reached", "error", err)
+			}
+			return err
+		}); err != nil {
+			intake.WriteError(w, http.StatusServiceUnavailable, "store_unavailable", withCause("the store cannot be reached", err)+"; serve's log has the details")
 			return
 		}
 		// The store answers, but when the last webhook commit failed
@@ -265,9 +275,18 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		// a write of its own commits again; without this check a serve
 		// answering every webhook 503 said it was ready.
 		if failed := stack.metrics.CommitFailure(); failed != nil {
-			if err := writeProbe.check(r.Context(), a.db.PingWrite); err != nil {
+			if err := writeProbe.check(r.Context(), func(ctx context.Context) error {
+				err := a.db.PingWrite(ctx)
+				if err != nil {
+					log.Error("not ready: the last webhook commit failed and so did a test write", "commit_error", failed, "error", err)
+				}
+				return err
+			}); err != nil {
+				if store.Cause(err) == "" {
+					err = failed
+				}
 				intake.WriteError(w, http.StatusServiceUnavailable, "store_error",
-					"the store cannot commit: the last webhook commit failed ("+failed.Error()+") and so did a test write: "+err.Error())
+					withCause("the store cannot commit", err)+": the last webhook commit failed and so did a test write; serve's log has the details")
 				return
 			}
 			stack.metrics.CommitRecovered(failed)
@@ -736,6 +755,15 @@ func warnUnconfiguredTargets(ctx context.Context, db *store.DB, targets []config
 			"target", s.Name, "pending", s.Pending, "retrying", s.Retrying, "dead_letter", s.DeadLetter)
 	}
 	return nil
+}
+
+// withCause is msg followed by store.Cause(err) in parentheses, when err
+// is one of the conditions it names.
+func withCause(msg string, err error) string {
+	if c := store.Cause(err); c != "" {
+		return msg + " (" + c + ")"
+	}
+	return msg
 }
 
 // cachedProbe runs a check at most once every so often and answers the

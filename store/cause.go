@@ -1,0 +1,35 @@
+package store
+
+import (
+	"errors"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// Cause names, in a few words fit to show outside the process, why the
+// store refused an operation: "the disk is full", "the store file is
+// read-only", and so on. It never includes the store's path or the
+// driver's message, which belong in the log. It returns "" when err is not
+// one of the conditions it knows.
+func Cause(err error) string {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return ""
+	}
+	switch se.Code() & 0xff { // the primary result code of an extended one
+	case sqlite3.SQLITE_FULL:
+		return "the disk is full"
+	case sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM:
+		return "the store file cannot be written"
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return "another process holds the store's write lock"
+	case sqlite3.SQLITE_IOERR:
+		return "the disk reported an I/O error"
+	case sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB:
+		return "the store file is damaged"
+	case sqlite3.SQLITE_CANTOPEN:
+		return "the store file cannot be opened"
+	}
+	return ""
+}
