@@ -10,12 +10,14 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,7 +25,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+	sqlite "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
 	"github.com/backstop-sync/backstop"
 )
@@ -81,7 +83,9 @@ var _ backstop.Mirror = (*DB)(nil)
 
 // Open opens the store at path, creating the file when it does not exist, and
 // brings its schema up to date by running the embedded migrations that have
-// not run yet. Errors name the path. The directory must exist.
+// not run yet. Errors name the path. The directory must exist. A file that
+// is not SQLite, or an SQLite database another application made, is refused
+// with an error wrapping ErrNotStore and left as it was.
 func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	db, err := open(ctx, path, opts)
 	if err != nil {
@@ -120,9 +124,11 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 	}()
 
 	busyMS := strconv.FormatInt(busy.Milliseconds(), 10)
+	// journal_mode is not among the connection's pragmas: it is a lasting
+	// change to the file, made (setWAL) only once the file is known to be
+	// a backstop store or a new one (checkOwner).
 	db.w, err = sqlx.Open(driverName, path+"?_txlock=immediate"+
 		"&_pragma=busy_timeout("+busyMS+")"+
-		"&_pragma=journal_mode(WAL)"+
 		"&_pragma=journal_size_limit("+strconv.FormatInt(walSizeLimit, 10)+")"+
 		"&_pragma=foreign_keys(1)"+
 		"&_pragma=synchronous("+syncMode+")")
@@ -137,6 +143,12 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 	// the migrations), SQLite can answer SQLITE_BUSY at once, without its
 	// busy handler: retry within the busy timeout.
 	if err := retryBusy(ctx, busy, func() error { return db.w.PingContext(ctx) }); err != nil {
+		return nil, notADB(err)
+	}
+	if err := retryBusy(ctx, busy, func() error { return db.checkOwner(ctx) }); err != nil {
+		return nil, err
+	}
+	if err := retryBusy(ctx, busy, func() error { return db.setWAL(ctx) }); err != nil {
 		return nil, err
 	}
 	if err := retryBusy(ctx, busy, func() error { return db.migrate(ctx) }); err != nil {
@@ -399,6 +411,75 @@ func migrations() ([]migration, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
 	return out, nil
+}
+
+// ErrNotStore is returned by Open, wrapped, for an SQLite database that
+// another application made: Open leaves such a file as it found it.
+var ErrNotStore = errors.New("not a backstop store")
+
+// sqliteNotADB is SQLite's SQLITE_NOTADB: the file is not a database.
+const sqliteNotADB = 26
+
+// checkOwner refuses a database that holds tables but no schema_migrations
+// of backstop's (version, name, applied_at): another application's, which
+// a wrong store path must not fill with backstop's tables, and a file that
+// is not SQLite at all. An empty file is a new store. It only reads.
+func (db *DB) checkOwner(ctx context.Context) error {
+	// One statement, so that both are read from one snapshot while another
+	// process may be creating the store.
+	var row struct {
+		Cols   sql.NullString `db:"cols"`
+		Tables sql.NullString `db:"tables"`
+	}
+	if err := db.w.GetContext(ctx, &row, `SELECT
+		(SELECT group_concat(name, ', ') FROM pragma_table_info('schema_migrations')) AS cols,
+		(SELECT group_concat(name, ', ') FROM (SELECT name FROM sqlite_schema
+			WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite\_%' ESCAPE '\' ORDER BY name LIMIT 4)) AS tables`); err != nil {
+		return fmt.Errorf("read schema: %w", notADB(err))
+	}
+	if row.Cols.Valid {
+		cols := strings.Split(row.Cols.String, ", ")
+		for _, want := range []string{"version", "name", "applied_at"} {
+			if !slices.Contains(cols, want) {
+				return fmt.Errorf("%w: its schema_migrations (%s) is another tool's, not backstop's (version, name, applied_at); nothing was changed; check the store path",
+					ErrNotStore, row.Cols.String)
+			}
+		}
+		return nil
+	}
+	if !row.Tables.Valid {
+		return nil
+	}
+	tables := strings.Split(row.Tables.String, ", ")
+	list := strings.Join(tables[:min(len(tables), 3)], ", ")
+	if len(tables) > 3 {
+		list += ", …"
+	}
+	return fmt.Errorf("%w: the database holds another application's tables (%s) and no schema_migrations; nothing was changed; check the store path",
+		ErrNotStore, list)
+}
+
+// notADB returns err, or, when it is SQLite's "file is not a database",
+// an ErrNotStore saying so.
+func notADB(err error) error {
+	if se := (*sqlite.Error)(nil); errors.As(err, &se) && se.Code()&0xff == sqliteNotADB {
+		return fmt.Errorf("%w: the file is not an SQLite database (%v); check the store path", ErrNotStore, err)
+	}
+	return err
+}
+
+// setWAL switches the file to WAL mode (a new file, or one made by a
+// version that did not), which lasts; a file already in WAL mode is left
+// as it is.
+func (db *DB) setWAL(ctx context.Context) error {
+	var mode string
+	if err := db.w.GetContext(ctx, &mode, `PRAGMA journal_mode = WAL`); err != nil {
+		return fmt.Errorf("set WAL mode: %w", err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		return fmt.Errorf("set WAL mode: the journal mode stayed %q", mode)
+	}
+	return nil
 }
 
 // migrate applies, in order, each embedded migration that schema_migrations
