@@ -55,6 +55,106 @@ func (db *DB) readVersions(ctx context.Context, t *table, args []any, out map[st
 	return rows.Err()
 }
 
+// EmitSuperseded is the status EmitChanged gives an event whose object the
+// mirror already holds in a newer version when the event's transaction
+// runs: nothing of the event is stored, mirrored or queued.
+const EmitSuperseded backstop.EmitStatus = "superseded"
+
+// EmitChanged is Emit for events that announce the platform's current
+// state of objects the caller found missing from the mirror or behind it
+// (reconcile's). The caller compared before the emit, and a webhook may
+// have brought a newer version of an object since: in the same
+// transaction as the emit path, each event whose object the mirror now
+// holds in a version newer than the event's is left out as EmitSuperseded,
+// so that an older state is never queued after a newer one was. The
+// others go through the emit path exactly as in Emit (the same version
+// already processed is an EmitDuplicate there). Results are in the order
+// of events; on error nothing is committed.
+func (db *DB) EmitChanged(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
+	if len(events) == 0 {
+		return []backstop.EmitResult{}, nil
+	}
+	res, err := db.emitChanged(ctx, events, routes)
+	if err != nil {
+		return nil, fmt.Errorf("emit: %w", err)
+	}
+	return res, nil
+}
+
+func (db *DB) emitChanged(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
+	if err := checkRoutes(routes); err != nil {
+		return nil, err
+	}
+	for i, ev := range events {
+		if err := checkEvent(ev); err != nil {
+			return nil, fmt.Errorf("event %d of %d (%s): %w", i+1, len(events), ev.ID, err)
+		}
+	}
+	now := db.now()
+	stamp := backstop.CanonicalTime(now)
+
+	tx, err := db.w.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+
+	// As in Emit: statements run without ctx's cancellation; ctx is
+	// checked between events and by the commit.
+	sctx := context.WithoutCancel(ctx)
+	stored, err := eventVersions(sctx, tx, events)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]backstop.EmitResult, len(events))
+	keep := make([]backstop.Event, 0, len(events))
+	at := make([]int, 0, len(events))
+	for i, ev := range events {
+		if _, ok := ev.Object(); ok {
+			// Canonical times are fixed width: text order is time order.
+			if v, ok := stored[ev.Resource][ev.ObjectID]; ok && v > backstop.CanonicalTime(ev.UpdatedAt) {
+				out[i] = backstop.EmitResult{Status: EmitSuperseded}
+				continue
+			}
+		}
+		keep = append(keep, ev)
+		at = append(at, i)
+	}
+	res, err := db.emitInTx(ctx, sctx, tx, now, stamp, keep, routes)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range at {
+		out[i] = res[j]
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("commit %d events: %w", len(keep), err)
+	}
+	return out, nil
+}
+
+// eventVersions reads in tx the mirrored canonical updated_at of the
+// objects events carry, by resource and id.
+func eventVersions(ctx context.Context, tx *sqlx.Tx, events []backstop.Event) (map[backstop.Resource]map[string]string, error) {
+	objs := make(map[backstop.Resource][]backstop.Object)
+	for _, ev := range events {
+		if o, ok := ev.Object(); ok {
+			objs[o.Resource] = append(objs[o.Resource], o)
+		}
+	}
+	out := make(map[backstop.Resource]map[string]string, len(objs))
+	for r, os := range objs {
+		t, err := tableFor(r)
+		if err != nil {
+			return nil, err
+		}
+		if out[r], err = storedVersions(ctx, tx, t, os); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 // ReconcileStaleAfter is how long a reconcile run may go without a
 // heartbeat before a "running" row is taken for one whose process died
 // (SIGKILL, a crash, a power loss) and closed as "abandoned".

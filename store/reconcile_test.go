@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -226,5 +227,75 @@ func TestLastReconcileSkipsRunsThatLeftAGap(t *testing.T) {
 	full := run(time.Time{}, true)
 	if got := last(); !got.Equal(full) {
 		t.Errorf("after a full run: %v, want %v", got, full)
+	}
+}
+
+// EmitChanged leaves out, in its own transaction, the events of objects
+// the mirror holds in a newer version, and is Emit for the others: a
+// missing or older object is emitted, the same version is the dedup's
+// duplicate, and an unknown type passes through.
+func TestEmitChanged(t *testing.T) {
+	db, _ := openTest(t)
+	ctx := context.Background()
+	r, rec := backstop.Payments, backstop.OriginReconcile
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	// Webhooks brought pay_newer's refund and pay_same's success.
+	if _, err := db.Emit(ctx, []backstop.Event{
+		event(t, "evt_w1", "payment.refunded", backstop.OriginWebhook, r, "pay_newer", "2024-05-01T12:00:00Z"),
+		event(t, "evt_w2", "payment.succeeded", backstop.OriginWebhook, r, "pay_same", "2024-05-01T10:00:00Z"),
+	}, routes); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.InsertBatch(ctx, []backstop.Object{obj(t, r, "pay_older", "2024-05-01T09:00:00Z", map[string]any{"status": "pending"})}); err != nil {
+		t.Fatal(err)
+	}
+	events := []backstop.Event{
+		// Read upstream before the refund came.
+		event(t, "evt_r1", "payment.succeeded", rec, r, "pay_newer", "2024-05-01T11:00:00Z"),
+		event(t, "evt_r2", "payment.succeeded", rec, r, "pay_same", "2024-05-01T10:00:00.000Z"),
+		event(t, "evt_r3", "payment.succeeded", rec, r, "pay_older", "2024-05-01T11:00:00Z"),
+		event(t, "evt_r4", "payment.failed", rec, r, "pay_missing", "2024-05-01T11:00:00Z"),
+		{ID: "evt_r5", Type: "payment.disputed_v2", Origin: rec, Data: []byte(`{}`)},
+	}
+	res, err := db.EmitChanged(ctx, events, routes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []backstop.EmitStatus{EmitSuperseded, backstop.EmitDuplicate, backstop.EmitAccepted, backstop.EmitAccepted, backstop.EmitAccepted}
+	for i, w := range want {
+		if res[i].Status != w {
+			t.Errorf("event %s: %s, want %s", events[i].ID, res[i].Status, w)
+		}
+	}
+	if res[0].Outbox != 0 || res[2].Outbox != 1 || !res[2].MirrorWritten || res[3].Outbox != 1 || !res[3].MirrorWritten {
+		t.Errorf("results %+v: the superseded event queued, or an older or missing object's was not", res)
+	}
+	if _, ok, err := db.ProcessedEvent(ctx, "evt_r1"); err != nil || ok {
+		t.Errorf("superseded event stored: ok=%v err=%v", ok, err)
+	}
+	if got, ok, err := db.Get(ctx, r, "pay_newer"); err != nil || !ok || !got.UpdatedAt.Equal(mustTime(t, "2024-05-01T12:00:00Z")) {
+		t.Errorf("pay_newer in the mirror at %v (ok=%v err=%v), want the webhook's", got.UpdatedAt, ok, err)
+	}
+	rows, err := db.OutboxRows(ctx, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range rows {
+		if row.EventID == "evt_r1" {
+			t.Error("superseded event queued")
+		}
+	}
+	if len(rows) != 5 { // two webhooks, pay_older, pay_missing, the unknown type
+		t.Errorf("billing outbox %d rows, want 5", len(rows))
+	}
+	if res, err := db.EmitChanged(ctx, nil, routes); err != nil || len(res) != 0 {
+		t.Errorf("no events: %v, %v", res, err)
+	}
+	bad := []backstop.Event{event(t, "evt_r6", "payment.failed", rec, r, "pay_other", "2024-05-01T11:00:00Z"), {ID: "evt_bad", Origin: rec}}
+	if _, err := db.EmitChanged(ctx, bad, routes); err == nil || !strings.Contains(err.Error(), "event 2 of 2 (evt_bad)") {
+		t.Errorf("an event without type: %v, want an error naming it", err)
+	}
+	if _, ok, _ := db.ProcessedEvent(ctx, "evt_r6"); ok {
+		t.Error("the batch with a bad event was committed in part")
 	}
 }

@@ -47,6 +47,16 @@ type Engine struct {
 	// wraps EmitPageAt too. Unset, emitting runs save their cursor as
 	// before, and a reset made while one runs can be undone by it.
 	EmitGuard GuardedPageStore
+	// ReconcileEmitter, when set, emits Reconcile's events instead of the
+	// Mirror's Emit, leaving out, inside the emit's transaction, an event
+	// whose object a webhook brought in a newer version after Reconcile
+	// compared it (see ChangedEmitter); usually the store itself. Like
+	// EmitGuard it is not taken from the Mirror, whose wrapper (serve's,
+	// which wakes the targets) would be bypassed: such a wrapper sets it
+	// to itself once it wraps EmitChanged too. Unset, Reconcile emits
+	// through the Mirror's Emit, and such an event queues the older state
+	// after the newer one.
+	ReconcileEmitter ChangedEmitter
 	// Now defaults to time.Now.
 	Now func() time.Time
 }
@@ -443,6 +453,18 @@ type GuardedPageStore interface {
 	// EmitPageAt is EmitPage that commits nothing and reports reset=true
 	// when the cursor's reset generation is no longer gen.
 	EmitPageAt(ctx context.Context, gen int64, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, bool, error)
+}
+
+// ChangedEmitter is an emit path that compares each event with the mirror
+// again inside its own transaction (store.DB is one): Reconcile compares a
+// page with the mirror before it emits, and a webhook for a newer version
+// of an object may commit in between.
+type ChangedEmitter interface {
+	// EmitChanged is Emit that leaves out, with a status other than
+	// EmitAccepted and EmitDuplicate, each event whose object the mirror
+	// holds in a newer version than the event's when its transaction
+	// runs: nothing of it is stored or queued.
+	EmitChanged(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error)
 }
 
 // pageEmitter commits feed pages through the emit path and counts.

@@ -73,7 +73,9 @@ type ReconcileReport = backstop.ReconcileReport
 // EventID(dedup key) and OriginReconcile, so the emit path's dedup decides
 // once between them and webhooks: accepted events count as Reemitted,
 // duplicates as Suppressed. Only the current version of an object is
-// emitted, not the versions between runs.
+// emitted, not the versions between runs. With Engine.ReconcileEmitter
+// set, an event whose object a webhook brought in a newer version after
+// the page was compared is not emitted either, and counts as Suppressed.
 //
 // The window starts at opts.Since when set; with opts.Full at the start of
 // the feed; otherwise opts.Lookback before the start of the last successful
@@ -268,15 +270,21 @@ func (e *Engine) reconcilePage(ctx context.Context, st ReconcileStore, runID int
 	if len(events) == 0 {
 		return nil
 	}
-	res, err := st.Emit(ctx, events, opts.Routes)
+	var res []backstop.EmitResult
+	if e.ReconcileEmitter != nil {
+		res, err = e.ReconcileEmitter.EmitChanged(ctx, events, opts.Routes)
+	} else {
+		res, err = st.Emit(ctx, events, opts.Routes)
+	}
 	if err != nil {
 		return err
 	}
 	for _, x := range res {
-		switch x.Status {
-		case backstop.EmitAccepted:
+		// Not accepted: a duplicate of a version already processed, or
+		// superseded by a newer one that came meanwhile (ChangedEmitter).
+		if x.Status == backstop.EmitAccepted {
 			rep.Reemitted++
-		case backstop.EmitDuplicate:
+		} else {
 			rep.Suppressed++
 		}
 	}

@@ -397,3 +397,108 @@ func TestReconcileLargeFeedHeapBound(t *testing.T) {
 		t.Errorf("heap grew by %d MiB during the reconcile, want at most %d MiB", growth>>20, bound>>20)
 	}
 }
+
+// webhookMidPage is the store as a reconcile sees it while the platform's
+// webhooks keep arriving: right after the reconcile has read the mirror's
+// versions of the page holding id, a webhook for a newer version of that
+// object (update, then the sim's current object) commits through the emit
+// path, before the reconcile emits the page.
+type webhookMidPage struct {
+	*store.DB
+	id     string
+	once   stdsync.Once
+	update func() backstop.Object
+	err    error
+}
+
+func (s *webhookMidPage) Versions(ctx context.Context, r backstop.Resource, ids []string) (map[string]time.Time, error) {
+	v, err := s.DB.Versions(ctx, r, ids)
+	for _, id := range ids {
+		if id == s.id {
+			s.once.Do(func() {
+				o := s.update()
+				_, s.err = s.DB.Emit(ctx, []backstop.Event{{
+					ID: "evt_webhook_newer", Type: backstop.EventTypeFor(r, o.Data, false), Resource: r,
+					ObjectID: o.ID, UpdatedAt: o.UpdatedAt, Origin: backstop.OriginWebhook, Data: o.Data,
+				}}, paymentRoutes)
+			})
+		}
+	}
+	return v, err
+}
+
+// A webhook for a newer version of a payment that commits while a
+// reconcile is between comparing the payment's page and emitting it wins:
+// the reconcile does not queue the older version it read after the newer
+// one (billing would take the payment back to its older status), and the
+// mirror keeps the newer version.
+func TestReconcileWebhookNewerVersionMidPage(t *testing.T) {
+	w, _ := reconcileWorld(t, 60, 20)
+	ctx := context.Background()
+	r := backstop.Payments
+	objs := w.sim.Objects(r)
+	if err := w.db.InsertBatch(ctx, objs); err != nil {
+		t.Fatal(err)
+	}
+	// Its webhook lost, a payment's next version (succeeded, which can
+	// still be refunded) is only upstream.
+	var read backstop.Object
+	moved := 0 // payments behind in the mirror, read among them
+	for _, o := range objs {
+		if backstop.EventTypeFor(r, o.Data, false) != "payment.pending" {
+			continue
+		}
+		nv, ok := w.sim.Update(r, o.ID)
+		if ok {
+			moved++
+		}
+		if ok && backstop.EventTypeFor(r, nv.Data, false) == "payment.succeeded" {
+			read = nv
+			break
+		}
+	}
+	if read.ID == "" {
+		t.Fatal("no payment went from pending to succeeded")
+	}
+	var newer backstop.Object
+	mid := &webhookMidPage{DB: w.db, id: read.ID, update: func() backstop.Object {
+		newer, _ = w.sim.Update(r, read.ID)
+		return newer
+	}}
+	w.engine.Mirror = mid
+	w.engine.ReconcileEmitter = w.db
+	rep, err := w.engine.Reconcile(ctx, r, bsync.ReconcileOptions{Since: sim.BaseTime, Routes: paymentRoutes})
+	if err != nil || mid.err != nil {
+		t.Fatalf("reconcile: %v; webhook: %v", err, mid.err)
+	}
+	if !newer.UpdatedAt.After(read.UpdatedAt) {
+		t.Fatalf("the webhook's version %v is not after the one read %v", newer.UpdatedAt, read.UpdatedAt)
+	}
+	rows, err := w.db.OutboxRows(ctx, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	webhooks := 0
+	for _, row := range rows {
+		if row.EventID == "evt_webhook_newer" {
+			webhooks++
+		}
+		if row.EventID == eventIDOf(read) {
+			t.Errorf("the older version %v read by the reconcile was queued (%s) after the webhook's newer %v", read.UpdatedAt, row.EventType, newer.UpdatedAt)
+		}
+	}
+	if len(rows) != moved || webhooks != 1 {
+		t.Errorf("billing outbox %d rows, want the webhook's and the %d other payments behind", len(rows), moved-1)
+	}
+	if pe, ok, err := w.db.ProcessedEvent(ctx, eventIDOf(read)); err != nil || ok {
+		t.Errorf("the older version was processed (origin %s) ok=%v err=%v", pe.Origin, ok, err)
+	}
+	mirrorEqualsSim(t, w)
+	if rep.Behind != moved || rep.Reemitted != moved-1 || rep.Suppressed != 1 {
+		t.Errorf("report behind=%d reemitted=%d suppressed=%d, want %d behind, one suppressed by the newer version", rep.Behind, rep.Reemitted, rep.Suppressed, moved)
+	}
+	runs, err := w.db.ReconcileRuns(ctx, 1)
+	if err != nil || len(runs) != 1 || runs[0].Suppressed != 1 || runs[0].Reemitted != moved-1 {
+		t.Errorf("stored run %+v (err %v), want 1 suppressed", runs, err)
+	}
+}
