@@ -225,8 +225,27 @@ func (db *DB) AbandonStaleReconciles(ctx context.Context) (int64, error) {
 // stop, since its seen marks are gone and its orphan count would be
 // wrong. It returns ErrNotFound when there is no run runID.
 func (db *DB) ReconcileHeartbeat(ctx context.Context, runID int64) error {
-	res, err := db.w.ExecContext(ctx, `UPDATE reconcile_runs SET heartbeat_at = ?
-		WHERE id = ? AND status = 'running'`, backstop.CanonicalTime(db.now()), runID)
+	return db.reconcileBeat(ctx, runID, "")
+}
+
+// ReconcileProgress is ReconcileHeartbeat that also stores rep's counts so
+// far (pages, scanned, missing, behind, re-emitted, suppressed, requests,
+// 429s and duration), so that a running run shows how far it got, and a
+// run whose process died (closed as abandoned) shows what it did up to its
+// last page: the events it re-emitted were queued.
+func (db *DB) ReconcileProgress(ctx context.Context, runID int64, rep backstop.ReconcileReport) error {
+	return db.reconcileBeat(ctx, runID, `, pages = ?, scanned = ?, missing = ?, behind = ?,
+		reemitted = ?, suppressed = ?, requests = ?, rate_limited = ?, duration_ms = ?`,
+		rep.Pages, rep.Scanned, rep.Missing, rep.Behind, rep.Reemitted, rep.Suppressed,
+		rep.Requests, rep.RateLimited, rep.Duration.Milliseconds())
+}
+
+// reconcileBeat beats run runID's heartbeat, also setting set (", col = ?…"
+// with its args) when it is not empty.
+func (db *DB) reconcileBeat(ctx context.Context, runID int64, set string, args ...any) error {
+	args = append(append([]any{backstop.CanonicalTime(db.now())}, args...), runID)
+	res, err := db.w.ExecContext(ctx, `UPDATE reconcile_runs SET heartbeat_at = ?`+set+`
+		WHERE id = ? AND status = 'running'`, args...)
 	if err != nil {
 		return fmt.Errorf("reconcile %d heartbeat: %w", runID, err)
 	}
@@ -490,8 +509,9 @@ func (db *DB) windowStart(ctx context.Context, r backstop.Resource) (id int64, s
 // ReconcileRun is one stored reconcile run.
 type ReconcileRun struct {
 	ID int64
-	// ReconcileReport holds the run's counts; its Err is nil and the error's text is
-	// in Error.
+	// ReconcileReport holds the run's counts (so far, as of its last
+	// page, while it runs or when it was abandoned); its Err is nil and
+	// the error's text is in Error.
 	backstop.ReconcileReport
 	// FinishedAt is zero while the run is still going (or was killed).
 	FinishedAt time.Time

@@ -27,9 +27,10 @@ type ReconcileStore interface {
 	Versions(ctx context.Context, r backstop.Resource, ids []string) (map[string]time.Time, error)
 	// StartReconcile records the start of a run and returns its id.
 	StartReconcile(ctx context.Context, rep backstop.ReconcileReport) (int64, error)
-	// ReconcileHeartbeat records that run runID is still going, so that
-	// it is not taken for a run whose process died.
-	ReconcileHeartbeat(ctx context.Context, runID int64) error
+	// ReconcileProgress records that run runID is still going, so that
+	// it is not taken for a run whose process died, and rep's counts so
+	// far, so that a run whose process died shows what it did.
+	ReconcileProgress(ctx context.Context, runID int64, rep backstop.ReconcileReport) error
 	// MarkSeen records ids as seen upstream by run runID.
 	MarkSeen(ctx context.Context, runID int64, ids []string) error
 	// CountOrphans counts r's mirror objects run runID has not marked seen
@@ -87,8 +88,9 @@ type ReconcileReport = backstop.ReconcileReport
 // it, so memory does not grow with the number of objects; with Full the
 // ids seen are marked in the store and orphans counted there at the end.
 // Reconcile never moves a cursor. The run beats its heartbeat after every
-// page, so that a run whose process was killed (its row left running) is
-// told from a live one and closed as abandoned by the store.
+// page, with its counts so far, so that a run whose process was killed
+// (its row left running) is told from a live one and closed as abandoned
+// by the store, showing what it did.
 //
 // The engine's Mirror must also be a ReconcileStore (store.DB is); the
 // emit path and the run bookkeeping go through it. Every run is stored
@@ -187,7 +189,9 @@ func (e *Engine) reconcile(ctx context.Context, st ReconcileStore, runID int64, 
 		if err := e.reconcilePage(context.WithoutCancel(ctx), st, runID, rep, opts, page.Objects); err != nil {
 			return fmt.Errorf("reconcile %s: page %d: %w", r, rep.Pages, err)
 		}
-		if err := st.ReconcileHeartbeat(context.WithoutCancel(ctx), runID); err != nil {
+		beat := *rep
+		beat.Duration = e.now().Sub(rep.StartedAt)
+		if err := st.ReconcileProgress(context.WithoutCancel(ctx), runID, beat); err != nil {
 			return fmt.Errorf("reconcile %s: page %d: %w", r, rep.Pages, err)
 		}
 		log.Debug("page reconciled", "page", rep.Pages, "objects", len(page.Objects),
