@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -110,4 +113,101 @@ dashboard:
 	b.do("expand the row", chromedp.Click(chromedp.CSS(row+" > summary")), chromedp.WaitVisible(chromedp.CSS(row+" .payload")))
 	b.shot("long-key-log")
 	b.fitsWidth("the log", "#log", row+" dl.facts dd", row+" table.attempts", row+" pre.body", row+" .actions")
+}
+
+// bearerPage fetches a dashboard page as a script does (bearer token,
+// asking for HTML) and returns its body.
+func bearerPage(t *testing.T, url string) string {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+uiToken)
+	req.Header.Set("Accept", "text/html")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %v\n%.500s", url, res.StatusCode, err, body)
+	}
+	return string(body)
+}
+
+// A target that answers 429 with "Retry-After: 1" for an hour gives the
+// delivery at the head of its queue an attempt a second (a 429 is not a
+// failure, so it never dead-letters), each with its 4 KiB answer. The log
+// lists such a delivery with its last attempts and says where the rest
+// are, instead of writing every attempt of it into the page (2,000 made
+// the first page of the log 9 MB); the delivery's own page lists them all.
+func TestDashboardLogListsTheLastAttemptsOfARowAnsweredManyTimes(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeServeConfig(addr, `targets:
+  - {name: discord, url: "http://127.0.0.1:9/hooks", allow_private: true}
+dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	const attempts = 2000
+	ctx := context.Background()
+	db := e.openStore()
+	now := time.Now()
+	stormed, err := db.Enqueue(ctx, "discord", "evt_storm", "proxy", json.RawMessage(`{"n":1}`), now.Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := `{"message":"You are being rate limited.","retry_after":1}` + strings.Repeat(" ", store.MaxAttemptBody-60)
+	items := make([]store.AttemptOutcome, attempts)
+	for i := range items {
+		at := now.Add(-time.Hour + time.Duration(i)*time.Second)
+		items[i] = store.AttemptOutcome{
+			Attempt: store.Attempt{DeliveryID: stormed, Target: "discord", URL: "http://127.0.0.1:9/hooks", Attempt: i + 1,
+				StatusCode: http.StatusTooManyRequests, Body: answer, RequestID: fmt.Sprintf("req-storm-%d", i+1), At: at},
+			Outcome: store.Outcome{Status: store.StatusRetrying, NextAttemptAt: now.Add(time.Hour)},
+		}
+	}
+	if _, err := db.RecordAttempts(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+	quiet, err := db.Enqueue(ctx, "discord", "evt_quiet", "proxy", json.RawMessage(`{"n":2}`), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	stop := e.serveWithDashboard()
+	defer stop()
+
+	base := "http://" + addr
+	log := bearerPage(t, base+"/ui/deliveries")
+	t.Logf("the log's first page: %d bytes", len(log))
+	if len(log) > 256<<10 {
+		t.Errorf("the log's first page is %d KiB for two deliveries, want well under 256 KiB", len(log)>>10)
+	}
+	if !strings.Contains(log, fmt.Sprintf("delivery-%d", quiet)) {
+		t.Errorf("the log lacks the other delivery %d", quiet)
+	}
+
+	b := newBrowser(t, base)
+	b.open("/ui/login?next=/ui/deliveries")
+	b.do("sign in", chromedp.SendKeys(chromedp.CSS("#token"), uiToken), chromedp.Click(chromedp.CSS("#sign-in")))
+	b.waitLocation("/ui/deliveries")
+	row := fmt.Sprintf("#delivery-%d", stormed)
+	b.do("expand the row", chromedp.Click(chromedp.CSS(row+" > summary")), chromedp.WaitVisible(chromedp.CSS(row+" .payload")))
+	b.shot("many-attempts-log")
+	shown := get(b, "read the attempt numbers", chromedp.Evaluate[[]string](fmt.Sprintf(
+		`[...document.querySelectorAll("%s tbody.attempt")].map(e => e.dataset.attempt)`, row)))
+	if len(shown) == 0 || len(shown) > 20 || shown[len(shown)-1] != fmt.Sprint(attempts) {
+		t.Errorf("the log's row lists attempts %v, want the last few, ending with %d", shown, attempts)
+	}
+	if note := b.text(row + " .earlier"); !strings.Contains(note, fmt.Sprint(attempts)) {
+		t.Errorf("the row says %q, want how many attempts there are (%d) and where they are", note, attempts)
+	}
+	b.do("follow the link to the delivery's page", chromedp.Click(chromedp.CSS(row+" .earlier a")))
+	b.waitLocation(fmt.Sprintf("/ui/deliveries/%d", stormed))
+	if n := b.count(row + " tbody.attempt"); n != attempts {
+		t.Errorf("the delivery's page lists %d attempts, want all %d", n, attempts)
+	}
 }
