@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -503,5 +504,132 @@ func TestPruneKeepsWhatTellsAnUnfinishedBackfillEmitted(t *testing.T) {
 	}
 	if c := countProcessed(t, db); c != 1 {
 		t.Errorf("%d processed events kept, want 1 (today's payment)", c)
+	}
+}
+
+// openHelperEnv names the store TestOpenHelperProcess opens, in a process
+// of its own that a test kills.
+const openHelperEnv = "BACKSTOP_AUDIT_OPEN_STORE"
+
+// TestOpenHelperProcess is not a test: run by TestMigrationKilledMidwayIsRerun
+// in a process of its own, it opens the store named by openHelperEnv.
+func TestOpenHelperProcess(t *testing.T) {
+	path := os.Getenv(openHelperEnv)
+	if path == "" {
+		t.Skip("helper process only")
+	}
+	db, err := Open(context.Background(), path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+}
+
+// A process killed (SIGKILL: an OOM kill, a failed startup probe) in the
+// middle of the upgrade of a big store leaves it as it was before the
+// migration in progress, and the next start finishes the upgrade with
+// every row there.
+func TestMigrationKilledMidwayIsRerun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills a store big enough to kill its upgrade midway")
+	}
+	ctx := context.Background()
+	const rows = 12000
+	build := func(path string) {
+		w := openAtVersion(t, path, 8)
+		defer w.Close()
+		// Half the rows look like the old proxy's (0009 moves them), a
+		// third failed at least once (0011 counts their failures).
+		for _, q := range []string{
+			`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ` + fmt.Sprint(rows) + `)
+			INSERT INTO outbox (target, event_id, event_type, payload, status, attempts, next_attempt_at, created_at, updated_at)
+			SELECT 'billing', 'evt_' || i, 'payment.succeeded',
+				CASE WHEN i % 2 = 0 THEN '{"event_id":"evt_' || i || '","event":"payment.succeeded","created_at":"2025-01-01T00:00:00Z","origin":"webhook","data":{"id":"pay_' || i || '","pad":"' || hex(randomblob(60)) || '"}}'
+				ELSE '{"order":' || i || ',"pad":"' || hex(randomblob(60)) || '"}' END,
+				CASE i % 3 WHEN 0 THEN 'retrying' WHEN 1 THEN 'delivered' ELSE 'pending' END,
+				CASE i % 3 WHEN 0 THEN 2 WHEN 1 THEN 1 ELSE 0 END,
+				'2025-01-01T00:00:00.000000000Z', '2025-01-01T00:00:00.000000000Z', '2025-01-01T00:00:00.000000000Z'
+			FROM n`,
+			`INSERT INTO delivery_attempts (delivery_id, target, url, attempt, status_code, at)
+			SELECT id, target, 'https://billing.example.com/', 1, 429, '2025-01-01T00:00:00.000000000Z' FROM outbox WHERE status = 'retrying'`,
+		} {
+			if _, err := w.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sum := func(q sqlx.QueryerContext) string {
+		t.Helper()
+		var s string
+		if err := sqlx.GetContext(ctx, q, &s, `SELECT count(*) || ' ' || total(id) || ' ' || total(length(payload)) || ' ' || total(attempts) ||
+			' ' || (SELECT count(*) FROM delivery_attempts) FROM outbox`); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+
+	for try := 1; ; try++ {
+		path := filepath.Join(t.TempDir(), "big.db")
+		build(path)
+		raw, err := sqlx.Open(driverName, path+"?_pragma=busy_timeout(10000)")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		want := sum(raw)
+
+		cmd := exec.Command(os.Args[0], "-test.run=^TestOpenHelperProcess$")
+		cmd.Env = append(os.Environ(), openHelperEnv+"="+path)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// The WAL grows only while the upgrade writes (0001-0008 ran):
+		// kill it once it has written some.
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			if fi, err := os.Stat(path + "-wal"); err == nil && fi.Size() > 64<<10 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+
+		var version int
+		if err := raw.GetContext(ctx, &version, `SELECT max(version) FROM schema_migrations`); err != nil {
+			t.Fatal(err)
+		}
+		if version >= 13 {
+			if try < 3 {
+				t.Logf("try %d: the upgrade finished before it was killed; again", try)
+				continue
+			}
+			t.Skip("the upgrade finished before it could be killed three times")
+		}
+		if got := sum(raw); got != want {
+			t.Errorf("killed at schema %d: outbox %s, want %s as before the upgrade", version, got, want)
+		}
+		raw.Close()
+
+		db, err := Open(ctx, path, Options{})
+		if err != nil {
+			t.Fatalf("the start after the kill (schema %d): %v", version, err)
+		}
+		defer db.Close()
+		if got := sum(db.r); got != want {
+			t.Errorf("after the upgrade: outbox %s, want %s", got, want)
+		}
+		var latest, moved, failed int
+		if err := db.r.GetContext(ctx, &latest, `SELECT max(version) FROM schema_migrations`); err != nil || latest != 13 {
+			t.Errorf("schema %d after the upgrade (%v), want 13", latest, err)
+		}
+		if err := db.r.GetContext(ctx, &moved, `SELECT count(*) FROM outbox WHERE proxy_key IS NOT NULL`); err != nil || moved != rows/2 {
+			t.Errorf("%d proxied rows moved (%v), want %d", moved, err, rows/2)
+		}
+		if err := db.r.GetContext(ctx, &failed, `SELECT count(*) FROM outbox WHERE failures = 1`); err != nil || failed != rows/3 {
+			t.Errorf("%d rows with one failure (%v), want %d (two attempts, one a 429)", failed, err, rows/3)
+		}
+		t.Logf("killed at schema %d on try %d", version, try)
+		return
 	}
 }
