@@ -21,6 +21,9 @@ type truncatedRow struct {
 	CreatedAt string `db:"created_at"`
 	Truncated bool   `db:"truncated"`
 	Data      string `db:"data"`
+	// ReceivedAt is read only by the queries that list events to fetch
+	// (truncatedDueColumns).
+	ReceivedAt string `db:"received_at"`
 }
 
 func (row truncatedRow) event() (backstop.Event, error) {
@@ -42,10 +45,35 @@ func (row truncatedRow) event() (backstop.Event, error) {
 
 const truncatedColumns = `event_id, type, resource, object_id, origin, created_at, truncated, data`
 
+// truncatedDueColumns are truncatedColumns and received_at, for dueEvent.
+const truncatedDueColumns = truncatedColumns + `, received_at`
+
+// dueEvent is row.event() for the fetch worker: its CreatedAt is never later
+// than when the event was received. The worker measures how long a missing
+// object may still be on its way from CreatedAt, and a created_at ahead of
+// the event's arrival is the sender's clock, not the event's: taken as it
+// came, a created_at a year ahead would keep a 404 retried for a year.
+func (row truncatedRow) dueEvent() (backstop.Event, error) {
+	ev, err := row.event()
+	if err != nil {
+		return ev, err
+	}
+	received, err := backstop.ParseTime(row.ReceivedAt)
+	if err != nil {
+		return backstop.Event{}, fmt.Errorf("event %s: received_at: %w", row.EventID, err)
+	}
+	if ev.CreatedAt.After(received) {
+		ev.CreatedAt = received
+	}
+	return ev, nil
+}
+
 // DueTruncated returns up to limit truncated events whose object is still to
 // fetch and whose next fetch is due at now (a first fetch is due at once),
 // oldest received first. A limit of zero or less means no limit. The events
-// carry Truncated, their object id and the data as received. It only looks:
+// carry Truncated, their object id and the data as received, and their
+// created_at, or when they were received if that is earlier (a created_at
+// ahead of the event's arrival is the sender's clock). It only looks:
 // the fetch worker claims the events it fetches with ClaimTruncated, so that
 // processes sharing the store do not fetch the same event.
 func (db *DB) DueTruncated(ctx context.Context, now time.Time, limit int) ([]backstop.Event, error) {
@@ -53,14 +81,14 @@ func (db *DB) DueTruncated(ctx context.Context, now time.Time, limit int) ([]bac
 		limit = -1 // SQLite: no limit
 	}
 	var rows []truncatedRow
-	if err := db.r.SelectContext(ctx, &rows, `SELECT `+truncatedColumns+` FROM processed_events
+	if err := db.r.SelectContext(ctx, &rows, `SELECT `+truncatedDueColumns+` FROM processed_events
 		WHERE truncated = 1 AND (next_fetch_at IS NULL OR next_fetch_at <= ?)
 		ORDER BY received_at, event_id LIMIT ?`, backstop.CanonicalTime(now), limit); err != nil {
 		return nil, fmt.Errorf("list due truncated events: %w", err)
 	}
 	out := make([]backstop.Event, len(rows))
 	for i, row := range rows {
-		ev, err := row.event()
+		ev, err := row.dueEvent()
 		if err != nil {
 			return nil, fmt.Errorf("list due truncated events: %w", err)
 		}
@@ -105,7 +133,7 @@ func (db *DB) claimTruncated(ctx context.Context, at string, limit int, until st
 	}
 	defer tx.Rollback()
 	var rows []truncatedRow
-	if err := tx.SelectContext(ctx, &rows, `SELECT `+truncatedColumns+` FROM processed_events
+	if err := tx.SelectContext(ctx, &rows, `SELECT `+truncatedDueColumns+` FROM processed_events
 		WHERE truncated = 1 AND (next_fetch_at IS NULL OR next_fetch_at <= ?)
 		ORDER BY received_at, event_id LIMIT ?`, at, limit); err != nil {
 		return nil, fmt.Errorf("select: %w", err)
@@ -115,7 +143,7 @@ func (db *DB) claimTruncated(ctx context.Context, at string, limit int, until st
 	}
 	out := make([]backstop.Event, len(rows))
 	for i, row := range rows {
-		ev, err := row.event()
+		ev, err := row.dueEvent()
 		if err != nil {
 			return nil, err
 		}

@@ -154,3 +154,47 @@ func TestClaimTruncatedAcrossProcesses(t *testing.T) {
 		t.Error("claim with no lease accepted")
 	}
 }
+
+// A truncated event listed for its fetch carries its created_at, or the
+// time it arrived when created_at is later (the sender's clock is ahead):
+// the fetch worker gives a missing object up a grace after it.
+func TestDueTruncatedCreatedAtIsNeverAfterArrival(t *testing.T) {
+	ctx := context.Background()
+	db, err := Open(ctx, filepath.Join(t.TempDir(), "backstop.db"), Options{Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ahead := backstop.Event{ID: "evt_ahead", Type: "payment.succeeded", Resource: backstop.Payments, ObjectID: "pay_1",
+		CreatedAt: t0.AddDate(1, 0, 0), Origin: backstop.OriginWebhook, Data: json.RawMessage(`{"id":"pay_1"}`), Truncated: true}
+	behind := ahead
+	behind.ID, behind.ObjectID, behind.CreatedAt, behind.Data = "evt_behind", "pay_2", t0.Add(-time.Hour), json.RawMessage(`{"id":"pay_2"}`)
+	emit(t, db, testRoutes, ahead, behind)
+
+	want := map[string]time.Time{"evt_ahead": t0, "evt_behind": t0.Add(-time.Hour)}
+	check := func(how string, evs []backstop.Event) {
+		t.Helper()
+		if len(evs) != 2 {
+			t.Fatalf("%s: %d events, want 2", how, len(evs))
+		}
+		for _, ev := range evs {
+			if !ev.CreatedAt.Equal(want[ev.ID]) {
+				t.Errorf("%s: %s created_at %v, want %v", how, ev.ID, ev.CreatedAt, want[ev.ID])
+			}
+		}
+	}
+	due, err := db.DueTruncated(ctx, t0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("DueTruncated", due)
+	claimed, err := db.ClaimTruncated(ctx, t0, 10, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("ClaimTruncated", claimed)
+	// The event itself keeps the created_at it came with.
+	if pe, ok, err := db.ProcessedEvent(ctx, "evt_ahead"); err != nil || !ok || !pe.CreatedAt.Equal(ahead.CreatedAt) {
+		t.Errorf("stored evt_ahead: %+v %v %v, want created_at %v kept", pe, ok, err, ahead.CreatedAt)
+	}
+}

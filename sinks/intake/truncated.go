@@ -63,7 +63,8 @@ type FetcherOptions struct {
 	Interval time.Duration
 	// MinRetry and MaxRetry bound the retry backoff (default 1s and 5m).
 	MinRetry, MaxRetry time.Duration
-	// NotFoundGrace is how long after its created_at an event's object may
+	// NotFoundGrace is how long after its created_at (the store gives the
+	// time it arrived instead when created_at is later) an event's object may
 	// still be missing from the API (a webhook can come before the object
 	// can be read) before a 404 gives the event up (default 1h): it is
 	// logged, counted as result "gave_up", and left unmirrored and

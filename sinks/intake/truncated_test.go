@@ -139,6 +139,8 @@ func TestTruncatedEventWithoutObjectIsGivenUp(t *testing.T) {
 	if !strings.HasPrefix(pe.LastFetchError, "given up") || pe.FetchAttempts < 2 {
 		t.Fatalf("given-up event: %+v", pe)
 	}
+	// Counted once the store has it: wait for the count too.
+	waitFor(t, func() bool { return testutil.ToFloat64(metrics.TruncatedFetches.WithLabelValues("gave_up")) >= 1 })
 	if got := testutil.ToFloat64(metrics.TruncatedFetches.WithLabelValues("gave_up")); got != 1 {
 		t.Errorf("gave_up fetches metric = %v, want 1", got)
 	}
@@ -153,6 +155,50 @@ func TestTruncatedEventWithoutObjectIsGivenUp(t *testing.T) {
 	}
 	if res, err := db.Emit(context.Background(), []backstop.Event{ev}, routes); err != nil || res[0].Status != backstop.EmitDuplicate {
 		t.Errorf("the platform's retry of a given-up event: %v %v, want a duplicate", res, err)
+	}
+}
+
+// A truncated event whose created_at is ahead of its arrival (the sender's
+// clock is wrong) and whose object the platform does not have is given up
+// NotFoundGrace after it arrived. The grace used to run from created_at
+// alone, so a created_at a year ahead kept the 404 retried for a year, the
+// event pending all along.
+func TestTruncatedEventFromTheFutureWithoutObjectIsGivenUp(t *testing.T) {
+	_, client, db := truncatedSetup(t, sim.Options{Seed: 3, Objects: 20})
+	received := time.Now()
+	body := []byte(`{"event_id":"evt_ahead","event":"payment.succeeded","created_at":"` +
+		received.AddDate(1, 0, 0).UTC().Format(time.RFC3339) + `","truncated":true,"data":{"id":"pay_doesnotexist"}}`)
+	ev, err := intake.ParseEnvelope(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	emitTruncated(t, db, ev, routes)
+
+	// Two hours after it arrived, the object is still missing.
+	metrics := intake.NewMetrics(prometheus.NewRegistry())
+	clock := func() time.Time { return received.Add(2 * time.Hour) }
+	f := intake.NewFetcher(db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	waitFor(t, func() bool {
+		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_ahead")
+		return pe.FetchAttempts >= 1
+	})
+	pe, _, _ := db.ProcessedEvent(context.Background(), "evt_ahead")
+	if pe.Truncated || !strings.HasPrefix(pe.LastFetchError, "given up") {
+		t.Fatalf("404 two hours after arrival, created_at a year ahead: %+v; want it given up", pe)
+	}
+	// Counted once the store has it: wait for the count too.
+	waitFor(t, func() bool { return testutil.ToFloat64(metrics.TruncatedFetches.WithLabelValues("gave_up")) >= 1 })
+	if got := testutil.ToFloat64(metrics.TruncatedFetches.WithLabelValues("gave_up")); got != 1 {
+		t.Errorf("gave_up fetches metric = %v, want 1", got)
+	}
+	if n, err := db.CountTruncatedPending(context.Background()); err != nil || n != 0 {
+		t.Errorf("truncated pending = %d (%v), want 0", n, err)
 	}
 }
 
