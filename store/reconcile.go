@@ -432,12 +432,17 @@ const windowRuns = 10000
 // later run's window_since, NULL for a full run, is at or before it). A run compares the feed's objects updated
 // between its window's start and its own start; where a later run's window
 // begins after an earlier run's start, the time between was compared by
-// no run. With no gap it is the last run.
+// no run. With no gap it is the last run. A run whose window began after
+// its own start (a --since in the future) compared nothing and is left
+// out: it never reaches back over a gap, and alone it must not pass for a
+// first run that compared up to its start.
 const windowStartSQL = `SELECT id, started_at FROM (
 		SELECT id, started_at, min(coalesce(window_since, '')) OVER (
 			ORDER BY started_at DESC, id DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
 		FROM (SELECT id, started_at, window_since FROM reconcile_runs
-			WHERE resource = ? AND status = 'ok' AND dry_run = 0 ORDER BY started_at DESC, id DESC LIMIT ?))
+			WHERE resource = ? AND status = 'ok' AND dry_run = 0
+				AND (window_since IS NULL OR window_since <= started_at)
+			ORDER BY started_at DESC, id DESC LIMIT ?))
 	WHERE reach IS NULL OR reach > started_at ORDER BY started_at, id LIMIT 1`
 
 // PruneReconcileRuns deletes the reconcile runs started before before,
@@ -474,7 +479,8 @@ func (db *DB) PruneReconcileRuns(ctx context.Context, before time.Time) (int64, 
 // LastReconcile returns where the default window of r's next reconcile
 // starts from, before its lookback: the start of the last successful,
 // non-dry run of r whose window joined those before it, or ok=false when
-// there has been none. Each run compares the objects updated between its
+// there has been none (none that compared anything: a run whose window
+// began after its own start does not count). Each run compares the objects updated between its
 // window's start and its own start; a run whose window started after the
 // previous run's start (a narrower --since, or one in the future) left the
 // time between compared by no run and does not count: the earliest start

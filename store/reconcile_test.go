@@ -230,6 +230,38 @@ func TestLastReconcileSkipsRunsThatLeftAGap(t *testing.T) {
 	}
 }
 
+// A run whose window began after its own start (a --since in the
+// future) compared nothing: alone, it does not count as a last reconcile,
+// so the next default run is a first run's; after other runs it changes
+// nothing.
+func TestLastReconcileIgnoresEmptyWindows(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	r := backstop.Payments
+	run := func(since time.Time) time.Time {
+		t.Helper()
+		start := clk.Now().Add(time.Hour)
+		clk.Set(start)
+		id, err := db.StartReconcile(ctx, backstop.ReconcileReport{Resource: r, StartedAt: start, Since: since})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.FinishReconcile(ctx, id, backstop.ReconcileReport{Resource: r}); err != nil {
+			t.Fatal(err)
+		}
+		return start
+	}
+	run(clk.Now().Add(24 * time.Hour))
+	if got, ok, err := db.LastReconcile(ctx, r); err != nil || ok {
+		t.Fatalf("after only a run with a future window: %v ok=%v err=%v, want none", got, ok, err)
+	}
+	first := run(clk.Now().Add(-24 * time.Hour))
+	run(clk.Now().Add(24 * time.Hour))
+	if got, ok, err := db.LastReconcile(ctx, r); err != nil || !ok || !got.Equal(first) {
+		t.Errorf("after a run and a future one: %v ok=%v err=%v, want %v", got, ok, err, first)
+	}
+}
+
 // EmitChanged leaves out, in its own transaction, the events of objects
 // the mirror holds in a newer version, and is Emit for the others: a
 // missing or older object is emitted, the same version is the dedup's

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"syscall"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/backstop-sync/backstop/sources/sim"
+	bsync "github.com/backstop-sync/backstop/sync"
 )
 
 // A reconcile killed with SIGKILL after re-emitting some pages is shown
@@ -81,4 +83,39 @@ func TestKilledReconcileRunShowsWhatItDid(t *testing.T) {
 		t.Fatalf("killed run after the next reconcile: %s, want abandoned", after.status)
 	}
 	check("abandoned", after)
+}
+
+// reconcileSince runs reconcile payments with args and returns the start of
+// its window as printed in --json.
+func reconcileSince(t *testing.T, e *env, args ...string) time.Time {
+	t.Helper()
+	code, stdout, stderr := e.run(context.Background(), append([]string{"reconcile", "payments", "--json"}, args...)...)
+	if code != exitOK {
+		t.Fatalf("reconcile %v: exit %d\n%s", args, code, stderr)
+	}
+	var rows []struct {
+		Since  time.Time `json:"since"`
+		Result string    `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil || len(rows) != 1 || rows[0].Result != "ok" {
+		t.Fatalf("reconcile %v: %v\n%s", args, err, stdout)
+	}
+	return rows[0].Since
+}
+
+// A reconcile by hand with --since in the future (a typo in the year)
+// compares nothing; on a fresh store it does not stand for a first run:
+// the next default run still looks back 24 hours, not 10 minutes from the
+// typo's start, which would leave the day before unread.
+func TestReconcileFutureSinceIsNoFirstRun(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 8, Objects: 50}})
+	if got := reconcileSince(t, e, "--since", "2099-01-01"); !got.Equal(time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Fatalf("since %v, want 2099-01-01", got)
+	}
+	before := time.Now()
+	got := reconcileSince(t, e)
+	// The JSON gives whole seconds.
+	if want := before.Add(-bsync.FirstReconcileWindow); got.Before(want.Add(-2*time.Second)) || got.After(time.Now().Add(-bsync.FirstReconcileWindow)) {
+		t.Errorf("default run after the future one: since %s, want 24h back (%s)", got.Format(time.RFC3339), want.UTC().Format(time.RFC3339))
+	}
 }
