@@ -633,3 +633,92 @@ func TestMigrationKilledMidwayIsRerun(t *testing.T) {
 		return
 	}
 }
+
+// A store a newer binary upgraded (a rollback of the deploy, a cron job
+// left on the old binary) is refused with both schema versions named, and
+// nothing in it is written.
+func TestOpenRefusesANewerSchemaAndWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "newer.db")
+	db, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := ms[len(ms)-1].version
+	if _, err := db.w.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
+		latest+1, fmt.Sprintf("%04d_future.sql", latest+1), backstop.CanonicalTime(t0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err = Open(ctx, path, Options{})
+	if err == nil {
+		db.Close()
+		t.Fatal("Open of a newer schema succeeded")
+	}
+	for _, want := range []string{path, fmt.Sprint(latest + 1), fmt.Sprint(latest)} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	after, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before, after) {
+		t.Error("the refused store was written")
+	}
+}
+
+// An up-to-date store opens while another process holds its write lock
+// for longer than the busy timeout (a VACUUM, a sqlite3 shell in a write
+// transaction, another process's long migration): opening only reads
+// unless a migration is missing, so `backstop jobs` or `deliveries list`
+// work beside it instead of failing with "migration 0001_mirror.sql:
+// database is locked".
+func TestOpenUpToDateStoreBesideAWriter(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "busy.db")
+	db, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := obj(t, backstop.Contacts, "ct_1", "2024-05-01T10:00:00Z", map[string]any{"name": "Ann"})
+	if _, err := db.ApplyPage(ctx, []backstop.Object{o}, cursorAt(backstop.Contacts, backstop.CursorSync, "c1", o.Position())); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	other, err := sqlx.Open(driverName, path+"?_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	tx, err := other.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `UPDATE contacts SET synced_at = synced_at`); err != nil {
+		t.Fatal(err)
+	}
+
+	db, err = Open(ctx, path, Options{BusyTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("Open beside a writer: %v", err)
+	}
+	defer db.Close()
+	if got := mirrored(t, db, backstop.Contacts, "ct_1"); !bytes.Equal(got.Data, o.Data) {
+		t.Errorf("contact read beside a writer: %s", got.Data)
+	}
+}

@@ -482,7 +482,8 @@ func (db *DB) setWAL(ctx context.Context) error {
 
 // migrate applies, in order, each embedded migration that schema_migrations
 // does not list, each in its own immediate transaction, so that two processes
-// opening one new file do not both apply it.
+// opening one new file do not both apply it. An up-to-date store is only
+// read.
 func (db *DB) migrate(ctx context.Context) error {
 	ms, err := migrations()
 	if err != nil {
@@ -502,7 +503,17 @@ func (db *DB) migrate(ctx context.Context) error {
 	if n := len(ms); n > 0 && latest > ms[n-1].version {
 		return fmt.Errorf("schema version %d is newer than this binary's %d", latest, ms[n-1].version)
 	}
+	// Only a missing migration takes the write lock (apply checks again
+	// under it): an up-to-date store opens beside another process's long
+	// write, such as a VACUUM.
+	var applied []int
+	if err := db.w.SelectContext(ctx, &applied, `SELECT version FROM schema_migrations`); err != nil {
+		return fmt.Errorf("read schema version: %w", err)
+	}
 	for _, m := range ms {
+		if slices.Contains(applied, m.version) {
+			continue
+		}
 		if err := db.apply(ctx, m); err != nil {
 			return fmt.Errorf("migration %s: %w", m.name, err)
 		}
