@@ -392,8 +392,8 @@ const pruneChunk = 5000
 // PruneProcessed deletes the processed events received before before and
 // returns how many it deleted. Truncated events still waiting for their
 // object are kept whatever their age; outbox rows are never touched. While
-// a backfill checkpoint is unfinished, the last event of origin backfill of
-// its resource is kept too, whatever its age: it is how the backfill guards
+// a backfill checkpoint is unfinished, one event of origin backfill of its
+// resource is kept too, whatever its age: it is how the backfill guards
 // (CheckpointEmitted) know that the backfill emitted, so that resuming it
 // weeks later without --emit is still refused and a sync beside it still
 // allowed. It deletes in short transactions: on error, the count says how
@@ -401,13 +401,13 @@ const pruneChunk = 5000
 // upstream retry window (DESIGN.md: at least 30 days).
 func (db *DB) PruneProcessed(ctx context.Context, before time.Time) (int64, error) {
 	cutoff := backstop.CanonicalTime(before)
-	// Read on a reader connection, which holds no write lock: the scan back
-	// from the newest event stops at the first of origin backfill of the
-	// resource, at once while its backfill runs.
+	// Any one event does, as for the guards: the scan stops at the first
+	// (the fill's first, when it emitted), and it is read on a reader
+	// connection, which holds no write lock.
 	var keep []string
 	if err := db.r.SelectContext(ctx, &keep, `SELECT event_id FROM (
 			SELECT (SELECT p.event_id FROM processed_events AS p
-				WHERE p.resource = c.resource AND p.origin = ?1 ORDER BY p.received_at DESC LIMIT 1) AS event_id
+				WHERE p.resource = c.resource AND p.origin = ?1 LIMIT 1) AS event_id
 			FROM cursors AS c WHERE c.kind = ?2 AND c.done = 0)
 		WHERE event_id IS NOT NULL`, string(backstop.OriginBackfill), string(backstop.CursorBackfill)); err != nil {
 		return 0, fmt.Errorf("prune processed events: find the unfinished backfills' events: %w", err)
