@@ -480,12 +480,13 @@ func (db *DB) PruneReconcileRuns(ctx context.Context, before time.Time) (int64, 
 // starts from, before its lookback: the start of the last successful,
 // non-dry run of r whose window joined those before it, or ok=false when
 // there has been none (none that compared anything: a run whose window
-// began after its own start does not count). Each run compares the objects updated between its
-// window's start and its own start; a run whose window started after the
-// previous run's start (a narrower --since, or one in the future) left the
-// time between compared by no run and does not count: the earliest start
-// that no later run's window reached back to is returned, so that the next
-// default window covers the gap (see windowRuns).
+// began after its own start does not count). Each run compares the
+// objects updated between its window's start and its own start; a run
+// whose window started after the previous run's start (a narrower
+// --since, or one in the future) left the time between compared by no run
+// and does not count: the earliest start that no later run's window
+// reached back to is returned, so that the next default window covers the
+// gap (see windowRuns).
 func (db *DB) LastReconcile(ctx context.Context, r backstop.Resource) (startedAt time.Time, ok bool, err error) {
 	_, startedAt, ok, err = db.windowStart(ctx, r)
 	return startedAt, ok, err
