@@ -722,3 +722,46 @@ func TestOpenUpToDateStoreBesideAWriter(t *testing.T) {
 		t.Errorf("contact read beside a writer: %s", got.Data)
 	}
 }
+
+// A store in a directory this user cannot write to (SQLite creates the
+// -wal and -shm files beside the database) fails to open with SQLite's
+// bare "unable to open database file" unless the error says what to
+// check: it names the directory and the files SQLite must create.
+func TestOpenInADirectoryThatCannotBeWritten(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "backstop.db")
+	db, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chmod(dir, 0o755) })
+	if f, err := os.Create(filepath.Join(dir, "probe")); err == nil {
+		// Permissions do not bind this user (root): the WAL's name is
+		// taken by a directory instead, which SQLite cannot open either.
+		f.Close()
+		os.Chmod(dir, 0o755)
+		if err := os.Mkdir(path+"-wal", 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db, err = Open(ctx, path, Options{})
+	if err == nil {
+		db.Close()
+		t.Fatal("Open succeeded")
+	}
+	for _, want := range []string{path, "backstop.db-wal", "backstop.db-shm", "directory " + dir} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
@@ -143,7 +144,7 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 	// the migrations), SQLite can answer SQLITE_BUSY at once, without its
 	// busy handler: retry within the busy timeout.
 	if err := retryBusy(ctx, busy, func() error { return db.w.PingContext(ctx) }); err != nil {
-		return nil, notADB(err)
+		return nil, explainOpen(path, err)
 	}
 	if err := retryBusy(ctx, busy, func() error { return db.checkOwner(ctx) }); err != nil {
 		return nil, err
@@ -417,8 +418,11 @@ func migrations() ([]migration, error) {
 // another application made: Open leaves such a file as it found it.
 var ErrNotStore = errors.New("not a backstop store")
 
-// sqliteNotADB is SQLite's SQLITE_NOTADB: the file is not a database.
-const sqliteNotADB = 26
+// SQLite's result codes that explainOpen explains.
+const (
+	sqliteCantOpen = 14 // SQLITE_CANTOPEN: unable to open database file
+	sqliteNotADB   = 26 // SQLITE_NOTADB: file is not a database
+)
 
 // checkOwner refuses a database that holds tables but no schema_migrations
 // of backstop's (version, name, applied_at): another application's, which
@@ -435,7 +439,7 @@ func (db *DB) checkOwner(ctx context.Context) error {
 		(SELECT group_concat(name, ', ') FROM pragma_table_info('schema_migrations')) AS cols,
 		(SELECT group_concat(name, ', ') FROM (SELECT name FROM sqlite_schema
 			WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite\_%' ESCAPE '\' ORDER BY name LIMIT 4)) AS tables`); err != nil {
-		return fmt.Errorf("read schema: %w", notADB(err))
+		return fmt.Errorf("read schema: %w", explainOpen(db.path, err))
 	}
 	if row.Cols.Valid {
 		cols := strings.Split(row.Cols.String, ", ")
@@ -459,11 +463,22 @@ func (db *DB) checkOwner(ctx context.Context) error {
 		ErrNotStore, list)
 }
 
-// notADB returns err, or, when it is SQLite's "file is not a database",
-// an ErrNotStore saying so.
-func notADB(err error) error {
-	if se := (*sqlite.Error)(nil); errors.As(err, &se) && se.Code()&0xff == sqliteNotADB {
+// explainOpen returns err, the failure to open or first read the store at
+// path, saying what to check where SQLite's own words do not: a file that
+// is not a database (an ErrNotStore), and one that cannot be opened, whose
+// cause is as often the directory, in which SQLite must create the -wal
+// and -shm files, as the file itself.
+func explainOpen(path string, err error) error {
+	se := (*sqlite.Error)(nil)
+	if !errors.As(err, &se) {
+		return err
+	}
+	switch se.Code() & 0xff {
+	case sqliteNotADB:
 		return fmt.Errorf("%w: the file is not an SQLite database (%v); check the store path", ErrNotStore, err)
+	case sqliteCantOpen:
+		return fmt.Errorf("%w: SQLite opens the file for reading and writing and creates %s and %s beside it: check that this user can write to the directory %s and to the files in it",
+			err, filepath.Base(path)+"-wal", filepath.Base(path)+"-shm", filepath.Dir(path))
 	}
 	return err
 }
