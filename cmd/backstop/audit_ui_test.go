@@ -207,6 +207,8 @@ dashboard:
 	}
 	b.do("follow the link to the delivery's page", chromedp.Click(chromedp.CSS(row+" .earlier a")))
 	b.waitLocation(fmt.Sprintf("/ui/deliveries/%d", stormed))
+	// The form after the attempts: the whole list has been read.
+	b.do("wait for the whole page", chromedp.WaitVisible(chromedp.CSS(row+" .actions")))
 	if n := b.count(row + " tbody.attempt"); n != attempts {
 		t.Errorf("the delivery's page lists %d attempts, want all %d", n, attempts)
 	}
