@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -61,8 +62,13 @@ yes" or "no", and exits 1 when it is no. The database is a temporary file
 unless --store names one, which must not exist yet.`,
 		Args: cobraArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.duration <= 0 || o.objects <= 0 || o.rate <= 0 {
-				return usagef("--duration, --objects and --rate must be positive")
+			switch {
+			case o.duration <= 0:
+				return usagef("--duration %s: want a positive duration", o.duration)
+			case o.objects <= 0:
+				return usagef("--objects %d: want 1 or more", o.objects)
+			case !(o.rate > 0) || math.IsInf(o.rate, 1): // NaN too
+				return usagef("--rate %g: want a number of changes per second, more than 0", o.rate)
 			}
 			// The report and the check line count what the database
 			// holds, so a database of an earlier run (or a real mirror)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"time"
@@ -111,7 +112,7 @@ func checkSimFlags(opts sim.Options) error {
 		flag string
 		v    float64
 	}{{"--error-rate", opts.ErrorRate}, {"--drop-rate", opts.DropRate}, {"--duplicate-rate", opts.DuplicateRate}, {"--reorder-rate", opts.ReorderRate}} {
-		if r.v < 0 || r.v > 1 {
+		if !(r.v >= 0 && r.v <= 1) { // NaN too
 			return usagef("%s %g: want a fraction, 0 to 1", r.flag, r.v)
 		}
 	}
@@ -120,8 +121,8 @@ func checkSimFlags(opts sim.Options) error {
 		return usagef("--limit %d: want 0 (no limit) or more", opts.Limit)
 	case opts.Latency < 0:
 		return usagef("--latency %s: want 0 or more", opts.Latency)
-	case opts.MutationRate < 0:
-		return usagef("--mutation-rate %g: want 0 or more per second", opts.MutationRate)
+	case !(opts.MutationRate >= 0) || math.IsInf(opts.MutationRate, 1): // NaN too
+		return usagef("--mutation-rate %g: want a number of changes per second, 0 or more", opts.MutationRate)
 	}
 	switch opts.RetryAfter {
 	case sim.RetryAfterSeconds, sim.RetryAfterDate, sim.RetryAfterRFC850, sim.RetryAfterAsctime, sim.RetryAfterMixed:

@@ -17,6 +17,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"sync"
@@ -140,12 +141,12 @@ func (o Options) Validate() error {
 		return fmt.Errorf("sim: limit %d: must not be negative", o.Limit)
 	case o.Window < 0:
 		return fmt.Errorf("sim: window %s: must not be negative", o.Window)
-	case o.ErrorRate < 0 || o.ErrorRate > 1:
+	case !(o.ErrorRate >= 0 && o.ErrorRate <= 1): // NaN too
 		return fmt.Errorf("sim: error rate %g: want 0..1", o.ErrorRate)
 	case o.Latency < 0:
 		return fmt.Errorf("sim: latency %s: must not be negative", o.Latency)
-	case o.MutationRate < 0:
-		return fmt.Errorf("sim: mutation rate %g: must not be negative", o.MutationRate)
+	case !(o.MutationRate >= 0) || math.IsInf(o.MutationRate, 1): // NaN too
+		return fmt.Errorf("sim: mutation rate %g: want a finite number, 0 or more", o.MutationRate)
 	}
 	return o.validateWebhooks()
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -776,6 +777,10 @@ func TestValidate(t *testing.T) {
 	for _, o := range []Options{
 		{RetryAfter: "minutes"}, {Limit: -1}, {Window: -time.Second}, {ErrorRate: 1.5},
 		{ErrorRate: -0.1}, {Latency: -1}, {MutationRate: -1},
+		// Not a number passed every comparison: NaN rates were taken, and
+		// made nothing (NaN mutations per second) or never failed.
+		{ErrorRate: math.NaN()}, {MutationRate: math.NaN()}, {MutationRate: math.Inf(1)},
+		{DropRate: math.NaN()}, {DuplicateRate: math.NaN()}, {ReorderRate: math.NaN()},
 	} {
 		if o.Validate() == nil {
 			t.Errorf("Validate(%+v) = nil", o)

@@ -165,7 +165,7 @@ func (o Options) validateWebhooks() error {
 		name string
 		f    float64
 	}{{"drop", o.DropRate}, {"duplicate", o.DuplicateRate}, {"reorder", o.ReorderRate}} {
-		if r.f < 0 || r.f > 1 {
+		if !(r.f >= 0 && r.f <= 1) { // NaN too
 			return fmt.Errorf("sim: %s rate %g: want 0..1", r.name, r.f)
 		}
 	}
