@@ -13,6 +13,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/sinks/intake"
 	"github.com/backstop-sync/backstop/sources/sim"
 	"github.com/backstop-sync/backstop/store"
@@ -211,5 +212,60 @@ dashboard:
 	b.do("wait for the whole page", chromedp.WaitVisible(chromedp.CSS(row+" .actions")))
 	if n := b.count(row + " tbody.attempt"); n != attempts {
 		t.Errorf("the delivery's page lists %d attempts, want all %d", n, attempts)
+	}
+}
+
+// A job longer than its interval stores a skipped run at every tick while
+// it runs. The Jobs page's Last run says what `backstop jobs` says (the
+// newest run that did run: here, one that failed), not "skipped", and its
+// list of last runs holds that run even when more than ten skipped ones
+// came after it.
+func TestDashboardLastRunIsNotASkippedTick(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeServeConfig(addr, `jobs:
+  - {name: crm-sync, kind: sync, resources: [contacts], cron: "0 3 * * *"}
+dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	ctx := context.Background()
+	db := e.openStore()
+	now := time.Now()
+	if _, err := db.SaveJobRun(ctx, store.JobRun{Job: "crm-sync", Kind: "sync", StartedAt: now.Add(-30 * time.Minute),
+		FinishedAt: now.Add(-16 * time.Minute), Status: "failed", Error: "contacts: platform answered 503 five times",
+		Counts: backstop.JobCounts{Pages: 7, Objects: 1400, Requests: 12}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 12 {
+		at := now.Add(-time.Duration(29-i) * time.Minute)
+		if _, err := db.SaveJobRun(ctx, store.JobRun{Job: "crm-sync", Kind: "sync", StartedAt: at, FinishedAt: at, Status: "skipped"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	code, out, stderr := e.run(ctx, "jobs", "--json")
+	if code != exitOK {
+		t.Fatalf("jobs: exit %d\n%s", code, stderr)
+	}
+	var cli []jobRow
+	if err := json.Unmarshal([]byte(out), &cli); err != nil || len(cli) != 1 || cli[0].LastRun == nil {
+		t.Fatalf("jobs --json: %v\n%s", err, out)
+	}
+	stop := e.serveWithDashboard()
+	defer stop()
+
+	b := newBrowser(t, "http://"+addr)
+	b.open("/ui/login?next=/ui/jobs")
+	b.do("sign in", chromedp.SendKeys(chromedp.CSS("#token"), uiToken), chromedp.Click(chromedp.CSS("#sign-in")))
+	b.waitLocation("/ui/jobs")
+	b.do("open the last runs", chromedp.Click(chromedp.CSS("#job-crm-sync .runs summary")))
+	b.shot("jobs-skipped-ticks")
+	if last := b.text("#job-crm-sync tr:first-child td:nth-child(6)"); !strings.HasPrefix(strings.TrimSpace(last), cli[0].LastRun.Status) {
+		t.Errorf("the Jobs page's Last run is %q; backstop jobs says %s", last, cli[0].LastRun.Status)
+	}
+	runs := get(b, "read the last runs", chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll("#job-crm-sync .runs tbody tr")].map(tr => tr.cells[2].textContent.trim())`))
+	if len(runs) == 0 || !strings.HasPrefix(runs[len(runs)-1], "failed") {
+		t.Errorf("the job's last runs are %q, want the skipped ticks and then the failed run", runs)
 	}
 }

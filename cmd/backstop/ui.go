@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -166,6 +167,9 @@ func (b *uiBackend) Jobs(ctx context.Context, runs int) ([]dashboard.Job, error)
 			if err != nil {
 				return nil, err
 			}
+			if stored, err = b.withLastRan(ctx, j.Name, stored, runs); err != nil {
+				return nil, err
+			}
 			for _, r := range stored {
 				v.Runs = append(v.Runs, dashboard.JobRun{StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
 					Status: r.Status, Counts: r.Counts, Error: r.Error})
@@ -182,6 +186,27 @@ func (b *uiBackend) Jobs(ctx context.Context, runs int) ([]dashboard.Job, error)
 		out = append(out, v)
 	}
 	return out, nil
+}
+
+// withLastRan returns stored, the newest runs of job (at most limit), with
+// the newest run that did run added last when none of them did: a job
+// longer than its interval stores a skipped run at every tick while it
+// runs, so the run that says how the job is doing (running, or how it
+// ended) can be older than every run listed. It is the run backstop jobs
+// shows (store.LastJobRun).
+func (b *uiBackend) withLastRan(ctx context.Context, job string, stored []store.JobRun, limit int) ([]store.JobRun, error) {
+	ran := func(r store.JobRun) bool { return r.Status != string(bsync.JobSkipped) }
+	if len(stored) < limit || slices.ContainsFunc(stored, ran) {
+		return stored, nil // every run is listed, or one that ran is
+	}
+	last, ok, err := b.db().LastJobRun(ctx, job)
+	if err != nil {
+		return nil, fmt.Errorf("job %s: last run: %w", job, err)
+	}
+	if !ok || !ran(last) {
+		return stored, nil
+	}
+	return append(stored, last), nil
 }
 
 func (b *uiBackend) RunJob(ctx context.Context, name string) error {
