@@ -414,8 +414,9 @@ func migrations() ([]migration, error) {
 	return out, nil
 }
 
-// ErrNotStore is returned by Open, wrapped, for an SQLite database that
-// another application made: Open leaves such a file as it found it.
+// ErrNotStore is returned by Open, wrapped, for a file that is not SQLite
+// and for an SQLite database that another application made: Open leaves
+// such a file as it found it.
 var ErrNotStore = errors.New("not a backstop store")
 
 // SQLite's result codes that explainOpen explains.
@@ -485,8 +486,8 @@ func explainOpen(path string, err error) error {
 
 // setWAL switches the file to WAL mode (a new file, or one made by a
 // version that did not), which lasts; a file already in WAL mode is left
-// as it is. As the connection pragma it replaces, it does not insist where
-// SQLite keeps another mode.
+// as it is. Where SQLite keeps another mode (it cannot share memory
+// there), the store runs in that mode rather than not at all.
 func (db *DB) setWAL(ctx context.Context) error {
 	var mode string
 	if err := db.w.GetContext(ctx, &mode, `PRAGMA journal_mode = WAL`); err != nil {
