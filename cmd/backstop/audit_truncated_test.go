@@ -30,3 +30,28 @@ func TestSimAndDemoRefuseRatesThatAreNotNumbers(t *testing.T) {
 		}
 	}
 }
+
+// TestSimRefusesWebhookFlagsThatWouldSendNothing: "backstop sim
+// --mutation-rate 5 --drop-rate 0.1" (no --webhook-url) used to serve and
+// send no webhook at all, its drop rate ignored, and "backstop sim
+// --webhook-url URL" without --mutation-rate made no change, so sent no
+// webhook either. Both are refused (exit 2) saying which flag is missing;
+// the README's example, with both, still runs.
+func TestSimRefusesWebhookFlagsThatWouldSendNothing(t *testing.T) {
+	for _, c := range []struct {
+		args       []string
+		flag, want string // the flag refused, the flag missing
+	}{
+		{[]string{"--mutation-rate", "5", "--drop-rate", "0.1"}, "--drop-rate", "--webhook-url"},
+		{[]string{"--mutation-rate", "5", "--retry-schedule", "1s"}, "--retry-schedule", "--webhook-url"},
+		{[]string{"--webhook-url", "http://127.0.0.1:1/webhooks/botix", "--webhook-secret", "s"}, "--webhook-url", "--mutation-rate"},
+	} {
+		// The old binary served these: 20 s is ample to refuse them.
+		code, stdout, stderr := runBinaryFor(t, 20*time.Second, t.TempDir(), nil, append([]string{"sim", "--listen", "127.0.0.1:0"}, c.args...)...)
+		if code != exitUsage || !strings.Contains(stderr, c.flag) || !strings.Contains(stderr, c.want) {
+			t.Errorf("sim %v: exit %d, want 2 naming %s and %s\n%s%s", c.args, code, c.flag, c.want, stdout, stderr)
+		}
+	}
+	startSim(t, "--mutation-rate", "20", "--drop-rate", "0.1", "--duplicate-rate", "0.05",
+		"--webhook-url", "http://127.0.0.1:1/webhooks/botix", "--webhook-secret", "s")
+}

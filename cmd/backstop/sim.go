@@ -25,9 +25,11 @@ for tests: contacts, chats, messages and payments generated from a seed (with
 runs of equal updated_at, unicode text and a few objects over 64 KiB),
 fixed-window rate limits with X-RateLimit-* headers and 429 Retry-After,
 injected 5xx errors and latency, and a mutation generator that creates and
-updates objects while it runs. With --webhook-url it also sends a signed
-webhook for every mutation, losing, duplicating and reordering some on request
-and retrying those not answered 2xx on the platform's schedule.
+updates objects while it runs. With --webhook-url (and --mutation-rate, which
+makes the changes) it also sends a signed webhook for every mutation, losing,
+duplicating and reordering some on request (--drop-rate, --duplicate-rate,
+--reorder-rate) and retrying those not answered 2xx on the platform's schedule
+(--retry-schedule).
 
 It prints its base URL and API key, then serves until Ctrl-C.`,
 		Example: `  backstop sim --listen 127.0.0.1:8081 --objects 5000 --limit 600 --window 1m
@@ -57,6 +59,18 @@ It prints its base URL and API key, then serves until Ctrl-C.`,
 			}
 			if err := checkSimFlags(opts); err != nil {
 				return err
+			}
+			// Webhooks are made only for --webhook-url, and only of the
+			// changes --mutation-rate makes: a flag shaping them without
+			// both would be ignored, and the simulator would send nothing.
+			if opts.WebhookURL == "" {
+				for _, name := range []string{"drop-rate", "duplicate-rate", "reorder-rate", "retry-schedule", "webhook-secret"} {
+					if cmd.Flags().Changed(name) {
+						return usagef("--%s shapes the webhooks sent to --webhook-url, which is not set: no webhook would be sent", name)
+					}
+				}
+			} else if opts.MutationRate == 0 {
+				return usagef("--webhook-url: a webhook is sent for every change, and without --mutation-rate nothing changes: set --mutation-rate too")
 			}
 			if opts.Objects == 0 {
 				opts.Objects = -1
