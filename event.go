@@ -149,6 +149,14 @@ const (
 	// EmitDuplicate: its event_id or dedup key was already processed;
 	// nothing changed.
 	EmitDuplicate EmitStatus = "duplicate"
+	// EmitSuperseded: the mirror already held a newer version of the
+	// event's object when the event's transaction ran (a webhook brought
+	// it after the caller read the object); nothing of the event was
+	// stored, mirrored or queued, so an older state is never queued after
+	// a newer one. Only the emit paths that compare inside their
+	// transaction give it: the store's EmitChanged (reconcile's) and the
+	// pages of emitting sync and backfill runs.
+	EmitSuperseded EmitStatus = "superseded"
 )
 
 // EmitResult is what happened to one event of a batch.

@@ -262,7 +262,10 @@ func (db *DB) emitPageAt(ctx context.Context, gen int64, events []backstop.Event
 			return nil, true, nil
 		}
 	}
-	out, err := db.emitInTx(ctx, sctx, tx, now, stamp, events, routes)
+	// The run compared the page with the mirror before this transaction;
+	// a webhook's newer version of an object committed since leaves the
+	// run's older one out (EmitSuperseded) instead of queueing it after.
+	out, err := db.emitNewerInTx(ctx, sctx, tx, now, stamp, events, routes)
 	if err != nil {
 		return nil, false, err
 	}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,5 +145,54 @@ func TestCheckpointEmittedWhenItsLastObjectCameByWebhook(t *testing.T) {
 	}
 	if emitted, err := db.CheckpointEmitted(ctx, chk); err != nil || !emitted {
 		t.Errorf("an emitting backfill whose last object came by webhook: CheckpointEmitted = %v, %v; want true", emitted, err)
+	}
+}
+
+// A sync (or backfill --emit) page compares its objects with the mirror
+// before its transaction; a webhook that committed a newer version of one
+// of them in between used to be followed by the page's older version,
+// queued after it (billing got payment.refunded, then payment.succeeded
+// from origin sync). The page's commit now leaves that event out as
+// EmitSuperseded, queues the others, and saves its cursor.
+func TestEmitPageLeavesOutEventsAWebhookSuperseded(t *testing.T) {
+	db, _ := openTest(t)
+	ctx := context.Background()
+	r := backstop.Payments
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	// The sync read pay_1 (succeeded at 11:00) and pay_2; then the refund
+	// of pay_1 came by webhook.
+	if _, err := db.Emit(ctx, []backstop.Event{
+		event(t, "evt_refund", "payment.refunded", backstop.OriginWebhook, r, "pay_1", "2024-05-01T12:00:00Z"),
+	}, routes); err != nil {
+		t.Fatal(err)
+	}
+	page := []backstop.Event{
+		event(t, "evt_sync_1", "payment.succeeded", backstop.OriginSync, r, "pay_1", "2024-05-01T11:00:00Z"),
+		event(t, "evt_sync_2", "payment.succeeded", backstop.OriginSync, r, "pay_2", "2024-05-01T11:30:00Z"),
+	}
+	cur := cursorAt(r, backstop.CursorSync, "c1", backstop.Position{UpdatedAt: mustTime(t, "2024-05-01T11:30:00Z"), ID: "pay_2"})
+	res, err := db.EmitPage(ctx, page, routes, cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Status != backstop.EmitSuperseded || res[0].Outbox != 0 || res[1].Status != backstop.EmitAccepted || res[1].Outbox != 1 {
+		t.Fatalf("EmitPage results %+v, want pay_1's older version superseded and pay_2's queued", res)
+	}
+	rows, err := db.OutboxRows(ctx, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var queued []string
+	for _, row := range rows {
+		queued = append(queued, row.EventID)
+	}
+	if strings.Join(queued, ",") != "evt_refund,evt_sync_2" {
+		t.Errorf("billing queue %v, want the refund and pay_2 only", queued)
+	}
+	if got, ok, err := db.Get(ctx, r, "pay_1"); err != nil || !ok || !got.UpdatedAt.Equal(mustTime(t, "2024-05-01T12:00:00Z")) {
+		t.Errorf("pay_1 in the mirror at %v (ok=%v err=%v), want the webhook's refund", got.UpdatedAt, ok, err)
+	}
+	if c, ok, err := db.Cursor(ctx, r, backstop.CursorSync); err != nil || !ok || c.Value != "c1" {
+		t.Errorf("cursor %+v (ok=%v err=%v), want the page's saved", c, ok, err)
 	}
 }

@@ -380,8 +380,11 @@ func (db *DB) PruneJobRuns(ctx context.Context, before time.Time) (int64, error)
 //
 // Events are the caller's choice (sync emits the objects of the page that
 // are new or newer than the mirror); objects of the page that need no event
-// need not be passed, since the mirror already holds their version. Results
-// are in the order of events. On error nothing is committed, neither the
+// need not be passed, since the mirror already holds their version. An
+// event whose object the mirror holds in a newer version by the time the
+// transaction runs (a webhook's, committed after the caller compared) is
+// left out as backstop.EmitSuperseded, as in EmitChanged. Results are in
+// the order of events. On error nothing is committed, neither the
 // events nor the cursor. It fails as Emit does, and on a cursor of an
 // unknown resource or kind.
 func (db *DB) EmitPage(ctx context.Context, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, error) {

@@ -55,17 +55,12 @@ func (db *DB) readVersions(ctx context.Context, t *table, args []any, out map[st
 	return rows.Err()
 }
 
-// EmitSuperseded is the status EmitChanged gives an event whose object the
-// mirror already holds in a newer version when the event's transaction
-// runs: nothing of the event is stored, mirrored or queued.
-const EmitSuperseded backstop.EmitStatus = "superseded"
-
 // EmitChanged is Emit for events that announce the platform's current
 // state of objects the caller found missing from the mirror or behind it
 // (reconcile's). The caller compared before the emit, and a webhook may
 // have brought a newer version of an object since: in the same
 // transaction as the emit path, each event whose object the mirror now
-// holds in a version newer than the event's is left out as EmitSuperseded,
+// holds in a version newer than the event's is left out as backstop.EmitSuperseded,
 // so that an older state is never queued after a newer one was. The
 // others go through the emit path exactly as in Emit (the same version
 // already processed is an EmitDuplicate there). Results are in the order
@@ -102,6 +97,22 @@ func (db *DB) emitChanged(ctx context.Context, events []backstop.Event, routes [
 	// As in Emit: statements run without ctx's cancellation; ctx is
 	// checked between events and by the commit.
 	sctx := context.WithoutCancel(ctx)
+	out, err := db.emitNewerInTx(ctx, sctx, tx, now, stamp, events, routes)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("commit %d events: %w", len(events), err)
+	}
+	return out, nil
+}
+
+// emitNewerInTx is emitInTx for events whose objects the caller compared
+// with the mirror before its transaction: each event whose object the
+// mirror holds, read in tx, in a version newer than the event's is left
+// out as backstop.EmitSuperseded, and the others go through emitInTx.
+// Results are in the order of events.
+func (db *DB) emitNewerInTx(ctx, sctx context.Context, tx *sqlx.Tx, now time.Time, stamp string, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
 	stored, err := eventVersions(sctx, tx, events)
 	if err != nil {
 		return nil, err
@@ -113,7 +124,7 @@ func (db *DB) emitChanged(ctx context.Context, events []backstop.Event, routes [
 		if _, ok := ev.Object(); ok {
 			// Canonical times are fixed width: text order is time order.
 			if v, ok := stored[ev.Resource][ev.ObjectID]; ok && v > backstop.CanonicalTime(ev.UpdatedAt) {
-				out[i] = backstop.EmitResult{Status: EmitSuperseded}
+				out[i] = backstop.EmitResult{Status: backstop.EmitSuperseded}
 				continue
 			}
 		}
@@ -126,9 +137,6 @@ func (db *DB) emitChanged(ctx context.Context, events []backstop.Event, routes [
 	}
 	for j, i := range at {
 		out[i] = res[j]
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("commit %d events: %w", len(keep), err)
 	}
 	return out, nil
 }

@@ -293,7 +293,7 @@ func TestEmitChanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []backstop.EmitStatus{EmitSuperseded, backstop.EmitDuplicate, backstop.EmitAccepted, backstop.EmitAccepted, backstop.EmitAccepted}
+	want := []backstop.EmitStatus{backstop.EmitSuperseded, backstop.EmitDuplicate, backstop.EmitAccepted, backstop.EmitAccepted, backstop.EmitAccepted}
 	for i, w := range want {
 		if res[i].Status != w {
 			t.Errorf("event %s: %s, want %s", events[i].ID, res[i].Status, w)

@@ -460,10 +460,10 @@ type GuardedPageStore interface {
 // page with the mirror before it emits, and a webhook for a newer version
 // of an object may commit in between.
 type ChangedEmitter interface {
-	// EmitChanged is Emit that leaves out, with a status other than
-	// EmitAccepted and EmitDuplicate, each event whose object the mirror
-	// holds in a newer version than the event's when its transaction
-	// runs: nothing of it is stored or queued.
+	// EmitChanged is Emit that leaves out, as backstop.EmitSuperseded,
+	// each event whose object the mirror holds in a newer version than
+	// the event's when its transaction runs: nothing of it is stored or
+	// queued.
 	EmitChanged(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error)
 }
 
@@ -533,7 +533,7 @@ func (em *pageEmitter) commit(ctx context.Context, gen int64, r backstop.Resourc
 		switch x.Status {
 		case backstop.EmitAccepted:
 			em.stats.Emitted++
-		case backstop.EmitDuplicate:
+		case backstop.EmitDuplicate, backstop.EmitSuperseded:
 			em.stats.Suppressed++
 		}
 	}

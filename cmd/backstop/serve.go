@@ -28,6 +28,7 @@ import (
 	"github.com/backstop-sync/backstop/sinks/delivery"
 	"github.com/backstop-sync/backstop/sinks/intake"
 	"github.com/backstop-sync/backstop/store"
+	bsync "github.com/backstop-sync/backstop/sync"
 )
 
 // shutdownTimeout bounds how long serve waits for in-flight requests and
@@ -213,10 +214,13 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	// so does each page a sync job emits and each reconcile's re-emission
 	// (the scheduler, not started yet, runs its jobs on a.engine).
 	// It also commits the emitting runs' pages (EmitGuard), refusing one
-	// whose cursor backstop cursors reset reset since the run read it.
+	// whose cursor backstop cursors reset reset since the run read it,
+	// and a reconcile's events (ReconcileEmitter), leaving out one whose
+	// object a webhook brought in a newer version meanwhile.
 	waking := wakingStore{DB: a.db, wake: dispatcher.Wake}
 	a.engine.Mirror = waking
 	a.engine.EmitGuard = waking
+	a.engine.ReconcileEmitter = waking
 	stack := startIntake(ctx, a.db, meter, verifier,
 		intakeOptions{routes: routes, maxBatch: cfg.Intake.MaxBatch, onQueued: dispatcher.Wake}, log, reg)
 	handler := stack.handler
@@ -727,6 +731,22 @@ func (s wakingStore) EmitPageAt(ctx context.Context, gen int64, events []backsto
 // Emit is store.DB's, then wakes the targets it queued rows for.
 func (s wakingStore) Emit(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
 	res, err := s.DB.Emit(ctx, events, routes)
+	if err == nil {
+		backstop.QueuedTargets(events, res, routes, s.wake)
+	}
+	return res, err
+}
+
+// wakingStore takes the place of the store in each of the engine's roles.
+var (
+	_ backstop.Mirror        = wakingStore{}
+	_ bsync.GuardedPageStore = wakingStore{}
+	_ bsync.ChangedEmitter   = wakingStore{}
+)
+
+// EmitChanged is store.DB's, then wakes the targets it queued rows for.
+func (s wakingStore) EmitChanged(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
+	res, err := s.DB.EmitChanged(ctx, events, routes)
 	if err == nil {
 		backstop.QueuedTargets(events, res, routes, s.wake)
 	}
