@@ -133,20 +133,16 @@ func (db *DB) IntakeSamples(ctx context.Context, since time.Time) ([]IntakeSampl
 }
 
 // PruneSamples deletes the quota and intake samples taken before before and
-// returns how many it deleted.
+// returns how many it deleted, in chunks as PruneJobRuns does.
 func (db *DB) PruneSamples(ctx context.Context, before time.Time) (int64, error) {
-	cutoff := backstop.CanonicalTime(before)
 	var total int64
-	for _, del := range []string{`DELETE FROM quota_samples WHERE at < ?`, `DELETE FROM intake_samples WHERE at < ?`} {
-		res, err := db.w.ExecContext(ctx, del, cutoff)
-		if err != nil {
-			return total, fmt.Errorf("prune samples: %w", err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return total, fmt.Errorf("prune samples: %w", err)
-		}
+	for _, table := range []string{"quota_samples", "intake_samples"} {
+		n, err := db.pruneChunked(ctx, `DELETE FROM `+table+` WHERE rowid IN (
+			SELECT rowid FROM `+table+` WHERE at < ? LIMIT ?)`, before)
 		total += n
+		if err != nil {
+			return total, fmt.Errorf("prune samples: %w", err)
+		}
 	}
 	return total, nil
 }

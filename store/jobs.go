@@ -357,15 +357,14 @@ func (db *DB) LastJobStart(ctx context.Context, job string) (time.Time, bool, er
 }
 
 // PruneJobRuns deletes the job runs started before before and returns how
-// many it deleted.
+// many it deleted. It deletes in chunks, each in a transaction of its own,
+// so a big backlog does not hold the writer (and the intake's commits)
+// for seconds: on error, the count says how many were deleted before it.
 func (db *DB) PruneJobRuns(ctx context.Context, before time.Time) (int64, error) {
-	res, err := db.w.ExecContext(ctx, `DELETE FROM job_runs WHERE started_at < ?`, backstop.CanonicalTime(before))
+	n, err := db.pruneChunked(ctx, `DELETE FROM job_runs WHERE id IN (
+		SELECT id FROM job_runs WHERE started_at < ? LIMIT ?)`, before)
 	if err != nil {
-		return 0, fmt.Errorf("prune job runs: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("prune job runs: %w", err)
+		return n, fmt.Errorf("prune job runs: %w", err)
 	}
 	return n, nil
 }
