@@ -136,9 +136,12 @@ func (db *DB) IntakeSamples(ctx context.Context, since time.Time) ([]IntakeSampl
 // returns how many it deleted, in chunks as PruneJobRuns does.
 func (db *DB) PruneSamples(ctx context.Context, before time.Time) (int64, error) {
 	var total int64
-	for _, table := range []string{"quota_samples", "intake_samples"} {
-		n, err := db.pruneChunked(ctx, `DELETE FROM `+table+` WHERE rowid IN (
-			SELECT rowid FROM `+table+` WHERE at < ? LIMIT ?)`, before)
+	// Both tables are WITHOUT ROWID: a chunk is named by its primary keys.
+	for _, del := range []string{
+		`DELETE FROM quota_samples WHERE (key_id, at) IN (SELECT key_id, at FROM quota_samples WHERE at < ? LIMIT ?)`,
+		`DELETE FROM intake_samples WHERE at IN (SELECT at FROM intake_samples WHERE at < ? LIMIT ?)`,
+	} {
+		n, err := db.pruneChunked(ctx, del, before)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("prune samples: %w", err)
