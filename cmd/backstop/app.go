@@ -295,7 +295,12 @@ func openConfiguredStore(ctx context.Context, cfg *config.Config, synchronous st
 	case err == nil && !fi.IsDir():
 		return nil, usageError{cfg.Problem("store.path", "%s is not a directory", dir)}
 	}
-	return store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: synchronous})
+	db, err := store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: synchronous})
+	if errors.Is(err, store.ErrNotStore) {
+		// A wrong path (a typo, a shared data directory), not a failure.
+		return nil, usageError{cfg.Problem("store.path", "%v", err)}
+	}
+	return db, err
 }
 
 // existingStore refuses a store.path where no database exists, for the

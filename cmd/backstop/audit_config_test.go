@@ -206,12 +206,15 @@ func TestDemoRefusesAnExistingStore(t *testing.T) {
 // its line; a path with '?' passed the check and failed the same way.
 // Both are now configuration errors with file, line and key (exit 2), for
 // the commands that call the platform and for those that only read the
-// store.
+// store. So is a path naming a file that is not backstop's store (here
+// not SQLite at all), which used to exit 1 like a failure.
 func TestStorePathItCannotOpenIsAConfigError(t *testing.T) {
 	dir := t.TempDir()
+	writeFile(t, dir, "notes.db", "meeting notes, not a database: ..............................................................\n")
 	cases := []struct{ path, want string }{
 		{filepath.Join(dir, "missing", "b.db"), "directory " + filepath.Join(dir, "missing") + " does not exist"},
 		{"./b?mode=ro.db", "has '?' or '#'"},
+		{"./notes.db", "not a backstop store"},
 	}
 	for _, c := range cases {
 		cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\nstore:\n  path: \"" + c.path + "\"\n"
