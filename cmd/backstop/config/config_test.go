@@ -208,6 +208,8 @@ func TestParseErrors(t *testing.T) {
 			nil, `schedules.yaml:5: jobs[0].full: only for reconcile jobs; this one is a maintenance job`, 5, "jobs[0].full"},
 		{"lookback on backfill", base + "jobs:\n  - {name: b, kind: backfill, every: 1m, lookback: 5m}\n",
 			nil, `schedules.yaml:5: jobs[0].lookback: only for reconcile jobs; this one is a backfill job`, 5, "jobs[0].lookback"},
+		{"lookback 0", base + "jobs:\n  - {name: r, kind: reconcile, every: 1h, lookback: 0s}\n",
+			nil, `schedules.yaml:5: jobs[0].lookback: want more than 0s, got 0s: the window overlaps the last run's start by it, to catch changes made while that run read the feed (default 10m)`, 5, "jobs[0].lookback"},
 		{"job names unique", base + "jobs:\n  - {name: a, kind: sync, every: 1h}\n  - {name: b, kind: sync, every: 1h}\n  - {name: a, kind: sync, every: 1h}\n",
 			nil, `schedules.yaml:7: jobs[2].name: "a" is already the name of jobs[0]`, 7, "jobs[2].name"},
 	}

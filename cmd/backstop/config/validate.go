@@ -294,8 +294,10 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 	case j.Every < Duration(time.Second):
 		p.add(c.errorf(k+".every", "want 1s or more, got %s: a shorter interval only piles up skipped runs", j.Every))
 	}
-	if j.Lookback < 0 {
-		p.add(c.errorf(k+".lookback", "want 0 or more, got %s", j.Lookback))
+	if j.Lookback <= 0 && j.Kind == KindReconcile {
+		// 0 would mean the default (10m) to the engine: refused rather
+		// than silently replaced.
+		p.add(c.errorf(k+".lookback", "want more than 0s, got %s: the window overlaps the last run's start by it, to catch changes made while that run read the feed (default 10m)", j.Lookback))
 	}
 }
 
