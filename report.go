@@ -74,7 +74,8 @@ type ReconcileReport struct {
 	// mirrored version is older than the platform's.
 	Missing, Behind int
 	// Reemitted counts events the emit path accepted, Suppressed those it
-	// found to be duplicates. Both stay zero in a dry run.
+	// did not: duplicates, or versions superseded by a newer one that came
+	// meanwhile (backstop.EmitSuperseded). Both stay zero in a dry run.
 	Reemitted, Suppressed int
 	// Orphans counts mirror objects the platform no longer returns; only a
 	// Full run counts them.

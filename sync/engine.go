@@ -384,7 +384,8 @@ type PageStore interface {
 // EmitStats counts what a run that emits its changes emitted.
 type EmitStats struct {
 	// Emitted counts events the emit path accepted, Suppressed those it
-	// found to be duplicates (a webhook or an earlier run had them).
+	// did not: duplicates (a webhook or an earlier run had them), or
+	// versions a webhook superseded while the page was in flight.
 	Emitted, Suppressed int
 }
 
