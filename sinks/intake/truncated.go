@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/backstop-sync/backstop"
@@ -30,8 +31,9 @@ const DefaultFetchLease = 5 * time.Minute
 // store. A failed fetch is retried with exponential backoff, logged and
 // counted. An event whose object the platform still says does not exist
 // (404) once it is NotFoundGrace old is given up (see
-// FetcherOptions.NotFoundGrace); other failures are retried for as long as
-// they last.
+// FetcherOptions.NotFoundGrace), and so at once is one whose object it says
+// is deleted (410 Gone); other failures are retried for as long as they
+// last.
 //
 // Fetchers of several processes may share one store: each event is claimed
 // for one fetch at a time (see FetcherOptions.Lease), and the backoff
@@ -171,6 +173,7 @@ func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event, claimed, lease t
 		return
 	}
 	missing := errors.Is(err, backstop.ErrNotFound) // on the platform, not in the store
+	gone := isGone(err)
 	if err == nil {
 		var res backstop.EmitResult
 		res, err = f.store.CompleteTruncated(ctx, ev.ID, obj, f.routes)
@@ -188,7 +191,7 @@ func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event, claimed, lease t
 			return
 		}
 	}
-	if missing && f.now().Sub(ev.CreatedAt) >= f.grace {
+	if gone || (missing && f.now().Sub(ev.CreatedAt) >= f.grace) {
 		// Counted and logged once stored: a failed write leaves the
 		// event to be fetched (and given up) again.
 		if aerr := f.store.AbandonTruncated(ctx, ev.ID, "given up: "+err.Error()); aerr != nil {
@@ -233,6 +236,14 @@ func (f *Fetcher) release(ev backstop.Event, claimed, lease time.Time) {
 	if _, err := f.store.ReleaseTruncated(ctx, ev.ID, lease, claimed); err != nil {
 		f.logger.Warn("release truncated event", "event_id", ev.ID, "error", err)
 	}
+}
+
+// isGone reports whether err is the platform's 410 Gone: the object was
+// there and is deleted for good, so no retry can fetch it, within
+// NotFoundGrace or after.
+func isGone(err error) bool {
+	var ae *backstop.APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusGone
 }
 
 func (f *Fetcher) result(r string) {

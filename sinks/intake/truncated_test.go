@@ -202,6 +202,67 @@ func TestTruncatedEventFromTheFutureWithoutObjectIsGivenUp(t *testing.T) {
 	}
 }
 
+// A truncated event whose object the platform answers 410 Gone (deleted)
+// is given up at its first fetch, without waiting out NotFoundGrace: no
+// retry can bring a deleted object back. It used to be retried every 5
+// minutes for as long as the process ran, pending all along.
+func TestTruncatedEventWhoseObjectIsGoneIsGivenUp(t *testing.T) {
+	s := sim.New(sim.Options{Seed: 3, Objects: 20})
+	var gets sync.Map // path -> struct{}
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/public/v1/payments/pay_deleted" {
+			gets.Store(r.URL.Path, struct{}{})
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusGone)
+			w.Write([]byte(`{"error":{"code":"gone","message":"payment pay_deleted was deleted"}}`))
+			return
+		}
+		s.Handler().ServeHTTP(w, r)
+	}))
+	defer api.Close()
+	client, err := sources.New(sources.Options{BaseURL: api.URL, APIKey: s.APIKey(), RetryMax: -1,
+		Governor: governor.New(s.APIKey(), governor.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ev := truncatedPayment(t, "evt_deleted", "pay_deleted")
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	emitTruncated(t, db, ev, routes)
+
+	// A minute after the event: within the grace a 404 would be retried.
+	metrics := intake.NewMetrics(prometheus.NewRegistry())
+	clock := func() time.Time { return ev.CreatedAt.Add(time.Minute) }
+	f := intake.NewFetcher(db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	waitFor(t, func() bool {
+		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_deleted")
+		return pe.FetchAttempts >= 1
+	})
+	pe, _, _ := db.ProcessedEvent(context.Background(), "evt_deleted")
+	if pe.Truncated || !strings.HasPrefix(pe.LastFetchError, "given up") || !strings.Contains(pe.LastFetchError, "410") {
+		t.Fatalf("after a 410 Gone: %+v; want it given up, saying 410", pe)
+	}
+	waitFor(t, func() bool { return testutil.ToFloat64(metrics.TruncatedFetches.WithLabelValues("gave_up")) >= 1 })
+	if got := testutil.ToFloat64(metrics.TruncatedFetches.WithLabelValues("error")); got != 0 {
+		t.Errorf("error fetches metric = %v, want 0", got)
+	}
+	if rows, err := db.OutboxRows(context.Background(), "billing"); err != nil || len(rows) != 0 {
+		t.Errorf("outbox of a given-up event: %v %+v, want none", err, rows)
+	}
+	if _, ok := gets.Load("/public/v1/payments/pay_deleted"); !ok {
+		t.Error("the deleted payment was never asked for")
+	}
+}
+
 // waitFor polls cond with a deadline (background work, no fixed sleeps).
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
