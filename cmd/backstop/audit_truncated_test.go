@@ -1,10 +1,65 @@
 package main
 
 import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/sources/sim"
 )
+
+// TestServeGivesUpATruncatedEventFromTheFuture: serve took a truncated
+// webhook whose created_at was a year ahead (the platform's clock) and
+// whose payment the platform did not have; the 404 was to be retried until
+// an hour after created_at, so for a year, the event pending all along. It
+// is given up an hour after it arrived.
+func TestServeGivesUpATruncatedEventFromTheFuture(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 21, Objects: 20}})
+	e.writeServeConfig(addr, "")
+	serveInProcess(t, e, addr)
+	ahead := time.Now().AddDate(1, 0, 0).UTC().Format(time.RFC3339)
+	body := fmt.Appendf(nil, `{"event_id":"evt_ahead","event":"payment.succeeded","created_at":%q,"truncated":true,"data":{"id":"pay_doesnotexist"}}`, ahead)
+	if code, answer := postSigned(t, "http://"+addr+"/webhooks/botix", webhookSecret, body); code != http.StatusOK {
+		t.Fatalf("truncated webhook: %d %s", code, answer)
+	}
+	// It arrived two hours ago: past the grace, whatever its created_at says.
+	raw, err := sql.Open("sqlite", e.db+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Exec(`UPDATE processed_events SET received_at = ? WHERE event_id = 'evt_ahead'`,
+		backstop.CanonicalTime(time.Now().Add(-2*time.Hour))); err != nil {
+		t.Fatal(err)
+	}
+	metrics := func() string {
+		res, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return ""
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return string(b)
+	}
+	// The first retries come 1 s, then 2 s after the first fetch.
+	waitFor(t, 30*time.Second, func() bool {
+		return strings.Contains(metrics(), `backstop_truncated_fetches_total{result="gave_up"} 1`+"\n")
+	})
+	db := e.openStore()
+	defer db.Close()
+	pe, ok, err := db.ProcessedEvent(context.Background(), "evt_ahead")
+	if err != nil || !ok || pe.Truncated || !strings.HasPrefix(pe.LastFetchError, "given up") {
+		t.Errorf("evt_ahead after serve gave it up: %+v %v %v", pe, ok, err)
+	}
+	waitFor(t, 30*time.Second, func() bool { return strings.Contains(metrics(), "backstop_truncated_pending 0\n") })
+}
 
 // TestSimAndDemoRefuseRatesThatAreNotNumbers: "backstop sim --drop-rate
 // NaN" (or --error-rate, --mutation-rate NaN, --mutation-rate Inf) used to
