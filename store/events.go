@@ -53,14 +53,20 @@ func (db *DB) Emit(ctx context.Context, events []backstop.Event, routes []backst
 	if len(events) == 0 {
 		return []backstop.EmitResult{}, nil
 	}
-	res, err := db.emit(ctx, events, routes)
+	res, err := db.emit(ctx, events, routes, db.emitInTx)
 	if err != nil {
 		return nil, fmt.Errorf("emit: %w", err)
 	}
 	return res, nil
 }
 
-func (db *DB) emit(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
+// emitFunc processes events inside an open write transaction: emitInTx, or
+// emitNewerInTx, which compares them with the mirror first.
+type emitFunc func(ctx, sctx context.Context, tx *sqlx.Tx, now time.Time, stamp string, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error)
+
+// emit runs events through inTx in one transaction of their own and
+// commits it.
+func (db *DB) emit(ctx context.Context, events []backstop.Event, routes []backstop.Route, inTx emitFunc) ([]backstop.EmitResult, error) {
 	if err := checkRoutes(routes); err != nil {
 		return nil, err
 	}
@@ -76,7 +82,7 @@ func (db *DB) emit(ctx context.Context, events []backstop.Event, routes []backst
 	// The statements run without ctx's cancellation, which the driver would
 	// watch with one goroutine per statement; ctx is checked between events
 	// instead, and a cancelled ctx also fails the commit.
-	out, err := db.emitInTx(ctx, context.WithoutCancel(ctx), tx, now, stamp, events, routes)
+	out, err := inTx(ctx, context.WithoutCancel(ctx), tx, now, stamp, events, routes)
 	if err != nil {
 		return nil, err
 	}

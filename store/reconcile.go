@@ -69,42 +69,11 @@ func (db *DB) EmitChanged(ctx context.Context, events []backstop.Event, routes [
 	if len(events) == 0 {
 		return []backstop.EmitResult{}, nil
 	}
-	res, err := db.emitChanged(ctx, events, routes)
+	res, err := db.emit(ctx, events, routes, db.emitNewerInTx)
 	if err != nil {
 		return nil, fmt.Errorf("emit: %w", err)
 	}
 	return res, nil
-}
-
-func (db *DB) emitChanged(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
-	if err := checkRoutes(routes); err != nil {
-		return nil, err
-	}
-	for i, ev := range events {
-		if err := checkEvent(ev); err != nil {
-			return nil, fmt.Errorf("event %d of %d (%s): %w", i+1, len(events), ev.ID, err)
-		}
-	}
-	now := db.now()
-	stamp := backstop.CanonicalTime(now)
-
-	tx, err := db.w.BeginTxx(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback()
-
-	// As in Emit: statements run without ctx's cancellation; ctx is
-	// checked between events and by the commit.
-	sctx := context.WithoutCancel(ctx)
-	out, err := db.emitNewerInTx(ctx, sctx, tx, now, stamp, events, routes)
-	if err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("commit %d events: %w", len(events), err)
-	}
-	return out, nil
 }
 
 // emitNewerInTx is emitInTx for events whose objects the caller compared
@@ -113,6 +82,13 @@ func (db *DB) emitChanged(ctx context.Context, events []backstop.Event, routes [
 // out as backstop.EmitSuperseded, and the others go through emitInTx.
 // Results are in the order of events.
 func (db *DB) emitNewerInTx(ctx, sctx context.Context, tx *sqlx.Tx, now time.Time, stamp string, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
+	// Checked first, as emitInTx would, so that an event the versions
+	// cannot be read for is named by its position and id.
+	for i, ev := range events {
+		if err := checkEvent(ev); err != nil {
+			return nil, fmt.Errorf("event %d of %d (%s): %w", i+1, len(events), ev.ID, err)
+		}
+	}
 	stored, err := eventVersions(sctx, tx, events)
 	if err != nil {
 		return nil, err
