@@ -99,8 +99,9 @@ unless --store names one, which must not exist yet.`,
 }
 
 func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error {
-	path := o.storePath
+	path, kept := o.storePath, "kept"
 	if path == "" {
+		kept = "temporary: removed at exit; --store PATH keeps it"
 		dir, err := os.MkdirTemp("", "backstop-demo-")
 		if err != nil {
 			return err
@@ -185,8 +186,8 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 	}()
 
 	out := m.Stdout
-	fmt.Fprintf(out, "platform simulator at http://%s, webhook intake at http://%s, database %s\n",
-		apiLn.Addr(), intakeLn.Addr(), path)
+	fmt.Fprintf(out, "platform simulator at http://%s, webhook intake at http://%s, database %s (%s)\n",
+		apiLn.Addr(), intakeLn.Addr(), path, kept)
 
 	// 1. The mirror starts equal to the platform.
 	fmt.Fprintf(out, "1. backfill: %d objects per resource ...\n", o.objects)

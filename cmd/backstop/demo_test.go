@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,5 +70,45 @@ func TestDemo(t *testing.T) {
 	}
 	if len(seen) == 0 {
 		t.Fatal("nothing reached the outbox")
+	}
+}
+
+// A demo without --store printed "database /tmp/backstop-demo-…/demo.db"
+// and removed it at exit, so whoever went to look at it found nothing: the
+// line says the database is temporary (and how to keep one), and a database
+// named with --store is said to be kept, and is.
+func TestDemoSaysWhetherItKeepsItsDatabase(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	dbPath := func(stdout string) (string, string) {
+		first, _, _ := strings.Cut(stdout, "\n")
+		_, rest, ok := strings.Cut(first, ", database ")
+		if !ok {
+			t.Fatalf("no database in the first line: %q", first)
+		}
+		path, note, _ := strings.Cut(rest, " ")
+		return path, note
+	}
+	code, stdout, stderr := e.run(context.Background(), "demo", "--duration", "1s", "--objects", "30", "--rate", "20")
+	if code != 0 {
+		t.Fatalf("demo exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	path, note := dbPath(stdout)
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("temporary database %s after the demo: %v, want it removed", path, err)
+	}
+	if !strings.Contains(note, "temporary") || !strings.Contains(note, "removed at exit") || !strings.Contains(note, "--store") {
+		t.Errorf("the demo's database line says %q of %s, which it removes at exit", note, path)
+	}
+
+	kept := filepath.Join(t.TempDir(), "demo.db")
+	code, stdout, stderr = e.run(context.Background(), "demo", "--duration", "1s", "--objects", "30", "--rate", "20", "--store", kept)
+	if code != 0 {
+		t.Fatalf("demo --store exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if path, note := dbPath(stdout); path != kept || note != "(kept)" {
+		t.Errorf("demo --store %s: database line says %s %q, want %s (kept)", kept, path, note, kept)
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Errorf("database kept with --store: %v", err)
 	}
 }
