@@ -7,8 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/syncbuf"
 	"github.com/backstop-sync/backstop/store"
 )
 
@@ -110,5 +112,32 @@ func TestDemoSaysWhetherItKeepsItsDatabase(t *testing.T) {
 	}
 	if _, err := os.Stat(kept); err != nil {
 		t.Errorf("database kept with --store: %v", err)
+	}
+}
+
+// Ctrl-C during the demo said "progress up to the last committed page is
+// saved", the line of sync and backfill, though the demo removes its
+// temporary store at exit; it now says it was interrupted, no more.
+func TestDemoInterruptedSaysNothingIsSaved(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	var out, errb syncbuf.Buffer
+	m := &Main{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb, LookupEnv: func(k string) (string, bool) {
+		if k == "BACKSTOP_CONFIG" {
+			return "", false
+		}
+		return os.LookupEnv(k)
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() { done <- m.Run(ctx, []string{"--config", e.config, "demo", "--duration", "60s", "--objects", "30", "--rate", "20"}) }()
+	waitFor(t, 60*time.Second, func() bool { return strings.Contains(out.String(), "database ") })
+	cancel()
+	code := <-done
+	if code != exitInterrupted {
+		t.Fatalf("interrupted demo exit %d, want %d\n%s\n%s", code, exitInterrupted, out.String(), errb.String())
+	}
+	if last := strings.TrimSpace(errb.String()); !strings.HasSuffix(last, "backstop: interrupted") || strings.Contains(last, "saved") {
+		t.Errorf("interrupted demo says:\n%s\nwant it to end with \"backstop: interrupted\" and claim nothing saved", last)
 	}
 }

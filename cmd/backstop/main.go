@@ -65,13 +65,19 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	root.SetIn(m.Stdin)
 	root.SetOut(m.Stdout)
 	root.SetErr(m.Stderr)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK
 	}
 	code := exitCode(ctx, err)
 	if code == exitInterrupted {
-		fmt.Fprintln(m.Stderr, "backstop: interrupted; progress up to the last committed page is saved")
+		if cmd != nil && savesPages[cmd.Name()] {
+			fmt.Fprintln(m.Stderr, "backstop: interrupted; progress up to the last committed page is saved")
+		} else {
+			// demo removes its temporary store; deliveries and the
+			// others have no pages to speak of.
+			fmt.Fprintln(m.Stderr, "backstop: interrupted")
+		}
 	} else {
 		// One line per problem: a configuration with several has them
 		// all in one error.
@@ -81,6 +87,11 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	}
 	return code
 }
+
+// savesPages names the commands that commit their work page by page, so
+// that an interrupted one keeps what it committed and its next run goes on
+// from there.
+var savesPages = map[string]bool{"sync": true, "backfill": true, "reconcile": true, "run": true}
 
 // usageError marks bad flags, arguments or configuration (exit 2).
 type usageError struct{ err error }
