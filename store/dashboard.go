@@ -237,3 +237,61 @@ func (db *DB) PruneRevokedSessions(ctx context.Context, now time.Time) (int64, e
 	}
 	return res.RowsAffected()
 }
+
+// LogFilter selects the rows of the dashboard's delivery log. Zero fields
+// select everything.
+type LogFilter struct {
+	Status    string // one of the Status* constants
+	Target    string // a target's name
+	EventType string // an event type such as "payment.succeeded"
+	// DeliveredSince leaves out the delivered rows queued before it. It
+	// applies to delivered rows only: a row still queued (a disabled
+	// target's backlog) or dead-lettered is listed whatever its age, as
+	// the dead letters' counts include it.
+	DeliveredSince time.Time
+	Limit          int // at most this many rows; 0 means 100
+	Offset         int // skip this many rows first
+}
+
+// DeliveryLog returns the outbox rows f selects, newest first (the most
+// recently queued first). It fails on an unknown f.Status.
+func (db *DB) DeliveryLog(ctx context.Context, f LogFilter) ([]OutboxRow, error) {
+	q := `SELECT ` + outboxColumns + ` FROM outbox WHERE 1 = 1`
+	var args []any
+	switch f.Status {
+	case "":
+	case StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter:
+		q += ` AND status = ?`
+		args = append(args, f.Status)
+	default:
+		return nil, fmt.Errorf("list the delivery log: status %q: want %s, %s, %s or %s",
+			f.Status, StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter)
+	}
+	if f.Target != "" {
+		q += ` AND target = ?`
+		args = append(args, f.Target)
+	}
+	if f.EventType != "" {
+		q += ` AND event_type = ?`
+		args = append(args, f.EventType)
+	}
+	if !f.DeliveredSince.IsZero() {
+		q += ` AND (status <> 'delivered' OR created_at >= ?)`
+		args = append(args, backstop.CanonicalTime(f.DeliveredSince))
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = defaultDeliveriesLimit
+	}
+	q += ` ORDER BY id DESC LIMIT ? OFFSET ?`
+	args = append(args, limit, max(f.Offset, 0))
+	var raw []outboxRow
+	if err := db.r.SelectContext(ctx, &raw, q, args...); err != nil {
+		return nil, fmt.Errorf("list the delivery log: %w", err)
+	}
+	rows, err := convertOutbox(raw)
+	if err != nil {
+		return nil, fmt.Errorf("list the delivery log: %w", err)
+	}
+	return rows, nil
+}

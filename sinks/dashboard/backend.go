@@ -65,9 +65,11 @@ type DeliveryFilter struct {
 	Status    string
 	Target    string
 	EventType string
-	Since     time.Time // queued at or after Since
-	Limit     int
-	Offset    int
+	// DeliveredSince leaves out the delivered deliveries queued before
+	// it; queued ones and dead letters are listed whatever their age.
+	DeliveredSince time.Time
+	Limit          int
+	Offset         int
 }
 
 // Target is a delivery target and its queue.

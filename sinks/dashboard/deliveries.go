@@ -51,7 +51,8 @@ type deliveriesData struct {
 	// Dead is the dead-letter view: per-target retry-all buttons, no
 	// status filter.
 	Dead bool
-	// Since is the start of the window the log shows.
+	// Since is the start of the window of delivered deliveries the log
+	// shows; queued ones and dead letters are shown whatever their age.
 	Since time.Time
 	// FirstURL, set when the page asked for is past the end of the list,
 	// links to its first page.
@@ -97,8 +98,8 @@ func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status 
 	}
 	data := deliveriesData{Page: pageNo, Statuses: statuses, EventTypes: backstop.KnownEventTypes, Dead: dead}
 	if !dead {
-		f.Since = d.now().Add(-DefaultWindow)
-		data.Since = f.Since
+		f.DeliveredSince = d.now().Add(-DefaultWindow)
+		data.Since = f.DeliveredSince
 	}
 	ctx := r.Context()
 	rows, err := d.opts.Backend.Deliveries(ctx, f)
