@@ -7,8 +7,11 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 
 	"github.com/backstop-sync/backstop/sources/sim"
 	"github.com/backstop-sync/backstop/store"
@@ -108,4 +111,65 @@ dashboard:
 	if page := bearerPage(t, base+"/ui/deliveries?status=pending"); !listsRow(page, dead) {
 		t.Errorf("the dead letter %d queued again by Retry is not in the log's pending deliveries (lists %v)", dead, logRowIDs(page))
 	}
+}
+
+// Run now while a scheduled run of the job is going answered "started",
+// yet the scheduler skipped the run asked for. It now answers 409 saying
+// that the job is already running, and the Jobs page shows it running
+// (Run now disabled) until the scheduled run ends.
+func TestDashboardRunNowDuringAScheduledRunSaysItIsRunning(t *testing.T) {
+	var (
+		once    sync.Once
+		reached = make(chan struct{})
+		release = make(chan struct{})
+	)
+	// The scheduled sync hangs on its first contacts page until released.
+	gate := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.Contains(r.URL.Path, "contacts") {
+				once.Do(func() { close(reached) })
+				select {
+				case <-release:
+				case <-r.Context().Done():
+					return
+				}
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 3}, wrap: gate})
+	e.writeServeConfig(addr, `jobs:
+  - {name: crm-sync, kind: sync, resources: [contacts], every: 1s}
+dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	stop := e.serveWithDashboard()
+	defer stop()
+	var released sync.Once
+	open := func() { released.Do(func() { close(release) }) }
+	defer open()
+	select {
+	case <-reached:
+	case <-time.After(stepTimeout):
+		t.Fatal("the scheduled run of crm-sync never asked for contacts")
+	}
+
+	code, body := dashboardPost(t, addr, "/ui/jobs/crm-sync/run", url.Values{})
+	if code != http.StatusConflict || !strings.Contains(body, "already running") {
+		t.Errorf("Run now during a scheduled run: %d %s; want 409 saying the job is already running", code, body)
+	}
+	b := newBrowser(t, "http://"+addr)
+	b.open("/ui/login?next=/ui/jobs")
+	b.do("sign in", chromedp.SendKeys(chromedp.CSS("#token"), uiToken), chromedp.Click(chromedp.CSS("#sign-in")))
+	b.waitLocation("/ui/jobs")
+	b.shot("jobs-scheduled-run-going")
+	if last := b.text("#job-crm-sync tr:first-child td:nth-child(6)"); !strings.HasPrefix(strings.TrimSpace(last), "running") {
+		t.Errorf("the Jobs page's Last run of crm-sync is %q, want running", last)
+	}
+	disabled := get(b, "read Run now", chromedp.Evaluate[bool](`document.querySelector("#job-crm-sync .run-now").disabled`))
+	if !disabled {
+		t.Error("Run now of crm-sync is enabled while its scheduled run is going")
+	}
+	open()
 }

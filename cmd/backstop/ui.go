@@ -171,9 +171,15 @@ func (b *uiBackend) Jobs(ctx context.Context, runs int) ([]dashboard.Job, error)
 			if stored, err = b.withLastRan(ctx, j.Name, stored, runs); err != nil {
 				return nil, err
 			}
+			ranSeen := false
 			for _, r := range stored {
 				v.Runs = append(v.Runs, dashboard.JobRun{StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
 					Status: r.Status, Counts: r.Counts, Error: r.Error})
+				if !ranSeen && r.Status != string(bsync.JobSkipped) {
+					// The newest run that ran is still running (a
+					// scheduled one, say): the page shows it so.
+					ranSeen, v.Running = true, r.Status == string(bsync.JobRunning)
+				}
 			}
 			if len(stored) > 0 {
 				after = stored[0].StartedAt
@@ -210,10 +216,47 @@ func (b *uiBackend) withLastRan(ctx context.Context, job string, stored []store.
 	return append(stored, last), nil
 }
 
-func (b *uiBackend) RunJob(ctx context.Context, name string) error {
-	_, err := b.deps.sched.RunJob(ctx, name)
-	if errors.Is(err, bsync.ErrUnknownJob) {
+// runStartPoll is how often RunJob looks in the store for the start of
+// the run it asked for.
+const runStartPoll = 20 * time.Millisecond
+
+// RunJob runs job name through the scheduler, which refuses it
+// (ErrJobRunning) while the job runs already, scheduled or in another
+// process. The scheduler stores a run as running once it is past that
+// check, so started is called when a run of the job newer than the last
+// one stored before appears in the store (or when the run ends).
+func (b *uiBackend) RunJob(ctx context.Context, name string, started func()) error {
+	prev, _, err := b.db().LastJobRun(ctx, name)
+	if err != nil {
+		return fmt.Errorf("job %s: last run: %w", name, err)
+	}
+	done := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		t := time.NewTicker(runStartPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			last, ok, err := b.db().LastJobRun(ctx, name)
+			if err == nil && ok && last.ID > prev.ID && last.Status != string(bsync.JobSkipped) {
+				started()
+				return
+			}
+		}
+	}()
+	_, err = b.deps.sched.RunJob(ctx, name)
+	close(done)
+	<-watched
+	switch {
+	case errors.Is(err, bsync.ErrUnknownJob):
 		return fmt.Errorf("%w %q", dashboard.ErrUnknownJob, name)
+	case errors.Is(err, bsync.ErrJobRunning):
+		return fmt.Errorf("%w: %w", dashboard.ErrJobRunning, err)
 	}
 	return err
 }

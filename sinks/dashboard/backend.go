@@ -36,9 +36,12 @@ type Backend interface {
 	// Jobs returns the configured jobs with their next run and their
 	// last runs (at most runs of them), newest first.
 	Jobs(ctx context.Context, runs int) ([]Job, error)
-	// RunJob runs a job now and returns when it ends. It wraps
-	// ErrUnknownJob for a name that is not configured.
-	RunJob(ctx context.Context, name string) error
+	// RunJob runs a job now and returns when it ends; it calls started,
+	// once, when the run has started (not before it is known not to be
+	// refused). It wraps ErrUnknownJob for a name that is not configured,
+	// and ErrJobRunning when the job is running already, so this run did
+	// not start.
+	RunJob(ctx context.Context, name string, started func()) error
 	// ReconcileRuns returns the last reconcile reports, newest first.
 	ReconcileRuns(ctx context.Context, limit int) ([]ReconcileRun, error)
 	// Cursors returns the saved cursors of every resource.
@@ -91,7 +94,8 @@ type Job struct {
 	Resources []string
 	Schedule  string
 	NextRun   time.Time
-	// Running reports a run in progress that the dashboard started.
+	// Running reports a run in progress: one the dashboard started, or a
+	// stored run still running (a scheduled one).
 	Running bool
 	Runs    []JobRun
 }

@@ -48,6 +48,11 @@ const (
 // configured.
 var ErrUnknownJob = errors.New("dashboard: unknown job")
 
+// ErrJobRunning is what Backend.RunJob wraps when the job is running
+// already (a scheduled run, or a run in another process holding its lock),
+// so the run asked for did not start.
+var ErrJobRunning = errors.New("dashboard: job is running already")
+
 //go:embed templates/*.html static/*
 var assets embed.FS
 

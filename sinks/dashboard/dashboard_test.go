@@ -74,7 +74,7 @@ func (f *fakeBackend) Redirect(context.Context, delivery.Row, string) (delivery.
 
 func (f *fakeBackend) Jobs(context.Context, int) ([]Job, error) { return nil, nil }
 
-func (f *fakeBackend) RunJob(context.Context, string) error { return nil }
+func (f *fakeBackend) RunJob(context.Context, string, func()) error { return nil }
 
 func (f *fakeBackend) ReconcileRuns(context.Context, int) ([]ReconcileRun, error) { return nil, nil }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/backstop-sync/backstop"
@@ -38,7 +39,7 @@ func (d *Dashboard) jobsPage(w http.ResponseWriter, r *http.Request) {
 	}
 	d.mu.Lock()
 	for i := range data.Jobs {
-		data.Jobs[i].Running = d.running[data.Jobs[i].Name]
+		data.Jobs[i].Running = data.Jobs[i].Running || d.running[data.Jobs[i].Name]
 	}
 	d.mu.Unlock()
 	if data.Reports, err = d.opts.Backend.ReconcileRuns(ctx, reportsShown); err != nil {
@@ -54,7 +55,9 @@ func (d *Dashboard) jobsPage(w http.ResponseWriter, r *http.Request) {
 
 // runJob starts a run of a job now, in the background (a run can take
 // minutes); its result is stored like any run and shows on the jobs page.
-// A job already running is not started twice.
+// It answers once the run has started, or has been refused: a job already
+// running (started here, by its schedule, or in another process) is not
+// started twice, and the answer says so (409).
 func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	jobs, err := d.opts.Backend.Jobs(r.Context(), 0)
@@ -69,7 +72,7 @@ func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 	d.mu.Lock()
 	if d.running[name] {
 		d.mu.Unlock()
-		d.answer(w, r, http.StatusConflict, fmt.Sprintf("Job %s is running already.", name), Prefix+"/jobs")
+		d.answer(w, r, http.StatusConflict, runningMsg(name), Prefix+"/jobs")
 		return
 	}
 	if d.runCtx.Err() != nil {
@@ -80,6 +83,8 @@ func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 	d.running[name] = true
 	d.runs.Add(1)
 	d.mu.Unlock()
+	started := make(chan struct{})
+	result := make(chan error, 1)
 	go func() {
 		defer d.runs.Done()
 		defer func() {
@@ -87,17 +92,41 @@ func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 			delete(d.running, name)
 			d.mu.Unlock()
 		}()
-		err := d.opts.Backend.RunJob(d.runCtx, name)
+		var once sync.Once
+		err := d.opts.Backend.RunJob(d.runCtx, name, func() { once.Do(func() { close(started) }) })
+		result <- err
 		switch {
 		case err == nil:
 			d.log.Info("dashboard: job run finished", "job", name)
-		case errors.Is(err, context.Canceled):
+		case errors.Is(err, ErrJobRunning), errors.Is(err, context.Canceled):
 		default:
 			d.log.Warn("dashboard: job run failed", "job", name, "err", err)
 		}
 	}()
+	select {
+	case <-started:
+	case err := <-result:
+		switch {
+		case errors.Is(err, ErrJobRunning):
+			d.answer(w, r, http.StatusConflict, runningMsg(name), Prefix+"/jobs")
+			return
+		case err != nil && !errors.Is(err, context.Canceled):
+			d.answer(w, r, http.StatusOK, fmt.Sprintf("Job %s started and failed: %v", name, err), Prefix+"/jobs")
+			return
+		case err == nil:
+			d.answer(w, r, http.StatusOK, fmt.Sprintf("Job %s started and has finished; its run shows below.", name), Prefix+"/jobs")
+			return
+		}
+	case <-r.Context().Done():
+		return
+	}
 	d.log.Info("dashboard: job run started", "job", name)
 	d.answer(w, r, http.StatusAccepted, fmt.Sprintf("Job %s started; its run shows here as running until it ends.", name), Prefix+"/jobs")
+}
+
+// runningMsg says that job is running already and was not started again.
+func runningMsg(job string) string {
+	return fmt.Sprintf("Job %s is already running (a scheduled run, one started here, or one in another process); it was not started again. Its run shows here as running until it ends.", job)
 }
 
 // span is a time range a chart covers, cut into periods.
