@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -80,5 +82,86 @@ func TestUnconfiguredTargetsAndPurgeTarget(t *testing.T) {
 	}
 	if _, err := db.PurgeTarget(ctx, ""); err == nil {
 		t.Error("PurgeTarget with an empty target did not fail")
+	}
+}
+
+// queryPlan returns the details of EXPLAIN QUERY PLAN of q.
+func queryPlan(t *testing.T, db *DB, q string, args ...any) []string {
+	t.Helper()
+	var rows []struct {
+		ID      int    `db:"id"`
+		Parent  int    `db:"parent"`
+		NotUsed int    `db:"notused"`
+		Detail  string `db:"detail"`
+	}
+	if err := db.r.SelectContext(context.Background(), &rows, "EXPLAIN QUERY PLAN "+q, args...); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, len(rows))
+	for i, r := range rows {
+		out[i] = r.Detail
+	}
+	return out
+}
+
+// The dashboard lists the targets on every delivery page: the targets
+// with rows are found with one index search per target, and their pause
+// and disabled state from target_state, neither scanning the outbox (a
+// scan of its 3 million rows took most of a second).
+func TestTargetNamesAndSettingsDoNotScanTheOutbox(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	now := clk.Now()
+	for i, target := range []string{"b", "a", "c", "a", "b"} {
+		enqueue(t, db, target, fmt.Sprintf("evt_%d", i), "payment.succeeded", now)
+	}
+	if err := db.DisableTarget(ctx, "b", "answered 410 Gone", now); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.PauseTarget(ctx, "c", now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.w.ExecContext(ctx, `ANALYZE`); err != nil {
+		t.Fatal(err)
+	}
+
+	names, err := db.TargetsWithRows(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"a", "b", "c"}; !slices.Equal(names, want) {
+		t.Errorf("TargetsWithRows = %v, want %v", names, want)
+	}
+	gone, err := db.UnconfiguredTargetNames(ctx, []string{"a", "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"b", "c"}; !slices.Equal(gone, want) {
+		t.Errorf("UnconfiguredTargetNames = %v, want %v", gone, want)
+	}
+	settings, err := db.TargetSettings(ctx, []string{"a", "b", "c", "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(settings) != 4 || settings[0].Disabled || !settings[1].Disabled || settings[1].DisabledReason != "answered 410 Gone" ||
+		!settings[2].PausedUntil.Equal(now.Add(time.Hour)) || settings[3].Name != "d" || settings[0].Pending != 0 {
+		t.Errorf("TargetSettings = %+v", settings)
+	}
+
+	for _, c := range []struct {
+		name string
+		q    string
+		args []any
+	}{
+		{"TargetsWithRows", targetsWithRowsSQL, nil},
+		{"TargetSettings", targetSettingsSQL + placeholders(2) + `)`, []any{"a", "b"}},
+	} {
+		plan := queryPlan(t, db, c.q, c.args...)
+		for _, step := range plan {
+			if strings.HasPrefix(step, "SCAN ") && strings.Contains(step, "outbox") {
+				t.Errorf("%s scans: %q (plan %q)", c.name, step, plan)
+			}
+		}
+		t.Logf("%s: %q", c.name, plan)
 	}
 }

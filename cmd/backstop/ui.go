@@ -110,19 +110,34 @@ func (b *uiBackend) Attempts(ctx context.Context, id int64) ([]delivery.Attempt,
 	return b.db().Attempts(ctx, id)
 }
 
-func (b *uiBackend) Targets(ctx context.Context) ([]dashboard.Target, error) {
+// Targets returns the configured targets, then the unconfigured ones that
+// have deliveries. Without counts it reads target_state and the names of
+// the outbox's targets (one index search each), never every outbox row.
+func (b *uiBackend) Targets(ctx context.Context, counts bool) ([]dashboard.Target, error) {
 	cfg := b.deps.a.cfg
 	names := make([]string, len(cfg.Targets))
 	for i, t := range cfg.Targets {
 		names[i] = t.Name
 	}
-	states, err := b.db().TargetStates(ctx, names)
-	if err != nil {
-		return nil, err
-	}
-	gone, err := b.db().UnconfiguredTargets(ctx, names)
-	if err != nil {
-		return nil, err
+	var states, gone []store.TargetState
+	var err error
+	if counts {
+		if states, err = b.db().TargetStates(ctx, names); err != nil {
+			return nil, err
+		}
+		if gone, err = b.db().UnconfiguredTargets(ctx, names); err != nil {
+			return nil, err
+		}
+	} else {
+		others, err := b.db().UnconfiguredTargetNames(ctx, names)
+		if err != nil {
+			return nil, err
+		}
+		all, err := b.db().TargetSettings(ctx, append(slices.Clip(names), others...))
+		if err != nil {
+			return nil, err
+		}
+		states, gone = all[:len(names)], all[len(names):]
 	}
 	out := make([]dashboard.Target, len(states), len(states)+len(gone))
 	for i, s := range states {

@@ -19,10 +19,12 @@ type Backend interface {
 	// Attempts returns the attempts of a delivery, redirects included,
 	// oldest first.
 	Attempts(ctx context.Context, id int64) ([]delivery.Attempt, error)
-	// Targets returns the configured targets with their queue state,
-	// then the targets no longer configured that still have deliveries
-	// (Unconfigured set).
-	Targets(ctx context.Context) ([]Target, error)
+	// Targets returns the configured targets with their state, then the
+	// targets no longer configured that still have deliveries
+	// (Unconfigured set). Their deliveries are counted by status only
+	// when counts is true (counting reads every row of the outbox);
+	// otherwise the counts are zero.
+	Targets(ctx context.Context, counts bool) ([]Target, error)
 	// Retry requeues the delivery seen, only while its status and
 	// UpdatedAt are still those of seen, and reports whether it did. It
 	// wraps backstop.ErrNotFound for an unknown delivery.

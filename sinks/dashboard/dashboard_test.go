@@ -31,6 +31,8 @@ type fakeBackend struct {
 	revoked   map[string]bool
 	// targets, when set, is what Targets returns instead of billing alone.
 	targets []Target
+	// counted records the counts argument of every Targets call.
+	counted []bool
 }
 
 func (f *fakeBackend) Deliveries(_ context.Context, flt DeliveryFilter) ([]delivery.Row, error) {
@@ -49,7 +51,10 @@ func (f *fakeBackend) Delivery(_ context.Context, id int64) (delivery.Row, bool,
 
 func (f *fakeBackend) Attempts(context.Context, int64) ([]delivery.Attempt, error) { return nil, nil }
 
-func (f *fakeBackend) Targets(context.Context) ([]Target, error) {
+func (f *fakeBackend) Targets(_ context.Context, counts bool) ([]Target, error) {
+	f.mu.Lock()
+	f.counted = append(f.counted, counts)
+	f.mu.Unlock()
 	if f.targets != nil {
 		return f.targets, nil
 	}
@@ -804,5 +809,49 @@ func TestBasicCredentialsOfAProxyInFrontAreNotAWrongToken(t *testing.T) {
 	form.Set("csrf", m[1])
 	if a := do(t, c, "POST", retry, form, basic); a.status != http.StatusSeeOther || fb.retries != 1 {
 		t.Errorf("POST with the CSRF token: %d, %d retries; want 303 and one retry", a.status, fb.retries)
+	}
+}
+
+// Only the Dead letters view shows the targets' counts, so only it asks
+// for them (counting reads every row of the outbox): the log, a
+// delivery's page, Retry and Redirect ask for the targets without.
+func TestOnlyTheDeadLettersViewCountsDeliveries(t *testing.T) {
+	srv, fb, _ := serve(t)
+	h := map[string]string{"Authorization": "Bearer " + testToken, "Accept": "text/html"}
+	for _, c := range []struct {
+		method, path string
+		form         url.Values
+		counts       bool
+	}{
+		{"GET", "/ui/deliveries", nil, false},
+		{"GET", "/ui/deliveries?status=dead_letter", nil, false},
+		{"GET", "/ui/deliveries/7", nil, false},
+		{"POST", "/ui/deliveries/7/retry", url.Values{}, false},
+		{"POST", "/ui/deliveries/7/redirect", url.Values{"url": {"https://inspector.example.com/in"}}, false},
+		{"POST", "/ui/targets/billing/retry-dead", url.Values{}, false},
+		{"GET", "/ui/dead-letters", nil, true},
+	} {
+		fb.mu.Lock()
+		fb.counted = nil
+		fb.mu.Unlock()
+		a := do(t, client(t), c.method, srv.URL+c.path, c.form, h)
+		if a.status >= 400 {
+			t.Errorf("%s %s: %d %.300s", c.method, c.path, a.status, a.body)
+		}
+		fb.mu.Lock()
+		counted := fb.counted
+		fb.mu.Unlock()
+		if len(counted) == 0 {
+			t.Errorf("%s %s did not ask for the targets", c.method, c.path)
+		}
+		for _, got := range counted {
+			if got != c.counts {
+				t.Errorf("%s %s asked for the targets with counts %v, want %v", c.method, c.path, got, c.counts)
+			}
+		}
+	}
+	page := do(t, client(t), "GET", srv.URL+"/ui/dead-letters", nil, h)
+	if !strings.Contains(page.body, `<td class="num dead-count">1</td>`) {
+		t.Errorf("the Dead letters page lacks billing's count of dead letters:\n%.2000s", page.body)
 	}
 }

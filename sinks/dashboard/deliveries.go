@@ -107,7 +107,8 @@ func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status 
 		d.backendError(w, r, err)
 		return
 	}
-	if data.Targets, err = d.opts.Backend.Targets(ctx); err != nil {
+	// Only the dead-letter view shows the counts.
+	if data.Targets, err = d.opts.Backend.Targets(ctx, dead); err != nil {
 		d.backendError(w, r, err)
 		return
 	}
@@ -187,7 +188,7 @@ func (d *Dashboard) deliveryPage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	targets, err := d.opts.Backend.Targets(r.Context())
+	targets, err := d.opts.Backend.Targets(r.Context(), false)
 	if err != nil {
 		d.backendError(w, r, err)
 		return
@@ -227,7 +228,7 @@ func (d *Dashboard) retry(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	targets, err := d.opts.Backend.Targets(r.Context())
+	targets, err := d.opts.Backend.Targets(r.Context(), false)
 	if err != nil {
 		d.backendError(w, r, err)
 		return
@@ -279,7 +280,7 @@ func (d *Dashboard) redirect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	back := fmt.Sprintf("%s/deliveries/%d", Prefix, row.ID)
-	targets, err := d.opts.Backend.Targets(r.Context())
+	targets, err := d.opts.Backend.Targets(r.Context(), false)
 	if err != nil {
 		d.backendError(w, r, err)
 		return
@@ -317,7 +318,7 @@ func (d *Dashboard) redirect(w http.ResponseWriter, r *http.Request) {
 // retryDead requeues every dead letter of a target.
 func (d *Dashboard) retryDead(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	targets, err := d.opts.Backend.Targets(r.Context())
+	targets, err := d.opts.Backend.Targets(r.Context(), false)
 	if err != nil {
 		d.backendError(w, r, err)
 		return
