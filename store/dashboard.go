@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/backstop-sync/backstop"
@@ -250,11 +251,20 @@ type LogFilter struct {
 	// the dead letters' counts include it.
 	DeliveredSince time.Time
 	Limit          int // at most this many rows; 0 means 100
-	Offset         int // skip this many rows first
+	// Before, when positive, selects the rows older than the row Before
+	// (id < Before): the next page of a log whose last row shown is
+	// Before, whatever was queued since it was drawn.
+	Before int64
+	// After, when positive, selects the rows newer than the row After
+	// (id > After), the Limit oldest of them: the page before one whose
+	// first row shown is After. Before and After are not used together.
+	After int64
 }
 
 // DeliveryLog returns the outbox rows f selects, newest first (the most
-// recently queued first). It fails on an unknown f.Status.
+// recently queued first). It pages by id (f.Before, f.After), so rows
+// queued meanwhile neither push a row onto the next page nor hide one. It
+// fails on an unknown f.Status, or on f.Before and f.After both set.
 func (db *DB) DeliveryLog(ctx context.Context, f LogFilter) ([]OutboxRow, error) {
 	q := `SELECT ` + outboxColumns + ` FROM outbox WHERE 1 = 1`
 	var args []any
@@ -283,8 +293,19 @@ func (db *DB) DeliveryLog(ctx context.Context, f LogFilter) ([]OutboxRow, error)
 	if limit <= 0 {
 		limit = defaultDeliveriesLimit
 	}
-	q += ` ORDER BY id DESC LIMIT ? OFFSET ?`
-	args = append(args, limit, max(f.Offset, 0))
+	switch {
+	case f.Before > 0 && f.After > 0:
+		return nil, errors.New("list the delivery log: both before and after a row")
+	case f.After > 0:
+		q += ` AND id > ? ORDER BY id LIMIT ?`
+		args = append(args, f.After, limit)
+	case f.Before > 0:
+		q += ` AND id < ? ORDER BY id DESC LIMIT ?`
+		args = append(args, f.Before, limit)
+	default:
+		q += ` ORDER BY id DESC LIMIT ?`
+		args = append(args, limit)
+	}
 	var raw []outboxRow
 	if err := db.r.SelectContext(ctx, &raw, q, args...); err != nil {
 		return nil, fmt.Errorf("list the delivery log: %w", err)
@@ -292,6 +313,9 @@ func (db *DB) DeliveryLog(ctx context.Context, f LogFilter) ([]OutboxRow, error)
 	rows, err := convertOutbox(raw)
 	if err != nil {
 		return nil, fmt.Errorf("list the delivery log: %w", err)
+	}
+	if f.After > 0 {
+		slices.Reverse(rows)
 	}
 	return rows, nil
 }

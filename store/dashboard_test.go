@@ -144,3 +144,54 @@ func TestRevokedSessions(t *testing.T) {
 		t.Error("an unexpired revocation was pruned")
 	}
 }
+
+// The delivery log pages by id: the page after a row lists the rows older
+// than it, whatever was queued since; the page before a row the oldest
+// rows newer than it, newest first. Its window leaves out old delivered
+// rows only.
+func TestDeliveryLogPagesByID(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	now := clk.Now()
+	var ids []int64
+	for i := range 5 {
+		ids = append(ids, enqueue(t, db, "a1", fmt.Sprintf("evt_%d", i), "payment.succeeded", now))
+	}
+	list := func(f LogFilter) []int64 {
+		t.Helper()
+		rows, err := db.DeliveryLog(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]int64, len(rows))
+		for i, r := range rows {
+			out[i] = r.ID
+		}
+		return out
+	}
+	first := list(LogFilter{Limit: 2})
+	enqueue(t, db, "a1", "evt_new", "payment.succeeded", now)
+	second := list(LogFilter{Limit: 2, Before: first[len(first)-1]})
+	if want := []int64{ids[4], ids[3]}; !reflect.DeepEqual(first, want) {
+		t.Errorf("first page %v, want %v", first, want)
+	}
+	if want := []int64{ids[2], ids[1]}; !reflect.DeepEqual(second, want) {
+		t.Errorf("the page after %d, with a row queued since: %v, want %v", first[1], second, want)
+	}
+	if got, want := list(LogFilter{Limit: 2, After: ids[2]}), []int64{ids[4], ids[3]}; !reflect.DeepEqual(got, want) {
+		t.Errorf("the page before %d: %v, want %v", ids[2], got, want)
+	}
+	if _, err := db.DeliveryLog(ctx, LogFilter{Before: 3, After: 1}); err == nil {
+		t.Error("DeliveryLog before and after a row did not fail")
+	}
+
+	old := now.Add(-30 * 24 * time.Hour)
+	oldPending := enqueue(t, db, "a2", "evt_old_pending", "payment.succeeded", old)
+	oldDelivered := enqueue(t, db, "a2", "evt_old_delivered", "payment.succeeded", old)
+	record(t, db, Attempt{DeliveryID: oldDelivered, Target: "a2", URL: "http://a2.invalid/", Attempt: 1, StatusCode: 200,
+		RequestID: "r1", At: old}, Outcome{Status: StatusDelivered})
+	got := list(LogFilter{Target: "a2", DeliveredSince: now.Add(-14 * 24 * time.Hour)})
+	if want := []int64{oldPending}; !reflect.DeepEqual(got, want) {
+		t.Errorf("a2's rows in the 14-day window: %v, want the old pending one %v alone", got, want)
+	}
+}

@@ -173,3 +173,66 @@ dashboard:
 	}
 	open()
 }
+
+// olderLink returns the log page's "Older →" link, or "".
+func olderLink(page string) string {
+	m := regexp.MustCompile(`<a href="([^"]+)" rel="next"`).FindStringSubmatch(page)
+	if m == nil {
+		return ""
+	}
+	return strings.ReplaceAll(m[1], "&amp;", "&")
+}
+
+// "Older →" skipped 50 rows from the top of the log: deliveries queued
+// after the first page was drawn pushed its last rows onto the second,
+// listed twice. The second page now starts after the last row the first
+// showed: every delivery is listed once.
+func TestDashboardLogPagesDoNotDriftAsDeliveriesArrive(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeServeConfig(addr, `targets:
+  - {name: crm, url: "http://127.0.0.1:9/hooks", allow_private: true}
+dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	ctx := context.Background()
+	db := e.openStore()
+	now := time.Now()
+	// Disabled: the rows stay pending, as queued.
+	if err := db.DisableTarget(ctx, "crm", "answered 410 Gone", now); err != nil {
+		t.Fatal(err)
+	}
+	enqueueN := func(from, n int) {
+		for i := from; i < from+n; i++ {
+			if _, err := db.Enqueue(ctx, "crm", fmt.Sprintf("evt_%03d", i), "proxy", []byte(`{"n":1}`), now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	enqueueN(0, 60)
+	stop := e.serveWithDashboard()
+	defer stop()
+
+	base := "http://" + addr
+	first := bearerPage(t, base+"/ui/deliveries?target=crm")
+	older := olderLink(first)
+	if older == "" {
+		t.Fatalf("the first page of 60 deliveries has no Older link")
+	}
+	enqueueN(60, 5) // queued while someone reads the first page
+	second := bearerPage(t, base+older)
+	seen := map[string]int{}
+	for _, id := range append(logRowIDs(first), logRowIDs(second)...) {
+		seen[id]++
+	}
+	for id, n := range seen {
+		if n > 1 {
+			t.Errorf("delivery %s is listed on both pages", id)
+		}
+	}
+	if len(seen) != 60 {
+		t.Errorf("the two pages list %d deliveries, want the 60 queued before the first was drawn (first %v, second %v)",
+			len(seen), logRowIDs(first), logRowIDs(second))
+	}
+	db.Close()
+}

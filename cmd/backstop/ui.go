@@ -99,7 +99,7 @@ func (b *uiBackend) db() *store.DB { return b.deps.a.db }
 
 func (b *uiBackend) Deliveries(ctx context.Context, f dashboard.DeliveryFilter) ([]delivery.Row, error) {
 	return b.db().DeliveryLog(ctx, store.LogFilter{Status: f.Status, Target: f.Target, EventType: f.EventType,
-		DeliveredSince: f.DeliveredSince, Limit: f.Limit, Offset: f.Offset})
+		DeliveredSince: f.DeliveredSince, Limit: f.Limit, Before: f.Before, After: f.After})
 }
 
 func (b *uiBackend) Delivery(ctx context.Context, id int64) (delivery.Row, bool, error) {

@@ -74,7 +74,11 @@ type DeliveryFilter struct {
 	// it; queued ones and dead letters are listed whatever their age.
 	DeliveredSince time.Time
 	Limit          int
-	Offset         int
+	// Before, when positive, selects the deliveries older than delivery
+	// Before (a smaller id); After the Limit oldest of those newer than
+	// delivery After. Pages are so drawn from the last (or first) row
+	// shown, and deliveries queued meanwhile do not shift them.
+	Before, After int64
 }
 
 // Target is a delivery target and its queue.

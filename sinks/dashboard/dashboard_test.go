@@ -36,7 +36,16 @@ type fakeBackend struct {
 }
 
 func (f *fakeBackend) Deliveries(_ context.Context, flt DeliveryFilter) ([]delivery.Row, error) {
-	rows := f.rows[min(flt.Offset, len(f.rows)):]
+	// f.rows are newest first, as the store returns them.
+	var rows []delivery.Row
+	for _, r := range f.rows {
+		if (flt.Before == 0 || r.ID < flt.Before) && (flt.After == 0 || r.ID > flt.After) {
+			rows = append(rows, r)
+		}
+	}
+	if flt.After > 0 {
+		return rows[max(len(rows)-flt.Limit, 0):], nil
+	}
 	return rows[:min(flt.Limit, len(rows))], nil
 }
 
@@ -409,6 +418,9 @@ func TestEveryPageRenders(t *testing.T) {
 	}
 }
 
+// Pages follow one another from the last row shown (Older) or the first
+// (Newer), keeping the filter; deliveries queued while someone pages
+// neither push a row already seen onto the next page nor hide one.
 func TestDeliveriesArePaginated(t *testing.T) {
 	fb := &fakeBackend{}
 	for id := int64(5); id >= 1; id-- {
@@ -424,27 +436,72 @@ func TestDeliveriesArePaginated(t *testing.T) {
 	c := client(t)
 	signIn(t, c, srv.URL)
 	ids := regexp.MustCompile(`id="delivery-(\d+)"`)
-	for _, p := range []struct {
-		query, ids string
-		prev, next bool
+	link := func(body, rel string) string {
+		m := regexp.MustCompile(`<a href="([^"]+)" rel="` + rel + `"`).FindStringSubmatch(body)
+		if m == nil {
+			return ""
+		}
+		return strings.ReplaceAll(m[1], "&amp;", "&")
+	}
+	path, prev, next := "/ui/deliveries?status=dead_letter", "", ""
+	for i, p := range []struct {
+		follow, ids, page string
+		prev, next        bool
 	}{
-		{"status=dead_letter", "5 4", false, true},
-		{"status=dead_letter&page=2", "3 2", true, true},
-		{"status=dead_letter&page=3", "1", true, false},
+		{"", "5 4", "Page 1", false, true},
+		{"next", "3 2", "Page 2", true, true},
+		{"next", "1", "Page 3", true, false},
+		{"prev", "3 2", "Page 2", true, true},
+		{"prev", "5 4", "Page 2", true, true},
+		{"prev", "7 6", "Page 1", false, true},
 	} {
-		a := do(t, c, "GET", srv.URL+"/ui/deliveries?"+p.query, nil, html)
+		switch p.follow {
+		case "next":
+			path = next
+		case "prev":
+			path = prev
+		}
+		if i == 1 {
+			// Two deliveries queued after the first page was drawn.
+			for _, id := range []int64{6, 7} {
+				fb.rows = append([]delivery.Row{{ID: id, Target: "billing", EventType: "payment.failed",
+					Status: delivery.StatusDeadLetter, Payload: json.RawMessage(`{}`)}}, fb.rows...)
+			}
+		}
+		a := do(t, c, "GET", srv.URL+path, nil, html)
 		var got []string
 		for _, m := range ids.FindAllStringSubmatch(a.body, -1) {
 			got = append(got, m[1])
 		}
 		if strings.Join(got, " ") != p.ids {
-			t.Errorf("%s lists deliveries %v, want %s", p.query, got, p.ids)
+			t.Errorf("step %d, %s lists deliveries %v, want %s", i, path, got, p.ids)
 		}
-		if prev, next := strings.Contains(a.body, `rel="prev"`), strings.Contains(a.body, `rel="next"`); prev != p.prev || next != p.next {
-			t.Errorf("%s: newer link %v, older link %v; want %v, %v", p.query, prev, next, p.prev, p.next)
+		if !strings.Contains(a.body, p.page) {
+			t.Errorf("step %d, %s is not %s", i, path, p.page)
 		}
-		if p.next && !strings.Contains(a.body, "status=dead_letter") {
-			t.Errorf("%s: the page links lose the filter", p.query)
+		prev, next = link(a.body, "prev"), link(a.body, "next")
+		if (prev != "") != p.prev || (next != "") != p.next {
+			t.Errorf("step %d, %s: newer link %q, older link %q; want %v, %v", i, path, prev, next, p.prev, p.next)
+		}
+		for _, l := range []string{prev, next} {
+			if l != "" && !strings.Contains(l, "status=dead_letter") {
+				t.Errorf("step %d, %s: the page link %s loses the filter", i, path, l)
+			}
+		}
+	}
+	// Newer from the second page once the two new ones are there: the
+	// first page again, newest first and full.
+	a := do(t, c, "GET", srv.URL+"/ui/deliveries?status=dead_letter&after=3&page=2", nil, html)
+	var got []string
+	for _, m := range ids.FindAllStringSubmatch(a.body, -1) {
+		got = append(got, m[1])
+	}
+	if strings.Join(got, " ") != "5 4" || !strings.Contains(a.body, `rel="prev"`) {
+		t.Errorf("the page newer than delivery 3 lists %v (newer link: %v), want 5 4 and a link to 7 6", got, strings.Contains(a.body, `rel="prev"`))
+	}
+	for _, bad := range []string{"before=x", "before=0", "after=-1", "before=2&after=1"} {
+		if a := do(t, c, "GET", srv.URL+"/ui/deliveries?"+bad, nil, html); a.status != http.StatusBadRequest {
+			t.Errorf("%s: %d, want 400", bad, a.status)
 		}
 	}
 }
@@ -742,12 +799,12 @@ func TestDeliveriesPagePastTheEnd(t *testing.T) {
 	srv, fb, _ := serve(t)
 	c := client(t)
 	signIn(t, c, srv.URL)
-	a := do(t, c, "GET", srv.URL+"/ui/deliveries?status=dead_letter&page=9999", nil, html)
+	a := do(t, c, "GET", srv.URL+"/ui/deliveries?status=dead_letter&before=7&page=9999", nil, html)
 	if a.status != http.StatusOK || !strings.Contains(a.body, "Page 9999 is past the end of this list.") {
 		t.Errorf("page 9999: %d, does not say it is past the end:\n%s", a.status, a.body)
 	}
 	link := regexp.MustCompile(`<a href="([^"]+)" id="first-page">`).FindStringSubmatch(a.body)
-	if link == nil || !strings.Contains(link[1], "page=1") || !strings.Contains(link[1], "status=dead_letter") {
+	if link == nil || strings.Contains(link[1], "before=") || !strings.Contains(link[1], "status=dead_letter") {
 		t.Errorf("page 9999 has no link to the first page of the same list: %v", link)
 	}
 	if strings.Contains(a.body, "No delivery matches.") || strings.Contains(a.body, `rel="prev"`) {

@@ -81,6 +81,11 @@ func (d *Dashboard) deadLettersPage(w http.ResponseWriter, r *http.Request) {
 	d.deliveryList(w, r, delivery.StatusDeadLetter, true, "dead")
 }
 
+// deliveryList draws a page of the delivery log. Pages are drawn from a
+// row (before: the last row of the page shown, after: its first), not an
+// offset, so deliveries queued while someone pages neither push a row onto
+// the next page (seen twice) nor hide one; page is the page's number, for
+// show.
 func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status string, dead bool, nav string) {
 	q := r.URL.Query()
 	pageNo := 1
@@ -92,9 +97,30 @@ func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status 
 		}
 		pageNo = n
 	}
+	var before, after int64
+	for _, p := range []struct {
+		name string
+		to   *int64
+	}{{"before", &before}, {"after", &after}} {
+		if s := q.Get(p.name); s != "" {
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil || n < 1 {
+				d.fail(w, r, http.StatusBadRequest, "bad_page", fmt.Sprintf("%s=%q is not a delivery id.", p.name, s))
+				return
+			}
+			*p.to = n
+		}
+	}
+	if before > 0 && after > 0 {
+		d.fail(w, r, http.StatusBadRequest, "bad_page", "A page is drawn before a delivery or after one, not both.")
+		return
+	}
+	if before == 0 && after == 0 {
+		pageNo = 1 // the newest deliveries
+	}
 	f := DeliveryFilter{
 		Status: status, Target: q.Get("target"), EventType: q.Get("event"),
-		Limit: d.opts.PageSize + 1, Offset: (pageNo - 1) * d.opts.PageSize,
+		Limit: d.opts.PageSize + 1, Before: before, After: after,
 	}
 	data := deliveriesData{Page: pageNo, Statuses: statuses, EventTypes: backstop.KnownEventTypes, Dead: dead}
 	if !dead {
@@ -112,16 +138,35 @@ func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status 
 		d.backendError(w, r, err)
 		return
 	}
-	if len(rows) > d.opts.PageSize {
-		rows = rows[:d.opts.PageSize]
-		data.NextURL = pageURL(r.URL, pageNo+1)
+	if after > 0 && len(rows) <= d.opts.PageSize {
+		// Nothing newer than these: the page is the first one, full.
+		f.After, after, pageNo, data.Page = 0, 0, 1, 1
+		if rows, err = d.opts.Backend.Deliveries(ctx, f); err != nil {
+			d.backendError(w, r, err)
+			return
+		}
 	}
-	if pageNo > 1 {
-		data.PrevURL = pageURL(r.URL, pageNo-1)
-		if len(rows) == 0 {
-			// Past the end: a link to the previous page would lead to
-			// another empty one.
-			data.PrevURL, data.FirstURL = "", pageURL(r.URL, 1)
+	more := len(rows) > d.opts.PageSize
+	switch {
+	case len(rows) == 0 && before > 0:
+		// Past the end (what was older has been purged or retried
+		// since): a link to the first page, none to another empty one.
+		data.FirstURL = pageURL(r.URL, "", 0, 1)
+	case after > 0:
+		// The oldest deliveries newer than after, newest first; the
+		// extra one, the newest, says there are newer ones still.
+		rows = rows[1:]
+		pageNo = max(pageNo, 2)
+		data.Page = pageNo
+		data.PrevURL = pageURL(r.URL, "after", rows[0].ID, pageNo-1)
+		data.NextURL = pageURL(r.URL, "before", rows[len(rows)-1].ID, pageNo+1)
+	default:
+		if more {
+			rows = rows[:d.opts.PageSize]
+			data.NextURL = pageURL(r.URL, "before", rows[len(rows)-1].ID, pageNo+1)
+		}
+		if before > 0 {
+			data.PrevURL = pageURL(r.URL, "after", rows[0].ID, max(pageNo-1, 1))
 		}
 	}
 	for _, row := range rows {
@@ -175,10 +220,20 @@ func nextAttempt(row delivery.Row, targets []Target, now time.Time) (time.Time, 
 	return row.NextAttemptAt, ""
 }
 
-// pageURL is u with its page parameter set to n.
-func pageURL(u *url.URL, n int) string {
+// pageURL is u with its page drawn from delivery id (key "before" or
+// "after"; none for the first page) and numbered n.
+func pageURL(u *url.URL, key string, id int64, n int) string {
 	q := u.Query()
-	q.Set("page", strconv.Itoa(n))
+	q.Del("before")
+	q.Del("after")
+	q.Del("page")
+	if key != "" {
+		q.Set(key, strconv.FormatInt(id, 10))
+		q.Set("page", strconv.Itoa(n))
+	}
+	if len(q) == 0 {
+		return u.Path
+	}
 	return u.Path + "?" + q.Encode()
 }
 
