@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -318,4 +319,51 @@ func (db *DB) DeliveryLog(ctx context.Context, f LogFilter) ([]OutboxRow, error)
 		slices.Reverse(rows)
 	}
 	return rows, nil
+}
+
+// lastAttemptsSQL reads the newest attempts of a delivery through its
+// index (delivery_id, then id, the order they were logged in), never the
+// others: a delivery answered 429 for an hour has thousands.
+const lastAttemptsSQL = `SELECT id, delivery_id, target, url, attempt, status_code,
+	error, body, request_id, duration_ms, at, redirect
+	FROM delivery_attempts WHERE delivery_id = ? ORDER BY id DESC LIMIT ?`
+
+// lastAttemptsCountSQL counts a delivery's attempts from its index alone.
+const lastAttemptsCountSQL = `SELECT count(*) FROM delivery_attempts WHERE delivery_id = ?`
+
+// LastAttempts returns the last n attempts logged for the delivery
+// deliveryID (the n logged last), redirects included, oldest first as
+// Attempts orders them, and how many it has in all. It reads those n
+// rows only.
+func (db *DB) LastAttempts(ctx context.Context, deliveryID int64, n int) ([]Attempt, int, error) {
+	tx, err := db.r.BeginTxx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, 0, fmt.Errorf("list the last attempts of delivery %d: begin: %w", deliveryID, err)
+	}
+	defer tx.Rollback()
+	var total int
+	if err := tx.GetContext(ctx, &total, lastAttemptsCountSQL, deliveryID); err != nil {
+		return nil, 0, fmt.Errorf("count the attempts of delivery %d: %w", deliveryID, err)
+	}
+	var rows []attemptRow
+	if err := tx.SelectContext(ctx, &rows, lastAttemptsSQL, deliveryID, max(n, 0)); err != nil {
+		return nil, 0, fmt.Errorf("list the last attempts of delivery %d: %w", deliveryID, err)
+	}
+	out := make([]Attempt, len(rows))
+	for i, r := range rows {
+		at, err := backstop.ParseTime(r.At)
+		if err != nil {
+			return nil, 0, fmt.Errorf("list the last attempts of delivery %d: attempt %d: %w", deliveryID, r.ID, err)
+		}
+		out[i] = Attempt{ID: r.ID, DeliveryID: r.DeliveryID, Target: r.Target, URL: r.URL, Attempt: r.Attempt,
+			StatusCode: r.StatusCode, Error: r.Error, Body: r.Body, RequestID: r.RequestID,
+			Duration: time.Duration(math.Round(r.DurationMS * float64(time.Millisecond))), At: at, Redirect: r.Redirect}
+	}
+	slices.SortFunc(out, func(a, b Attempt) int {
+		if c := a.At.Compare(b.At); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
+	return out, total, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -193,5 +194,49 @@ func TestDeliveryLogPagesByID(t *testing.T) {
 	got := list(LogFilter{Target: "a2", DeliveredSince: now.Add(-14 * 24 * time.Hour)})
 	if want := []int64{oldPending}; !reflect.DeepEqual(got, want) {
 		t.Errorf("a2's rows in the 14-day window: %v, want the old pending one %v alone", got, want)
+	}
+}
+
+// LastAttempts reads a delivery's last n attempts, oldest first, with the
+// total, through the delivery's index: without a scan or a sort of all its
+// attempts.
+func TestLastAttemptsReadsOnlyTheLast(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	now := clk.Now()
+	id := enqueue(t, db, "a1", "evt_1", "payment.succeeded", now)
+	other := enqueue(t, db, "a1", "evt_2", "payment.succeeded", now)
+	for i := 1; i <= 30; i++ {
+		record(t, db, Attempt{DeliveryID: id, Target: "a1", URL: "http://a1.invalid/", Attempt: i, StatusCode: 429,
+			RequestID: fmt.Sprintf("r%d", i), At: now.Add(time.Duration(i) * time.Second)},
+			Outcome{Status: StatusRetrying, NextAttemptAt: now.Add(time.Hour)})
+	}
+	record(t, db, Attempt{DeliveryID: other, Target: "a1", URL: "http://a1.invalid/", Attempt: 1, StatusCode: 200,
+		RequestID: "o1", At: now}, Outcome{Status: StatusDelivered})
+	last, total, err := db.LastAttempts(ctx, id, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	for _, a := range last {
+		got = append(got, a.Attempt)
+	}
+	if want := []int{21, 22, 23, 24, 25, 26, 27, 28, 29, 30}; total != 30 || !reflect.DeepEqual(got, want) {
+		t.Errorf("LastAttempts = %v of %d, want %v of 30", got, total, want)
+	}
+	if last, total, err := db.LastAttempts(ctx, other, 10); err != nil || total != 1 || len(last) != 1 || last[0].RequestID != "o1" {
+		t.Errorf("LastAttempts of a delivery with one attempt = %+v of %d, %v", last, total, err)
+	}
+	for _, q := range []string{lastAttemptsSQL, lastAttemptsCountSQL} {
+		args := []any{id, 10}
+		if q == lastAttemptsCountSQL {
+			args = args[:1]
+		}
+		plan := queryPlan(t, db, q, args...)
+		for _, step := range plan {
+			if strings.HasPrefix(step, "SCAN") || strings.Contains(step, "TEMP B-TREE") {
+				t.Errorf("%s: plan %q reads or sorts every attempt", q, plan)
+			}
+		}
 	}
 }

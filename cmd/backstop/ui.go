@@ -110,6 +110,10 @@ func (b *uiBackend) Attempts(ctx context.Context, id int64) ([]delivery.Attempt,
 	return b.db().Attempts(ctx, id)
 }
 
+func (b *uiBackend) LastAttempts(ctx context.Context, id int64, n int) ([]delivery.Attempt, int, error) {
+	return b.db().LastAttempts(ctx, id, n)
+}
+
 // Targets returns the configured targets, then the unconfigured ones that
 // have deliveries. Without counts it reads target_state and the names of
 // the outbox's targets (one index search each), never every outbox row.

@@ -19,6 +19,10 @@ type Backend interface {
 	// Attempts returns the attempts of a delivery, redirects included,
 	// oldest first.
 	Attempts(ctx context.Context, id int64) ([]delivery.Attempt, error)
+	// LastAttempts returns the last n attempts of a delivery, redirects
+	// included, oldest first, and how many it has in all, reading only
+	// those n.
+	LastAttempts(ctx context.Context, id int64, n int) (attempts []delivery.Attempt, total int, err error)
 	// Targets returns the configured targets with their state, then the
 	// targets no longer configured that still have deliveries
 	// (Unconfigured set). Their deliveries are counted by status only

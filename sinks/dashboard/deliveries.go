@@ -26,7 +26,11 @@ var statuses = []string{delivery.StatusPending, delivery.StatusRetrying, deliver
 // deliveryView is a delivery with its attempts, as a row of the log shows it.
 type deliveryView struct {
 	delivery.Row
-	Attempts []delivery.Attempt
+	// Attempts are the attempts shown: on the delivery's own page all of
+	// them, in a row of the log the last rowAttempts; AttemptsTotal is
+	// how many there are in all.
+	Attempts      []delivery.Attempt
+	AttemptsTotal int
 	// Version is the UpdatedAt the page was drawn with; Retry acts only
 	// while the delivery still has it.
 	Version string
@@ -170,7 +174,7 @@ func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status 
 		}
 	}
 	for _, row := range rows {
-		v, err := d.view(r, row, data.Targets)
+		v, err := d.view(r, row, data.Targets, false)
 		if err != nil {
 			d.backendError(w, r, err)
 			return
@@ -186,14 +190,30 @@ func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status 
 	d.render(w, r, http.StatusOK, "deliveries", page{Title: title, Nav: nav, Data: data})
 }
 
-// view reads the attempts of row and says, from the state of its target
+// rowAttempts is how many attempts a row of the log lists (its last): a
+// target answering 429 for an hour makes thousands; the delivery's own
+// page lists them all.
+const rowAttempts = 10
+
+// view reads the attempts of row (all of them, or only the last
+// rowAttempts for a row of the log) and says, from the state of its target
 // (one of targets), when it is attempted next.
-func (d *Dashboard) view(r *http.Request, row delivery.Row, targets []Target) (deliveryView, error) {
-	as, err := d.opts.Backend.Attempts(r.Context(), row.ID)
+func (d *Dashboard) view(r *http.Request, row delivery.Row, targets []Target, all bool) (deliveryView, error) {
+	var (
+		as    []delivery.Attempt
+		total int
+		err   error
+	)
+	if all {
+		as, err = d.opts.Backend.Attempts(r.Context(), row.ID)
+		total = len(as)
+	} else {
+		as, total, err = d.opts.Backend.LastAttempts(r.Context(), row.ID, rowAttempts)
+	}
 	if err != nil {
 		return deliveryView{}, err
 	}
-	v := deliveryView{Row: row, Attempts: as, Version: backstop.CanonicalTime(row.UpdatedAt)}
+	v := deliveryView{Row: row, Attempts: as, AttemptsTotal: total, Version: backstop.CanonicalTime(row.UpdatedAt)}
 	v.NextAt, v.NextNote = nextAttempt(row, targets, d.now())
 	return v, nil
 }
@@ -248,7 +268,7 @@ func (d *Dashboard) deliveryPage(w http.ResponseWriter, r *http.Request) {
 		d.backendError(w, r, err)
 		return
 	}
-	v, err := d.view(r, row, targets)
+	v, err := d.view(r, row, targets, true)
 	if err != nil {
 		d.backendError(w, r, err)
 		return
