@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/sources/sim"
 	"github.com/backstop-sync/backstop/store"
 )
@@ -235,4 +237,70 @@ dashboard:
 			len(seen), logRowIDs(first), logRowIDs(second))
 	}
 	db.Close()
+}
+
+// The Jobs page's reconciliation reports showed 0 orphans for runs that
+// did not count them (not full, or full but failed or still running);
+// they show "-", as backstop reconcile does, and a full run that ended
+// its count.
+func TestDashboardOrphansOfRunsThatDidNotCountThem(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeServeConfig(addr, `dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	ctx := context.Background()
+	db := e.openStore()
+	now := time.Now()
+	runs := []struct {
+		rep    backstop.ReconcileReport
+		finish bool
+		want   string
+	}{
+		{backstop.ReconcileReport{Full: true, Orphans: 3}, true, "3"},
+		{backstop.ReconcileReport{Full: true}, true, "0"},
+		{backstop.ReconcileReport{Since: now.Add(-time.Hour)}, true, "-"},
+		{backstop.ReconcileReport{Full: true, Err: errors.New("platform answered 503")}, true, "-"},
+		{backstop.ReconcileReport{Full: true}, false, "-"}, // still running
+	}
+	for i, r := range runs {
+		r.rep.Resource = backstop.Contacts
+		r.rep.StartedAt = now.Add(time.Duration(i-len(runs)) * time.Minute)
+		id, err := db.StartReconcile(ctx, r.rep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.finish {
+			if err := db.FinishReconcile(ctx, id, r.rep); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	db.Close()
+	stop := e.serveWithDashboard()
+	defer stop()
+
+	page := bearerPage(t, "http://"+addr+"/ui/jobs")
+	body := regexp.MustCompile(`(?s)<table class="counts" id="reports">.*?<tbody>(.*?)</tbody>`).FindStringSubmatch(page)
+	if body == nil {
+		t.Fatalf("the Jobs page has no reconciliation reports:\n%s", page)
+	}
+	cell, tag := regexp.MustCompile(`(?s)<td[^>]*>(.*?)</td>`), regexp.MustCompile(`<[^>]*>`)
+	var got []string
+	for _, tr := range strings.Split(body[1], "<tr>")[1:] {
+		cells := cell.FindAllStringSubmatch(tr, -1)
+		if len(cells) < 10 {
+			t.Fatalf("a report row has %d cells:\n%s", len(cells), tr)
+		}
+		// Orphans is the 10th column.
+		got = append(got, strings.TrimSpace(tag.ReplaceAllString(cells[9][1], "")))
+	}
+	// Newest first.
+	var want []string
+	for i := len(runs) - 1; i >= 0; i-- {
+		want = append(want, runs[i].want)
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("the reports' Orphans are %q, want %q (newest first)", got, want)
+	}
 }
