@@ -305,11 +305,14 @@ type crashPoint struct {
 	what  string
 	n     int
 	count func() int
+	// term sends SIGTERM first and the SIGKILL once serve says it is
+	// shutting down: a crash in the middle of its drain.
+	term bool
 }
 
 // targetHits is a crashPoint after n requests at tgt.
 func targetHits(tgt *crashTarget, n int) crashPoint {
-	return crashPoint{"target requests", n, func() int { h, _ := tgt.count(); return h }}
+	return crashPoint{what: "target requests", n: n, count: func() int { h, _ := tgt.count(); return h }}
 }
 
 // serveThroughKills runs serve, SIGKILLs it at each of kills, and runs a
@@ -321,8 +324,17 @@ func (e *env) serveThroughKills(env []string, tgt *crashTarget, kills []crashPoi
 	for i, k := range kills {
 		first, lines := e.startBinaryEnv(env, "serve")
 		waitLines(e.t, lines, "serving", 1, 30*time.Second)
+		draining := make(chan struct{})
 		go func() {
-			for range lines {
+			seen := false
+			for l := range lines {
+				if !seen && strings.Contains(l, "shutting down") {
+					seen = true
+					close(draining)
+				}
+			}
+			if !seen {
+				close(draining)
 			}
 		}()
 		if during != nil {
@@ -330,12 +342,22 @@ func (e *env) serveThroughKills(env []string, tgt *crashTarget, kills []crashPoi
 		}
 		base := k.count()
 		waitFor(e.t, 2*time.Minute, func() bool { return k.count() >= base+k.n })
+		if k.term {
+			if err := first.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				e.t.Fatal(err)
+			}
+			select {
+			case <-draining:
+			case <-time.After(30 * time.Second):
+				e.t.Fatal("serve did not start shutting down within 30s of SIGTERM")
+			}
+		}
 		if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			e.t.Fatal(err)
 		}
 		first.cmd.Wait()
 		h, ok := tgt.count()
-		e.t.Logf("serve %d killed after %d %s (target: %d requests, %d answered 2xx)", i+1, k.n, k.what, h, ok)
+		e.t.Logf("serve %d killed (draining: %v) after %d %s (target: %d requests, %d answered 2xx)", i+1, k.term, k.n, k.what, h, ok)
 	}
 	last, lines := e.startBinaryEnv(env, "serve")
 	waitLines(e.t, lines, "serving", 1, 30*time.Second)
@@ -373,8 +395,30 @@ func (e *env) serveThroughKills(env []string, tgt *crashTarget, kills []crashPoi
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	lost := 0
+	lost, twice, byKey := 0, 0, map[string]string{}
 	for _, r := range rows {
+		// One version is queued for a target as one event.
+		var env struct {
+			Event string `json:"event"`
+			Data  struct {
+				ID        string `json:"id"`
+				UpdatedAt string `json:"updated_at"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(r.Payload, &env); err != nil {
+			e.t.Errorf("delivery %d: payload: %v", r.ID, err)
+		} else if res, ok := backstop.ResourceOfEventType(env.Event); ok && env.Data.UpdatedAt != "" {
+			if at, err := backstop.ParseTime(env.Data.UpdatedAt); err == nil {
+				key := backstop.DedupKey(res, env.Data.ID, at)
+				if prev, seen := byKey[key]; seen && prev != r.EventID {
+					twice++
+					if twice <= 5 {
+						e.t.Errorf("version %s is queued for audit as two events, %s and %s", key, prev, r.EventID)
+					}
+				}
+				byKey[key] = r.EventID
+			}
+		}
 		if !tgt.delivered(r.EventID) {
 			lost++
 			if lost <= 5 {
@@ -484,7 +528,9 @@ func TestAuditCrashEmittersAndDelivery(t *testing.T) {
 	e.assertCursorNotAhead()
 
 	// serve delivers it all, killed twice on the way.
-	kills := []crashPoint{targetHits(tgt, 50+rng.IntN(400)), targetHits(tgt, 50+rng.IntN(400))}
+	draining := targetHits(tgt, 50+rng.IntN(400))
+	draining.term = true
+	kills := []crashPoint{targetHits(tgt, 50+rng.IntN(400)), draining}
 	e.serveThroughKills(env, tgt, kills, nil)
 	tgt.check()
 	missing := 0
@@ -544,12 +590,13 @@ func TestAuditCrashServeWebhooksAndDelivery(t *testing.T) {
 		e.sim.Mutate(300 + rng.IntN(300))
 	}
 	// Kills at webhook attempts land mid-stream (some attempts fail and
-	// are retried by the platform), the other mid-delivery.
+	// are retried by the platform; the last one during serve's drain
+	// after SIGTERM), the other mid-delivery.
 	attempts := func() int { return e.sim.WebhookStats().Attempts }
 	kills := []crashPoint{
-		{"webhook attempts", 20 + rng.IntN(250), attempts},
+		{what: "webhook attempts", n: 20 + rng.IntN(250), count: attempts},
 		targetHits(tgt, 20+rng.IntN(300)),
-		{"webhook attempts", 20 + rng.IntN(250), attempts},
+		{what: "webhook attempts", n: 20 + rng.IntN(250), count: attempts, term: true},
 	}
 	idleDone := make(chan error, 1)
 	e.serveThroughKills(env, tgt, kills, func(round int) {
