@@ -263,7 +263,11 @@ func (b *uiBackend) RunJob(ctx context.Context, name string, started func()) err
 			}
 			last, ok, err := b.db().LastJobRun(ctx, name)
 			if err == nil && ok && last.ID > prev.ID && last.Status != string(bsync.JobSkipped) {
-				started()
+				select {
+				case <-done: // ended (or refused) meanwhile: its error says more
+				default:
+					started()
+				}
 				return
 			}
 		}

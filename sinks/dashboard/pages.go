@@ -103,9 +103,22 @@ func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 			d.log.Warn("dashboard: job run failed", "job", name, "err", err)
 		}
 	}()
+	ended := false
 	select {
 	case <-started:
-	case err := <-result:
+		// A result already there says more (a run refused just as
+		// another one started).
+		select {
+		case err = <-result:
+			ended = true
+		default:
+		}
+	case err = <-result:
+		ended = true
+	case <-r.Context().Done():
+		return
+	}
+	if ended {
 		switch {
 		case errors.Is(err, ErrJobRunning):
 			d.answer(w, r, http.StatusConflict, runningMsg(name), Prefix+"/jobs")
@@ -117,8 +130,6 @@ func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 			d.answer(w, r, http.StatusOK, fmt.Sprintf("Job %s started and has finished; its run shows below.", name), Prefix+"/jobs")
 			return
 		}
-	case <-r.Context().Done():
-		return
 	}
 	d.log.Info("dashboard: job run started", "job", name)
 	d.answer(w, r, http.StatusAccepted, fmt.Sprintf("Job %s started; its run shows here as running until it ends.", name), Prefix+"/jobs")
