@@ -516,11 +516,21 @@ func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
 // through ctx returns ctx.Err() and is stored as interrupted, any other
 // error as failed; an error storing the run is joined to it.
 func (s *Scheduler) RunJob(ctx context.Context, job string) (JobRun, error) {
+	return s.RunJobNotify(ctx, job, nil)
+}
+
+// RunJobNotify is RunJob that also calls started, when not nil, once the
+// run is past its guards (the job was not running here, its lock is held)
+// and stored as running, just before its work begins; so a caller that
+// answers "started" (the dashboard's Run now) says so only for a run that
+// really starts. started is not called for a run refused or failed before
+// it began, and it is called on the run's goroutine: it must not block.
+func (s *Scheduler) RunJobNotify(ctx context.Context, job string, started func()) (JobRun, error) {
 	st, ok := s.state[job]
 	if !ok {
 		return JobRun{Job: job}, fmt.Errorf("%w %q", ErrUnknownJob, job)
 	}
-	return s.run(ctx, st)
+	return s.run(ctx, st, started)
 }
 
 // scheduled is gocron's task for one job. With an Elector that can lose
@@ -532,7 +542,7 @@ func (s *Scheduler) scheduled(ctx context.Context, st *jobState) {
 		ctx, stop = whileLeader(ctx, e.Lost())
 		defer stop()
 	}
-	run, err := s.run(ctx, st)
+	run, err := s.run(ctx, st, nil)
 	switch {
 	case err == nil, errors.Is(err, ErrJobRunning):
 	case errors.Is(context.Cause(ctx), ErrNotLeader):
@@ -560,8 +570,9 @@ func whileLeader(ctx context.Context, lost <-chan struct{}) (_ context.Context, 
 	return ctx, func() { cancel(context.Canceled) }
 }
 
-// run runs st's job once under its guard and stores the run.
-func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
+// run runs st's job once under its guard and stores the run; started,
+// when not nil, is called as its work begins (see RunJobNotify).
+func (s *Scheduler) run(ctx context.Context, st *jobState, started func()) (JobRun, error) {
 	j := st.job
 	run := JobRun{Job: j.Name, Kind: j.Kind, StartedAt: s.opts.Now()}
 	if !st.running.CompareAndSwap(false, true) {
@@ -595,14 +606,17 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 	// full disk), the run still runs, and is stored in one go when it
 	// ends, as a run that did not start is.
 	id, err := s.opts.Store.StartJobRun(context.WithoutCancel(ctx), run)
-	started := err == nil
+	stored := err == nil
 	stopBeat := func() {}
-	if started {
+	if stored {
 		run.ID = id
 		stopBeat = s.heartbeat(ctx, id, log)
 		log.Info("job started", "run", id)
 	} else {
 		log.Error("job started, but its start could not be stored: it is stored when it ends", "err", err)
+	}
+	if started != nil {
+		started()
 	}
 	run.Counts, err = s.work(ctx, j)
 	stopBeat()
@@ -615,7 +629,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState) (JobRun, error) {
 	}
 	run.Err = err
 	var serr error
-	if started {
+	if stored {
 		serr = s.opts.Store.FinishJobRun(context.WithoutCancel(ctx), run)
 	} else {
 		run.ID, serr = s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)

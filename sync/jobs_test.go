@@ -593,3 +593,58 @@ func TestJobRunIsStoredRunningAndBeats(t *testing.T) {
 		t.Errorf("stored runs %+v (%v), want the one run, ok", runs, err)
 	}
 }
+
+// RunJobNotify calls started once a run is past its guards and stored as
+// running, before its work; never for a run refused because the job is
+// running already. (The dashboard's Run now answers "started" on it.)
+func TestRunJobNotifySaysWhenTheRunStarts(t *testing.T) {
+	db := openStore(t)
+	release := make(chan struct{})
+	working := make(chan struct{}, 10)
+	var listed atomic.Int32
+	src := funcSource{ListFunc: func(ctx context.Context, req backstop.ListRequest) (backstop.Page, error) {
+		listed.Add(1)
+		working <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return backstop.Page{}, ctx.Err()
+		}
+		return backstop.Page{NextCursor: "c1", Cost: backstop.Cost{Requests: 1}}, nil
+	}}
+	s, err := bsync.NewScheduler([]bsync.Job{{
+		Name: "hand", Kind: bsync.JobSync, Resources: []backstop.Resource{backstop.Contacts}, Cron: "0 0 1 1 *",
+	}}, bsync.SchedulerOptions{Engine: &bsync.Engine{Source: src, Mirror: db}, Store: jobStore{db}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	var stateAtStart string
+	first := make(chan error, 1)
+	go func() {
+		_, err := s.RunJobNotify(t.Context(), "hand", func() {
+			calls.Add(1)
+			if listed.Load() != 0 {
+				stateAtStart = "work had begun"
+				return
+			}
+			runs, err := db.JobRuns(context.Background(), "hand", 0)
+			if err == nil && len(runs) == 1 {
+				stateAtStart = runs[0].Status
+			}
+		})
+		first <- err
+	}()
+	<-working // the first run is at work
+	if calls.Load() != 1 || stateAtStart != "running" {
+		t.Fatalf("started called %d times, the run %q when it was; want once, stored as running, before its work", calls.Load(), stateAtStart)
+	}
+	_, err = s.RunJobNotify(t.Context(), "hand", func() { calls.Add(1) })
+	if !errors.Is(err, bsync.ErrJobRunning) || calls.Load() != 1 {
+		t.Errorf("a second run while the first works: %v, started called %d times in all; want ErrJobRunning and no call", err, calls.Load())
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -130,7 +130,9 @@ func TestDemoInterruptedSaysNothingIsSaved(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan int, 1)
-	go func() { done <- m.Run(ctx, []string{"--config", e.config, "demo", "--duration", "60s", "--objects", "30", "--rate", "20"}) }()
+	go func() {
+		done <- m.Run(ctx, []string{"--config", e.config, "demo", "--duration", "60s", "--objects", "30", "--rate", "20"})
+	}()
 	waitFor(t, 60*time.Second, func() bool { return strings.Contains(out.String(), "database ") })
 	cancel()
 	code := <-done

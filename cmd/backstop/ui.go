@@ -235,46 +235,12 @@ func (b *uiBackend) withLastRan(ctx context.Context, job string, stored []store.
 	return append(stored, last), nil
 }
 
-// runStartPoll is how often RunJob looks in the store for the start of
-// the run it asked for.
-const runStartPoll = 20 * time.Millisecond
-
 // RunJob runs job name through the scheduler, which refuses it
 // (ErrJobRunning) while the job runs already, scheduled or in another
-// process. The scheduler stores a run as running once it is past that
-// check, so started is called when a run of the job newer than the last
-// one stored before appears in the store (or when the run ends).
+// process; started is called once the run is past that check and stored
+// as running, as its work begins.
 func (b *uiBackend) RunJob(ctx context.Context, name string, started func()) error {
-	prev, _, err := b.db().LastJobRun(ctx, name)
-	if err != nil {
-		return fmt.Errorf("job %s: last run: %w", name, err)
-	}
-	done := make(chan struct{})
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		t := time.NewTicker(runStartPoll)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			last, ok, err := b.db().LastJobRun(ctx, name)
-			if err == nil && ok && last.ID > prev.ID && last.Status != string(bsync.JobSkipped) {
-				select {
-				case <-done: // ended (or refused) meanwhile: its error says more
-				default:
-					started()
-				}
-				return
-			}
-		}
-	}()
-	_, err = b.deps.sched.RunJob(ctx, name)
-	close(done)
-	<-watched
+	_, err := b.deps.sched.RunJobNotify(ctx, name, started)
 	switch {
 	case errors.Is(err, bsync.ErrUnknownJob):
 		return fmt.Errorf("%w %q", dashboard.ErrUnknownJob, name)
