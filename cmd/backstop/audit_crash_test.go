@@ -337,10 +337,10 @@ func (e *env) serveThroughKills(env []string, tgt *crashTarget, kills []crashPoi
 				close(draining)
 			}
 		}()
+		base := k.count()
 		if during != nil {
 			during(i)
 		}
-		base := k.count()
 		waitFor(e.t, 2*time.Minute, func() bool { return k.count() >= base+k.n })
 		if k.term {
 			if err := first.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -531,7 +531,18 @@ func TestAuditCrashEmittersAndDelivery(t *testing.T) {
 	draining := targetHits(tgt, 50+rng.IntN(400))
 	draining.term = true
 	kills := []crashPoint{targetHits(tgt, 50+rng.IntN(400)), draining}
-	e.serveThroughKills(env, tgt, kills, nil)
+	// Meanwhile, with each serve up, more changes come and a sync (a cron
+	// backstop sync beside serve) is SIGKILLed after its first page; the
+	// last one finishes.
+	e.serveThroughKills(env, tgt, kills, func(round int) {
+		e.sim.Mutate(100)
+		if round < len(kills) {
+			e.runUntilKilled(env, "page committed", 1, append([]string{"--log-level", "debug", "sync"}, res...)...)
+			e.assertEventsNotBehind(fmt.Sprintf("sync beside serve %d killed", round+1), subscribed...)
+			return
+		}
+		e.runToEnd(env, append([]string{"sync"}, res...)...)
+	})
 	tgt.check()
 	missing := 0
 	for _, r := range subscribed {
