@@ -7,6 +7,14 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 )
 
+// lockHeld is Cause's phrase for SQLITE_BUSY and SQLITE_LOCKED.
+const lockHeld = "another process holds the store's write lock"
+
+// LockHeld reports whether err is the store's write lock held by another
+// connection past the busy timeout: a passing condition, unlike the
+// others Cause names.
+func LockHeld(err error) bool { return Cause(err) == lockHeld }
+
 // Cause names, in a few words fit to show outside the process, why the
 // store refused an operation: "the disk is full", "the store file is
 // read-only", and so on. It never includes the store's path or the
@@ -23,7 +31,7 @@ func Cause(err error) string {
 	case sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM:
 		return "the store file cannot be written"
 	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
-		return "another process holds the store's write lock"
+		return lockHeld
 	case sqlite3.SQLITE_IOERR:
 		return "the disk reported an I/O error"
 	case sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB:

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -523,5 +524,34 @@ func TestOpsServesWithAndWithoutRedisOnOneStoreAreRefused(t *testing.T) {
 	code, _, stderr = runBinaryFor(t, 30*time.Second, dir, env, "--config", withRedis, "serve")
 	if code != 1 || !strings.Contains(stderr, "in use by a backstop serve without governor.redis") {
 		t.Fatalf("serve with Redis beside one without: exit %d, stderr:\n%s\nwant exit 1", code, stderr)
+	}
+}
+
+// A store file serve can read but not write (restored as another user, on
+// a read-only mount; here made immutable, which binds root too) was opened
+// read-only without a word: serve said ready and answered every webhook
+// 503. It now refuses to start, saying why.
+func TestOpsServeRefusesAStoreItCannotWrite(t *testing.T) {
+	addr := freeAddr(t)
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
+	db := e.openStore() // creates and migrates it
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("chattr", "+i", e.db).CombinedOutput(); err != nil {
+		t.Fatalf("chattr +i %s (the test makes the store read-only so): %v %s", e.db, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("chattr", "-i", e.db).CombinedOutput(); err != nil {
+			t.Errorf("chattr -i %s: %v %s", e.db, err, out)
+		}
+	})
+	code, out, stderr := runBinaryFor(t, 30*time.Second, filepath.Dir(e.config),
+		[]string{"BOTIX_API_KEY=" + e.sim.APIKey(), "BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "--config", e.config, "serve")
+	if code != exitFailure || !strings.Contains(stderr, "serve needs a store it can write (the store file cannot be written)") {
+		t.Fatalf("serve on a read-only store: exit %d, want 1 saying the store cannot be written\n%s%s", code, out, stderr)
+	}
+	if strings.Contains(out, "listening on") {
+		t.Errorf("serve listened on a store it cannot write:\n%s", out)
 	}
 }

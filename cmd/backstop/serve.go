@@ -125,6 +125,17 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	}
 	defer a.Close()
 	cfg, log := a.cfg, a.log
+	// A store it can read but not write (a file restored as another user,
+	// a read-only mount) would open, say ready, and answer every webhook
+	// 503: refused here instead. A write lock held elsewhere is only
+	// transient (another command's commit, a VACUUM): /readyz reports it
+	// while it lasts.
+	if err := a.db.PingWrite(ctx); err != nil {
+		if !store.LockHeld(err) {
+			return fmt.Errorf("%s: %w", withCause("serve needs a store it can write", err), err)
+		}
+		log.Warn("the store's write lock is held by another process; webhooks wait for it", "error", err)
+	}
 	warnUnpruned(cfg, log)
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration: "+w.Key+" "+w.Msg, "file", w.File, "line", w.Line, "key", w.Key)
