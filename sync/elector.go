@@ -123,7 +123,8 @@ func NewRedisLease(rdb redis.Scripter, opts LeaseOptions) (*RedisLease, error) {
 // ID returns this process's id in the lease: host:pid:random.
 func (l *RedisLease) ID() string { return l.id }
 
-// Leader reports whether this process held the lease at its last attempt.
+// Leader reports whether this process is the jobs leader: it held the
+// lease at its last attempt, and its term has not run out since.
 func (l *RedisLease) Leader() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -151,18 +152,25 @@ func (l *RedisLease) IsLeader(ctx context.Context) error {
 	res, err := leaseScript.Run(ctx, l.rdb, []string{l.key}, l.id, l.ttl.Milliseconds()).Result()
 	if err != nil {
 		if ctx.Err() == nil {
-			l.set(false, err)
+			l.stepDown(err)
 		}
 		return fmt.Errorf("sync: jobs lease: %w", err)
 	}
 	if holder, ok := res.(string); ok {
 		l.endTerm()
-		l.set(false, nil)
+		l.stepDown(nil)
 		l.standby(holder)
 		return ErrNotLeader
 	}
-	l.renewed(start)
-	l.set(true, nil)
+	if !l.renewed(start) {
+		// Answered after the term it renews would have ended (a Redis
+		// that hung): the key may have expired and been taken meanwhile,
+		// so this answer proves nothing. The next campaign renews it.
+		l.endTerm()
+		err := fmt.Errorf("sync: jobs lease: renewal answered after %s, past the lease's %s", time.Since(start).Round(time.Millisecond), l.ttl)
+		l.stepDown(err)
+		return err
+	}
 	return nil
 }
 
@@ -179,19 +187,33 @@ func (l *RedisLease) standby(holder string) {
 }
 
 // renewed extends the term (or starts one) to TTL after start, the time
-// the renewal was sent: Redis counts the TTL from a later moment.
-func (l *RedisLease) renewed(start time.Time) {
+// the renewal was sent (Redis counts the TTL from a later moment), and
+// records this process as the leader. It does neither, and returns false,
+// when that time has passed already: the renewal came too late to count.
+func (l *RedisLease) renewed(start time.Time) bool {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	until := start.Add(l.ttl)
+	if !time.Now().Before(until) {
+		l.mu.Unlock()
+		return false
+	}
 	if l.term == nil {
 		l.term = make(chan struct{})
 	}
-	l.until = start.Add(l.ttl)
+	l.until = until
 	if l.expiry == nil {
 		l.expiry = time.AfterFunc(time.Until(l.until), l.expire)
 	} else {
 		l.expiry.Reset(time.Until(l.until))
 	}
+	was := l.leader
+	l.leader = true
+	l.heldBy = "" // a later standby is logged again
+	l.mu.Unlock()
+	if !was {
+		l.log.Info("jobs lease: this process is the jobs leader", "lease_id", l.id, "ttl", l.ttl)
+	}
+	return true
 }
 
 // expire ends the term when it has not been renewed since its timer was
@@ -204,6 +226,9 @@ func (l *RedisLease) expire() {
 	}
 	close(l.term)
 	l.term = nil
+	// No longer the leader (backstop_jobs_leader says so): the next
+	// renewal that succeeds starts a new term, and says so.
+	l.leader = false
 	l.mu.Unlock()
 	l.log.Warn("jobs lease: expired without renewal: scheduled runs stopped", "lease_id", l.id)
 }
@@ -247,25 +272,21 @@ func (l *RedisLease) Resign(ctx context.Context) error {
 	if err := releaseScript.Run(ctx, l.rdb, []string{l.key}, l.id).Err(); err != nil {
 		return fmt.Errorf("sync: jobs lease: resign: %w", err)
 	}
-	l.set(false, nil)
+	l.stepDown(nil)
 	return nil
 }
 
-// set records the outcome of an attempt and logs a change of leadership.
-func (l *RedisLease) set(leader bool, err error) {
+// stepDown records that an attempt did not make this process the leader
+// (err: why it could not tell), and logs a change of leadership.
+func (l *RedisLease) stepDown(err error) {
 	l.mu.Lock()
 	was := l.leader
-	l.leader = leader
-	if leader {
-		l.heldBy = "" // a later standby is logged again
-	}
+	l.leader = false
 	l.mu.Unlock()
 	switch {
-	case leader && !was:
-		l.log.Info("jobs lease: this process is the jobs leader", "lease_id", l.id, "ttl", l.ttl)
-	case !leader && was && err != nil:
+	case was && err != nil:
 		l.log.Warn("jobs lease: lost (Redis unreachable): jobs paused", "lease_id", l.id, "err", err)
-	case !leader && was:
+	case was:
 		l.log.Info("jobs lease: no longer the jobs leader", "lease_id", l.id)
 	}
 }

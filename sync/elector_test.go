@@ -298,3 +298,54 @@ func TestRedisLeaseLogsStandbyOnce(t *testing.T) {
 		t.Errorf("after c took over: %d standby lines, want a second one naming %s:\n%s", n, c.ID(), logs.String())
 	}
 }
+
+// A leader whose Redis hangs (it stops answering without closing the
+// connection) stops being the leader when its term runs out, also on
+// Leader (backstop_jobs_leader), not only once the hung renewal gives up;
+// a renewal answered after its term would have ended does not count; and
+// the renewal that makes it the leader again says so.
+func TestRedisLeaseTermRunsOutWhileRedisHangs(t *testing.T) {
+	srv := redistest.Start(t)
+	// Slow to give up, as a client with retries is on a hung server.
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Second, MaxRetries: -1})
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close(); admin.Close() })
+	ctx := context.Background()
+	var logs syncbuf.Buffer
+	const ttl = 500 * time.Millisecond
+	l, err := bsync.NewRedisLease(rdb, bsync.LeaseOptions{TTL: ttl,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.IsLeader(ctx); err != nil || !l.Leader() {
+		t.Fatalf("first attempt: %v, leader %v", err, l.Leader())
+	}
+	// Redis stops answering for a while: the next renewal hangs.
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	hung := make(chan error, 1)
+	go func() { hung <- l.IsLeader(ctx) }()
+	waitFor(t, "the unrenewed term to end", func() bool { return isClosed(l.Lost()) })
+	if l.Leader() {
+		t.Error("term over (scheduled runs stopped), and Leader still reports true while the renewal hangs")
+	}
+	if err := <-hung; err == nil {
+		t.Error("a renewal answered after its term would have ended counted as a renewal")
+	}
+	if l.Leader() || !isClosed(l.Lost()) {
+		t.Errorf("after the late answer: leader %v, term open %v; want neither", l.Leader(), !isClosed(l.Lost()))
+	}
+	// Redis answers again: the next renewal starts a new term, and says so.
+	if err := l.IsLeader(ctx); err != nil || !l.Leader() || isClosed(l.Lost()) {
+		t.Fatalf("renewal after Redis came back: %v, leader %v", err, l.Leader())
+	}
+	const leads = "this process is the jobs leader"
+	if n := strings.Count(logs.String(), leads); n != 2 {
+		t.Errorf("%d %q lines, want 2 (one per term):\n%s", n, leads, logs.String())
+	}
+	if !strings.Contains(logs.String(), "expired without renewal") {
+		t.Errorf("no line saying the term expired:\n%s", logs.String())
+	}
+}
