@@ -59,6 +59,7 @@ func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Contex
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	token, key := hex.EncodeToString(b[:]), l.prefix+job
+	start := time.Now() // the key lasts until start + ttl at least
 	n, err := acquireScript.Run(ctx, l.rdb, []string{key}, token, l.ttl.Milliseconds()).Int()
 	if err != nil {
 		return nil, nil, fmt.Errorf("sync: lock job %s: %w", job, err)
@@ -70,7 +71,7 @@ func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Contex
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		l.renew(rctx, cancel, key, token)
+		l.renew(rctx, cancel, key, token, start)
 	}()
 	release := func() {
 		cancel(context.Canceled)
@@ -84,13 +85,23 @@ func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Contex
 	return rctx, release, nil
 }
 
-// renew renews key while ctx lasts; it cancels ctx with ErrJobLockLost when
-// another token holds the key, or when TTL has passed since the start of
-// the last renewal that succeeded (the key may have expired meanwhile).
-func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFunc, key, token string) {
+// renew renews key while ctx lasts, the key being held since held (when
+// the acquisition that took it began); it cancels ctx with ErrJobLockLost
+// when another token holds the key, or as soon as TTL has passed since
+// the start of the last renewal that succeeded (the key may have expired
+// and been taken meanwhile): on a timer of its own, so that a renewal
+// hanging on a Redis that does not answer does not keep the run going
+// past it, and a renewal answered after that does not count.
+func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFunc, key, token string, held time.Time) {
+	expired := time.AfterFunc(time.Until(held.Add(l.ttl)), func() {
+		if ctx.Err() == nil {
+			l.log.Warn("job lock: not renewed within its TTL: stopping this run", "key", key, "ttl", l.ttl)
+			cancel(ErrJobLockLost)
+		}
+	})
+	defer expired.Stop()
 	t := time.NewTicker(l.ttl / 3)
 	defer t.Stop()
-	held := time.Now() // the key lasts until held + ttl at least
 	for {
 		select {
 		case <-ctx.Done():
@@ -103,15 +114,16 @@ func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFun
 		case ctx.Err() != nil:
 			return
 		case err == nil && n == 1:
-			held = start
+			if !expired.Stop() {
+				return // answered too late: the timer has stopped the run
+			}
+			expired.Reset(time.Until(start.Add(l.ttl)))
 		case err == nil:
 			l.log.Warn("job lock: taken by another process: stopping this run", "key", key)
 			cancel(ErrJobLockLost)
 			return
-		case time.Since(held) >= l.ttl:
-			l.log.Warn("job lock: not renewed within its TTL: stopping this run", "key", key, "err", err)
-			cancel(ErrJobLockLost)
-			return
+		default:
+			l.log.Debug("job lock: renewal failed (the lock still holds until its TTL)", "key", key, "err", err)
 		}
 	}
 }

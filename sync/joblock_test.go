@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/backstop-sync/backstop/internal/redistest"
 	bsync "github.com/backstop-sync/backstop/sync"
 )
 
@@ -113,5 +114,44 @@ func TestRunJobSkipsAJobRunningInAnotherProcess(t *testing.T) {
 	}
 	if run, err := second.RunJob(ctx, "prune"); err != nil || run.Status != bsync.JobOK {
 		t.Fatalf("second process after the first ended: %s, %v; want ok", run.Status, err)
+	}
+}
+
+// A run whose Redis hangs (it stops answering without closing the
+// connection) stops once its lock's TTL has passed since its last renewal,
+// when the key may have expired and another process may run the job: not
+// only once the hung renewal gives up, and not never, should it then
+// succeed.
+func TestRedisJobLockRunStopsWithinTTLWhileRedisHangs(t *testing.T) {
+	srv := redistest.Start(t)
+	// Slow to give up, as a client with retries is on a hung server.
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Second, MaxRetries: -1})
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close(); admin.Close() })
+	ctx := context.Background()
+	const (
+		ttl   = 600 * time.Millisecond
+		pause = 6 * time.Second
+	)
+	locked := time.Now()
+	rctx, release, err := newJobLocks(t, rdb, ttl).LockJob(ctx, "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", pause.Milliseconds(), "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rctx.Done():
+		took := time.Since(locked)
+		if cause := context.Cause(rctx); !errors.Is(cause, bsync.ErrJobLockLost) {
+			t.Errorf("run cancelled with %v, want ErrJobLockLost", cause)
+		}
+		if took < ttl {
+			t.Errorf("run stopped %s after its lock was taken, before its %s TTL", took, ttl)
+		}
+	case <-time.After(pause - time.Second):
+		t.Fatalf("Redis hung for %s, and the run went on past its lock's %s TTL", pause-time.Second, ttl)
 	}
 }
