@@ -98,6 +98,11 @@ unless --store names one, which must not exist yet.`,
 	return cmd
 }
 
+// webhooksIdleWait is how long the demo waits for the platform's webhooks
+// to end with no attempt made before it gives up on them (a variable for
+// tests).
+var webhooksIdleWait = 30 * time.Second
+
 func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error {
 	path, kept := o.storePath, "kept"
 	if path == "" {
@@ -230,11 +235,26 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	idle, cancelIdle := context.WithTimeout(ctx, 30*time.Second)
-	err = platform.WebhooksIdle(idle)
-	cancelIdle()
-	if err != nil {
-		return fmt.Errorf("waiting for the platform's webhook retries: %w", err)
+	// The platform's webhooks end once the intake has taken them all, and
+	// a backlog (a --rate above what the intake takes on this machine)
+	// takes as long as it needs: the wait gives up only after
+	// webhooksIdleWait in which no attempt was made.
+	for last := platform.WebhookStats().Attempts; ; {
+		idle, cancelIdle := context.WithTimeout(ctx, webhooksIdleWait)
+		err = platform.WebhooksIdle(idle)
+		cancelIdle()
+		if err == nil {
+			break
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return cerr
+		}
+		ws := platform.WebhookStats()
+		if !errors.Is(err, context.DeadlineExceeded) || ws.Attempts == last {
+			return fmt.Errorf("waiting for the platform's webhook retries: %w", err)
+		}
+		fmt.Fprintf(out, "   %d changes, %d webhooks delivered, %d lost (the intake is still taking them)\n", ws.Events, ws.Delivered, ws.Dropped)
+		last = ws.Attempts
 	}
 	behindBefore, err := mirrorDiffAll(ctx, db, platform)
 	if err != nil {

@@ -143,3 +143,22 @@ func TestDemoInterruptedSaysNothingIsSaved(t *testing.T) {
 		t.Errorf("interrupted demo says:\n%s\nwant it to end with \"backstop: interrupted\" and claim nothing saved", last)
 	}
 }
+
+// A --rate above what the intake takes on the machine left a backlog of
+// webhooks that took longer than the demo's fixed 30 s wait for them, and
+// the demo failed ("waiting for the platform's webhook retries: context
+// deadline exceeded") though nothing was wrong; it now waits as long as
+// webhooks are still being taken. The wait is shortened here so that a
+// backlog of a few seconds outlasts it.
+func TestDemoWaitsOutAWebhookBacklog(t *testing.T) {
+	defer func(d time.Duration) { webhooksIdleWait = d }(webhooksIdleWait)
+	webhooksIdleWait = 300 * time.Millisecond
+	e := newEnv(t, envOpts{})
+	code, stdout, stderr := e.run(context.Background(), "demo", "--duration", "1s", "--objects", "30", "--rate", "1500")
+	if code != 0 || !strings.Contains(stdout, "mirror matches platform: yes") {
+		t.Fatalf("demo with a webhook backlog: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "(the intake is still taking them)") {
+		t.Errorf("the backlog did not outlast the wait, so this test proves nothing:\n%s", stdout)
+	}
+}
