@@ -865,11 +865,20 @@ func (db *DB) RetryDelivery(ctx context.Context, id int64, now time.Time) error 
 // RetryDead puts every dead letter of target back in its queue as
 // RetryDelivery does, and returns how many. target must not be empty.
 func (db *DB) RetryDead(ctx context.Context, target string, now time.Time) (int64, error) {
+	return db.RetryDeadAsOf(ctx, target, now, now)
+}
+
+// RetryDeadAsOf is RetryDead for the dead letters of target as they were
+// at asOf (when a page listing them was shown): a delivery that became a
+// dead letter after asOf is left as it is, so that a second press of the
+// same button queues nothing it did not show.
+func (db *DB) RetryDeadAsOf(ctx context.Context, target string, asOf, now time.Time) (int64, error) {
 	if target == "" {
 		return 0, errors.New("retry dead letters: empty target")
 	}
 	stamp := backstop.CanonicalTime(now)
-	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE target = ? AND status = 'dead_letter'`, stamp, stamp, target)
+	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE target = ? AND status = 'dead_letter' AND updated_at <= ?`,
+		stamp, stamp, target, backstop.CanonicalTime(asOf))
 	if err != nil {
 		return 0, fmt.Errorf("retry dead letters of %s: %w", target, err)
 	}

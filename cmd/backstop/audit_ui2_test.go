@@ -304,3 +304,49 @@ func TestDashboardOrphansOfRunsThatDidNotCountThem(t *testing.T) {
 		t.Errorf("the reports' Orphans are %q, want %q (newest first)", got, want)
 	}
 }
+
+// "Retry all dead" pressed twice (a double click), or from a page shown a
+// while ago, queued again every dead letter of the target at the moment of
+// the press, including ones that became dead letters after the page was
+// shown, and the second press answered "0 dead letters … queued again".
+// The button now sends when its page was shown: only the dead letters the
+// page showed are queued, and a second press says they are queued already.
+func TestDashboardRetryAllDeadQueuesWhatThePageShowed(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeServeConfig(addr, `targets:
+  - {name: crm, url: "http://crm.invalid/hook"}
+dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	ctx := context.Background()
+	db := e.openStore()
+	now := time.Now()
+	shown := now.Add(-time.Hour)
+	before := enqueueDeadLetter(t, ctx, db, "crm", "evt_dead_before", "http://crm.invalid/hook", 400, now.Add(-2*time.Hour))
+	after := enqueueDeadLetter(t, ctx, db, "crm", "evt_dead_after", "http://crm.invalid/hook", 400, now.Add(-time.Minute))
+	// The target is disabled so that nothing is sent meanwhile.
+	if err := db.DisableTarget(ctx, "crm", "held for the test", now); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	stop := e.serveWithDashboard()
+	defer stop()
+	form := url.Values{"shown": {shown.UTC().Format(time.RFC3339Nano)}}
+	code, body := dashboardPost(t, addr, "/ui/targets/crm/retry-dead", form)
+	if code != http.StatusOK || !strings.Contains(body, "1 dead letters of crm queued again") {
+		t.Fatalf("retry all dead as shown an hour ago: %d %s; want the one dead letter the page showed", code, body)
+	}
+	code, body = dashboardPost(t, addr, "/ui/targets/crm/retry-dead", form)
+	if code != http.StatusOK || !strings.Contains(body, "queued already") {
+		t.Errorf("second press: %d %s; want it to say those shown are queued already", code, body)
+	}
+	db = e.openStore()
+	defer db.Close()
+	for id, want := range map[int64]string{before: store.StatusPending, after: store.StatusDeadLetter} {
+		row, ok, err := db.Delivery(ctx, id)
+		if err != nil || !ok || row.Status != want {
+			t.Errorf("delivery %d: %s (ok=%v err=%v), want %s", id, row.Status, ok, err, want)
+		}
+	}
+}

@@ -161,8 +161,8 @@ func (b *uiBackend) Retry(ctx context.Context, seen delivery.Row) (bool, error) 
 	return done, err
 }
 
-func (b *uiBackend) RetryDead(ctx context.Context, target string) (int64, error) {
-	n, err := b.db().RetryDead(ctx, target, b.now())
+func (b *uiBackend) RetryDead(ctx context.Context, target string, shown time.Time) (int64, error) {
+	n, err := b.db().RetryDeadAsOf(ctx, target, shown, b.now())
 	if n > 0 {
 		b.deps.dispatcher.Wake(target)
 	}

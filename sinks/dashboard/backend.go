@@ -33,8 +33,9 @@ type Backend interface {
 	// UpdatedAt are still those of seen, and reports whether it did. It
 	// wraps backstop.ErrNotFound for an unknown delivery.
 	Retry(ctx context.Context, seen delivery.Row) (bool, error)
-	// RetryDead requeues every dead letter of target and returns how many.
-	RetryDead(ctx context.Context, target string) (int64, error)
+	// RetryDead requeues every dead letter of target that was one at
+	// shown (when the page offering it was rendered) and returns how many.
+	RetryDead(ctx context.Context, target string, shown time.Time) (int64, error)
 	// Redirect sends the delivery once to url and returns the attempt, as
 	// delivery.Dispatcher.Redirect does.
 	Redirect(ctx context.Context, row delivery.Row, url string) (delivery.Attempt, error)

@@ -98,7 +98,7 @@ func (f *fakeBackend) Retry(_ context.Context, seen delivery.Row) (bool, error) 
 	return true, nil
 }
 
-func (f *fakeBackend) RetryDead(context.Context, string) (int64, error) { return 1, nil }
+func (f *fakeBackend) RetryDead(context.Context, string, time.Time) (int64, error) { return 1, nil }
 
 func (f *fakeBackend) Redirect(context.Context, delivery.Row, string) (delivery.Attempt, error) {
 	return delivery.Attempt{StatusCode: 200}, nil

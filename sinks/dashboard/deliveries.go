@@ -61,6 +61,9 @@ type deliveriesData struct {
 	// FirstURL, set when the page asked for is past the end of the list,
 	// links to its first page.
 	FirstURL string
+	// Shown is when the page was rendered (RFC 3339), sent back by its
+	// retry-all buttons.
+	Shown string
 }
 
 // maxPage is the highest page number of a delivery list: far beyond any
@@ -126,7 +129,8 @@ func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status 
 		Status: status, Target: q.Get("target"), EventType: q.Get("event"),
 		Limit: d.opts.PageSize + 1, Before: before, After: after,
 	}
-	data := deliveriesData{Page: pageNo, Statuses: statuses, EventTypes: backstop.KnownEventTypes, Dead: dead}
+	data := deliveriesData{Page: pageNo, Statuses: statuses, EventTypes: backstop.KnownEventTypes, Dead: dead,
+		Shown: d.now().UTC().Format(time.RFC3339Nano)}
 	if !dead {
 		f.DeliveredSince = d.now().Add(-DefaultWindow)
 		data.Since = f.DeliveredSince
@@ -403,13 +407,20 @@ func (d *Dashboard) retryDead(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("There is no target %q in the configuration.", name))
 		return
 	}
-	n, err := d.opts.Backend.RetryDead(r.Context(), name)
+	// The dead letters as the page showed them: a second press (a double
+	// click) or a stale page does not queue one that became a dead
+	// letter since. A form without the time (an older page) takes now.
+	shown := d.now()
+	if t, err := time.Parse(time.RFC3339Nano, r.PostFormValue("shown")); err == nil && t.Before(shown) {
+		shown = t
+	}
+	n, err := d.opts.Backend.RetryDead(r.Context(), name, shown)
 	if err != nil {
 		d.backendError(w, r, err)
 		return
 	}
 	d.log.Info("dashboard: retry dead letters", "target", name, "queued", n)
-	msg := fmt.Sprintf("%d dead letters of %s queued again.", n, name)
+	msg := fmt.Sprintf("No dead letters of %s were left to queue again: those the page showed are queued already.", name)
 	if n > 0 {
 		msg = fmt.Sprintf("%d dead letters of %s queued again; %s", n, name, d.whenSent(targets[ti]))
 	}
