@@ -11,6 +11,7 @@ import (
 	mrand "math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,6 +27,11 @@ const (
 	// DefaultKeyTTL is how long an untouched budget stays in Redis.
 	DefaultKeyTTL = time.Hour
 )
+
+// skewTolerance is the difference between this process's clock and
+// Redis's below which the shared state is read and written in this
+// process's time as it is: network delays make smaller measures noise.
+const skewTolerance = time.Second
 
 // maxCASAttempts bounds the compare-and-set retries of one call. Each
 // failed attempt returns the state that won, so a retry only loses again
@@ -61,12 +67,23 @@ type RedisOptions struct {
 // In-flight requests are counted per process (a holder), each entry
 // expiring HolderTTL after that process last wrote: the requests of a
 // process that died stop counting. Keys are KeyID values, never API keys.
+//
+// The times in the shared state (a 429 pause's end, a holder's expiry,
+// the last grant) are Redis's time, so that processes whose clocks differ
+// by minutes agree on them: every answer of Redis carries its clock, and a
+// process whose clock is off by more than a second (skewTolerance) moves
+// the times it reads and writes by the difference. X-RateLimit-Reset, the
+// platform's own clock, is kept as it came.
 type RedisStore struct {
 	rdb       redis.Scripter
 	prefix    string
 	id        string // this store's holder id
 	holderTTL time.Duration
 	keyTTL    time.Duration
+	// clock is this process's clock (time.Now; tests move it). skew is
+	// Redis's time less clock's, as last measured, 0 within skewTolerance.
+	clock func() time.Time
+	skew  atomic.Int64
 
 	mu   sync.Mutex
 	keys map[string]*redisKey
@@ -107,7 +124,7 @@ func NewRedisStore(rdb redis.Scripter, opts RedisOptions) *RedisStore {
 	_, _ = rand.Read(id[:])
 	return &RedisStore{
 		rdb: rdb, prefix: opts.Prefix, id: hex.EncodeToString(id[:]),
-		holderTTL: opts.HolderTTL, keyTTL: opts.KeyTTL,
+		holderTTL: opts.HolderTTL, keyTTL: opts.KeyTTL, clock: time.Now,
 		keys: make(map[string]*redisKey),
 	}
 }
@@ -118,7 +135,7 @@ func NewRedisStore(rdb redis.Scripter, opts RedisOptions) *RedisStore {
 func (s *RedisStore) Reserve(ctx context.Context, key string, now time.Time, p Policy) (time.Duration, bool, error) {
 	var wait time.Duration
 	var granted bool
-	err := s.update(ctx, key, now, false, func(b *Budget) bool {
+	err := s.update(ctx, key, now, false, func(b *Budget, now time.Time, _ time.Duration) bool {
 		wait, granted = b.Reserve(now, p)
 		return granted
 	})
@@ -132,8 +149,12 @@ func (s *RedisStore) Reserve(ctx context.Context, key string, now time.Time, p P
 // when the call fails: the next successful write restates this process's
 // count.
 func (s *RedisStore) Observe(ctx context.Context, key string, now time.Time, obs Observation, p Policy) error {
-	return s.update(ctx, key, now, true, func(b *Budget) bool {
-		b.Observe(now, obs, p)
+	return s.update(ctx, key, now, true, func(b *Budget, now time.Time, skew time.Duration) bool {
+		o := obs
+		if !o.Granted.IsZero() {
+			o.Granted = o.Granted.Add(skew)
+		}
+		b.Observe(now, o, p)
 		return false
 	})
 }
@@ -148,16 +169,42 @@ func (s *RedisStore) Snapshot(ctx context.Context, key string, now time.Time, p 
 	if err != nil {
 		return State{}, err
 	}
-	st.Budget.InFlight = st.inFlight(now)
-	return st.Budget.State(now, p), nil
+	skew := s.skewNow()
+	st.Budget.InFlight = st.inFlight(now.Add(skew))
+	state := st.Budget.State(now.Add(skew), p)
+	// Back to this process's time, which its caller compares them with.
+	if !state.PausedUntil.IsZero() {
+		state.PausedUntil = state.PausedUntil.Add(-skew)
+	}
+	if !state.Reset.IsZero() {
+		state.Reset = state.Reset.Add(-skew)
+	}
+	return state, nil
+}
+
+// skewNow returns Redis's time less this process's, as last measured.
+func (s *RedisStore) skewNow() time.Duration { return time.Duration(s.skew.Load()) }
+
+// measured records the clock of Redis, answering between sent and
+// received (this process's clock).
+func (s *RedisStore) measured(redisNow, sent, received time.Time) {
+	if redisNow.IsZero() {
+		return
+	}
+	skew := redisNow.Sub(sent.Add(received.Sub(sent) / 2))
+	if skew > -skewTolerance && skew < skewTolerance {
+		skew = 0
+	}
+	s.skew.Store(int64(skew))
 }
 
 // update runs op on the key's shared budget at now and writes the result
 // back if it changed, running op again on the newer state whenever another
-// process wrote first. op reports a grant, which this process then holds
-// until an update with observe set releases it. op must be safe to run
-// again.
-func (s *RedisStore) update(ctx context.Context, key string, now time.Time, observe bool, op func(*Budget) (granted bool)) error {
+// process wrote first. op runs at now in Redis's time, given skew (Redis's
+// time less this process's) for the other times it uses. op reports a
+// grant, which this process then holds until an update with observe set
+// releases it. op must be safe to run again.
+func (s *RedisStore) update(ctx context.Context, key string, local time.Time, observe bool, op func(b *Budget, now time.Time, skew time.Duration) (granted bool)) error {
 	k := s.key(key)
 	if observe {
 		// An observation must release its slot, so it waits its turn
@@ -194,10 +241,14 @@ func (s *RedisStore) update(ctx context.Context, key string, now time.Time, obse
 		if err != nil {
 			return fail(err)
 		}
+		// Each attempt at the latest measure of Redis's clock: a first
+		// call on a key held by others learns it from their answer.
+		skew := s.skewNow()
+		now := local.Add(skew)
 		st.hold(s.id, k.out, now, s.holderTTL)
 		out := k.out
 		switch {
-		case op(&st.Budget):
+		case op(&st.Budget, now, skew):
 			out++
 		case observe:
 			out = max(out-1, 0)
@@ -246,21 +297,41 @@ func (s *RedisStore) key(key string) *redisKey {
 
 // read returns the key's version and state (0 and nil when absent).
 func (s *RedisStore) read(ctx context.Context, rkey string) (int64, []byte, error) {
+	sent := s.clock()
 	res, err := readScript.Run(ctx, s.rdb, []string{rkey}).Slice()
 	if err != nil {
 		return 0, nil, fmt.Errorf("governor: redis read: %w", err)
 	}
+	res = s.takeTime(res, sent)
 	return parseVersioned(res)
+}
+
+// takeTime reads Redis's clock from the two last elements of a script's
+// answer (TIME's seconds and microseconds), records it (see measured), and
+// returns the answer without them.
+func (s *RedisStore) takeTime(res []any, sent time.Time) []any {
+	received := s.clock()
+	if len(res) < 2 {
+		return res
+	}
+	sec, err1 := strconv.ParseInt(fmt.Sprint(res[len(res)-2]), 10, 64)
+	usec, err2 := strconv.ParseInt(fmt.Sprint(res[len(res)-1]), 10, 64)
+	if err1 == nil && err2 == nil && sec > 0 {
+		s.measured(time.Unix(sec, usec*1000), sent, received)
+	}
+	return res[:len(res)-2]
 }
 
 // swap writes next when the stored version is still version. It returns
 // whether it did, and the version now stored with, when it did not, the
 // state that is.
 func (s *RedisStore) swap(ctx context.Context, rkey string, version int64, next []byte) (bool, int64, []byte, error) {
+	sent := s.clock()
 	res, err := casScript.Run(ctx, s.rdb, []string{rkey}, version, next, s.keyTTL.Milliseconds(), firstVersion()).Slice()
 	if err != nil {
 		return false, 0, nil, fmt.Errorf("governor: redis write: %w", err)
 	}
+	res = s.takeTime(res, sent)
 	if len(res) == 0 {
 		return false, 0, nil, errors.New("governor: redis write: empty answer")
 	}
@@ -301,10 +372,12 @@ func parseVersioned(res []any) (int64, []byte, error) {
 	return v, []byte(str), nil
 }
 
-// readScript returns {version, state} of KEYS[1], {0, ""} when absent.
+// readScript returns {version, state} of KEYS[1], {0, ""} when absent,
+// followed by Redis's TIME (seconds, microseconds).
 var readScript = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'v', 's')
-return {tonumber(r[1] or '0'), r[2] or ''}
+local t = redis.call('TIME')
+return {tonumber(r[1] or '0'), r[2] or '', t[1], t[2]}
 `)
 
 // casScript stores ARGV[2] as the state of KEYS[1] when its version is
@@ -313,12 +386,15 @@ return {tonumber(r[1] or '0'), r[2] or ''}
 // absent: a key that expired or a Redis that restarted empty then does not
 // count its versions from 1 again, so a process holding a version from
 // before cannot match a different state by chance (ABA). It returns
-// {1, new version}, or {0, version, state} when another write won.
+// {1, new version}, or {0, version, state} when another write won, each
+// followed by Redis's TIME (seconds, microseconds; after an empty state
+// for the first).
 var casScript = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'v', 's')
 local v = tonumber(r[1] or '0')
+local t = redis.call('TIME')
 if v ~= tonumber(ARGV[1]) then
-  return {0, v, r[2] or ''}
+  return {0, v, r[2] or '', t[1], t[2]}
 end
 local nv = v + 1
 if r[1] == false then
@@ -326,7 +402,7 @@ if r[1] == false then
 end
 redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {1, nv}
+return {1, nv, '', t[1], t[2]}
 `)
 
 // firstVersion returns a random version for a key written the first time:

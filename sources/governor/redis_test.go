@@ -629,3 +629,70 @@ func TestFallbackStoreProbeEndsWithItsClient(t *testing.T) {
 		t.Fatal("the background probe still runs 10 s after its Redis client was closed")
 	}
 }
+
+// skewedClock is a process's clock off by skew.
+func skewedClock(skew time.Duration) func() time.Time {
+	return func() time.Time { return time.Now().Add(skew) }
+}
+
+// Processes whose clocks differ by minutes share one budget all the same:
+// a 429 pause seen by one holds the process whose clock is ahead (it used
+// to find the pause long over and send at once, into more 429s), that
+// process reports the pause in its own time, and the requests in flight
+// in a process whose clock is behind count for the others (they used to
+// be dropped at once as expired).
+func TestRedisStoreProcessesWithSkewedClocks(t *testing.T) {
+	_, rdb := newRedis(t)
+	ctx := context.Background()
+	const skew = 3 * time.Minute
+	a := NewRedisStore(rdb, RedisOptions{})
+	ahead, behind := NewRedisStore(rdb, RedisOptions{}), NewRedisStore(rdb, RedisOptions{})
+	ahead.clock, behind.clock = skewedClock(skew), skewedClock(-skew)
+	pol := Policy{Limit: 100, Window: time.Minute, MaxPause: time.Minute, ResetMargin: 100 * time.Millisecond}
+
+	now := time.Now()
+	if _, ok, err := a.Reserve(ctx, "paused", now, pol); err != nil || !ok {
+		t.Fatalf("first reserve: %v %v", ok, err)
+	}
+	obs := Observation{Status: http.StatusTooManyRequests, RetryAfter: 30 * time.Second, HasRetryAfter: true, Granted: now}
+	if err := a.Observe(ctx, "paused", now, obs, pol); err != nil {
+		t.Fatal(err)
+	}
+	at := ahead.clock()
+	wait, ok, err := ahead.Reserve(ctx, "paused", at, pol)
+	if err != nil || ok || wait < 20*time.Second || wait > 30*time.Second {
+		t.Errorf("process %s ahead: reserve = %s, %v, %v; want to wait out the rest of the 30s pause", skew, wait, ok, err)
+	}
+	st, err := ahead.Snapshot(ctx, "paused", ahead.clock(), pol)
+	if left := st.PausedUntil.Sub(ahead.clock()); err != nil || left < 20*time.Second || left > 30*time.Second {
+		t.Errorf("process %s ahead: snapshot says paused for %s more (%v), want the rest of 30s", skew, left, err)
+	}
+
+	// Requests in flight in the process behind count for the others.
+	now = time.Now()
+	if _, ok, err := a.Reserve(ctx, "busy", now, pol); err != nil || !ok {
+		t.Fatalf("first reserve: %v %v", ok, err)
+	}
+	hdr := Observation{Status: 200, HasBudget: true, Limit: 100, Remaining: 99, Reset: now.Add(time.Minute), Granted: now}
+	if err := a.Observe(ctx, "busy", now, hdr, pol); err != nil {
+		t.Fatal(err)
+	}
+	// Paced: each grant comes after the wait the one before asked for,
+	// which the process behind is taken to have slept.
+	at = behind.clock()
+	for granted := 0; granted < 3; {
+		wait, ok, err := behind.Reserve(ctx, "busy", at, pol)
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case ok:
+			granted++
+		case wait <= 0 || wait > 10*time.Second:
+			t.Fatalf("process %s behind: asked to wait %s", skew, wait)
+		}
+		at = at.Add(wait)
+	}
+	if st, err := a.Snapshot(ctx, "busy", time.Now(), pol); err != nil || st.InFlight != 3 {
+		t.Errorf("in flight = %d (%v), want the 3 of the process %s behind", st.InFlight, err, skew)
+	}
+}
