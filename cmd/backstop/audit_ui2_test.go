@@ -350,3 +350,53 @@ dashboard:
 		}
 	}
 }
+
+// The Jobs page took any stored "running" row for a run going on, so after
+// serve or backstop run was killed (SIGKILL) mid-run the job showed as
+// running, with Run now disabled, until the row was closed as abandoned an
+// hour after its last heartbeat; and without governor.redis Run now
+// started a second run beside one that backstop run, from system cron,
+// had going in another process. A running row counts only while it
+// beats: a stale one lets Run now start the job, a live one refuses it.
+func TestDashboardRunNowTellsALiveRunFromADeadOne(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 3}})
+	e.writeServeConfig(addr, `jobs:
+  - {name: crm-sync, kind: sync, resources: [contacts], cron: "0 3 1 1 *"}
+dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	ctx := context.Background()
+	// A run whose process was killed ten minutes ago.
+	killedAt := time.Now().Add(-10 * time.Minute)
+	db, err := store.Open(ctx, e.db, store.Options{Now: func() time.Time { return killedAt }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.StartJobRun(ctx, store.JobRun{Job: "crm-sync", Kind: "sync", StartedAt: killedAt}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	stop := e.serveWithDashboard()
+	if page := bearerPage(t, "http://"+addr+"/ui/jobs"); strings.Contains(page, `class="run-now" disabled`) {
+		t.Errorf("the Jobs page shows a run killed 10 minutes ago as running, Run now disabled")
+	}
+	code, body := dashboardPost(t, addr, "/ui/jobs/crm-sync/run", url.Values{})
+	if code == http.StatusConflict || !strings.Contains(body, "crm-sync started") {
+		t.Errorf("Run now beside a run killed 10 minutes ago: %d %s; want it started", code, body)
+	}
+	stop()
+
+	// A run going on now in another process (backstop run from cron).
+	db = e.openStore()
+	if _, err := db.StartJobRun(ctx, store.JobRun{Job: "crm-sync", Kind: "sync", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	stop = e.serveWithDashboard()
+	defer stop()
+	code, body = dashboardPost(t, addr, "/ui/jobs/crm-sync/run", url.Values{})
+	if code != http.StatusConflict || !strings.Contains(body, "already running") {
+		t.Errorf("Run now beside a live run in another process: %d %s; want 409 saying it is already running", code, body)
+	}
+}

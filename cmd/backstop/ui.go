@@ -197,7 +197,7 @@ func (b *uiBackend) Jobs(ctx context.Context, runs int) ([]dashboard.Job, error)
 				if !ranSeen && r.Status != string(bsync.JobSkipped) {
 					// The newest run that ran is still running (a
 					// scheduled one, say): the page shows it so.
-					ranSeen, v.Running = true, r.Status == string(bsync.JobRunning)
+					ranSeen, v.Running = true, liveRun(r, b.now())
 				}
 			}
 			if len(stored) > 0 {
@@ -235,11 +235,29 @@ func (b *uiBackend) withLastRan(ctx context.Context, job string, stored []store.
 	return append(stored, last), nil
 }
 
+// liveRun reports whether r is a run going on at now: stored as running
+// and beating. A run whose process died (SIGKILL) stays "running" in the
+// store until maintenance or its job's next run closes it as abandoned,
+// an hour after its last heartbeat; it neither shows as running nor holds
+// Run now back once three heartbeats are missed.
+func liveRun(r store.JobRun, now time.Time) bool {
+	return r.Status == string(bsync.JobRunning) && now.Sub(r.HeartbeatAt) < 3*bsync.DefaultJobHeartbeat
+}
+
 // RunJob runs job name through the scheduler, which refuses it
 // (ErrJobRunning) while the job runs already, scheduled or in another
 // process; started is called once the run is past that check and stored
 // as running, as its work begins.
 func (b *uiBackend) RunJob(ctx context.Context, name string, started func()) error {
+	// A run going on in another process (backstop run from system cron)
+	// holds no lock this scheduler sees without governor.redis: its
+	// stored row, alive, refuses the press.
+	if last, ok, err := b.db().LastJobRun(ctx, name); err != nil {
+		return fmt.Errorf("job %s: last run: %w", name, err)
+	} else if ok && liveRun(last, b.now()) {
+		return fmt.Errorf("%w: job %s: %w (run %d, started %s)", dashboard.ErrJobRunning, name, bsync.ErrJobRunning,
+			last.ID, last.StartedAt.UTC().Format(time.RFC3339))
+	}
 	_, err := b.deps.sched.RunJobNotify(ctx, name, started)
 	switch {
 	case errors.Is(err, bsync.ErrUnknownJob):

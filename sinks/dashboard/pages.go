@@ -124,7 +124,13 @@ func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 			d.answer(w, r, http.StatusConflict, runningMsg(name), Prefix+"/jobs")
 			return
 		case err != nil && !errors.Is(err, context.Canceled):
-			d.answer(w, r, http.StatusOK, fmt.Sprintf("Job %s started and failed: %v", name, err), Prefix+"/jobs")
+			msg := fmt.Sprintf("Job %s started and failed: %v", name, err)
+			select {
+			case <-started:
+			default: // refused before its work began (its lock, its store)
+				msg = fmt.Sprintf("Job %s could not start: %v", name, err)
+			}
+			d.answer(w, r, http.StatusOK, msg, Prefix+"/jobs")
 			return
 		case err == nil:
 			d.answer(w, r, http.StatusOK, fmt.Sprintf("Job %s started and has finished; its run shows below.", name), Prefix+"/jobs")
