@@ -165,11 +165,11 @@ func (l *RedisLease) IsLeader(ctx context.Context) error {
 	if !l.renewed(start) {
 		// Answered after the term it renews would have ended (a Redis
 		// that hung): the key may have expired and been taken meanwhile,
-		// so this answer proves nothing. The next campaign renews it.
-		l.endTerm()
-		err := fmt.Errorf("sync: jobs lease: renewal answered after %s, past the lease's %s", time.Since(start).Round(time.Millisecond), l.ttl)
-		l.stepDown(err)
-		return err
+		// so this answer proves nothing, and it changes nothing either.
+		// The term it would have renewed ran out on its own timer; a term
+		// a later call renewed in time (gocron asks before each run while
+		// Campaign's call hangs) stands.
+		return fmt.Errorf("sync: jobs lease: renewal answered after %s, past the lease's %s", time.Since(start).Round(time.Millisecond), l.ttl)
 	}
 	return nil
 }
@@ -199,6 +199,11 @@ func (l *RedisLease) renewed(start time.Time) bool {
 	}
 	if l.term == nil {
 		l.term = make(chan struct{})
+	}
+	// Calls overlap: an older call answered in time after a newer one
+	// does not move the end of the term back.
+	if l.until.After(until) {
+		until = l.until
 	}
 	l.until = until
 	if l.expiry == nil {

@@ -349,3 +349,58 @@ func TestRedisLeaseTermRunsOutWhileRedisHangs(t *testing.T) {
 		t.Errorf("no line saying the term expired:\n%s", logs.String())
 	}
 }
+
+// gatedScripter answers every lease script with 1 (the lease is this
+// process's), except that a call finding a gate in gates waits until that
+// gate is closed: a Redis call that hangs while others are answered.
+type gatedScripter struct {
+	redis.Scripter
+	gates   chan chan struct{}
+	waiting atomic.Int32
+}
+
+func (g *gatedScripter) EvalSha(ctx context.Context, _ string, _ []string, _ ...any) *redis.Cmd {
+	select {
+	case gate := <-g.gates:
+		g.waiting.Add(1)
+		<-gate
+	default:
+	}
+	return redis.NewCmdResult(int64(1), nil)
+}
+
+// gocron asks IsLeader before each scheduled run while Campaign's own
+// renewal may hang. A hung renewal answered after its term ran out used to
+// end the term a later call had renewed in time: the leader stepped down,
+// cancelled its running jobs and logged "lost (Redis unreachable)" just
+// as Redis recovered. A late answer now changes nothing.
+func TestRedisLeaseLateAnswerLeavesALaterTermAlone(t *testing.T) {
+	g := &gatedScripter{gates: make(chan chan struct{}, 1)}
+	const ttl = 300 * time.Millisecond
+	l, err := bsync.NewRedisLease(g, bsync.LeaseOptions{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := l.IsLeader(ctx); err != nil || !l.Leader() {
+		t.Fatalf("first attempt: %v, leader %v", err, l.Leader())
+	}
+	gate := make(chan struct{})
+	g.gates <- gate
+	hung := make(chan error, 1)
+	go func() { hung <- l.IsLeader(ctx) }() // Campaign's renewal, hanging
+	waitFor(t, "the renewal to hang", func() bool { return g.waiting.Load() == 1 })
+	waitFor(t, "the unrenewed term to end", func() bool { return isClosed(l.Lost()) })
+	// gocron's call before a scheduled run, answered at once: a new term.
+	if err := l.IsLeader(ctx); err != nil || !l.Leader() {
+		t.Fatalf("renewal in time: %v, leader %v", err, l.Leader())
+	}
+	term := l.Lost()
+	close(gate) // the hung call's answer arrives, late
+	if err := <-hung; err == nil {
+		t.Error("a renewal answered after its term ended counted as one")
+	}
+	if isClosed(term) || !l.Leader() {
+		t.Errorf("the late answer of an older call ended the term a later call renewed in time: term closed %v, leader %v", isClosed(term), l.Leader())
+	}
+}
