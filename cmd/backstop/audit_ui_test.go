@@ -251,6 +251,9 @@ dashboard:
 	if err := json.Unmarshal([]byte(out), &cli); err != nil || len(cli) != 1 || cli[0].LastRun == nil {
 		t.Fatalf("jobs --json: %v\n%s", err, out)
 	}
+	if cli[0].LastRun.Status != "failed" {
+		t.Fatalf("backstop jobs gives the last run as %s, want the run that failed before the skipped ticks", cli[0].LastRun.Status)
+	}
 	stop := e.serveWithDashboard()
 	defer stop()
 
