@@ -294,9 +294,10 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 	case j.Every < Duration(time.Second):
 		p.add(c.errorf(k+".every", "want 1s or more, got %s: a shorter interval only piles up skipped runs", j.Every))
 	}
-	if j.Lookback <= 0 && j.Kind == KindReconcile {
-		// 0 would mean the default (10m) to the engine: refused rather
-		// than silently replaced.
+	if j.Lookback < 0 || j.Lookback == 0 && j.Kind == KindReconcile && c.isSet(k+".lookback", false) {
+		// 0 in a file would mean the default (10m) to the engine:
+		// refused rather than silently replaced. (A configuration built
+		// in code leaves it 0 for the default.)
 		p.add(c.errorf(k+".lookback", "want more than 0s, got %s: the window overlaps the last run's start by it, to catch changes made while that run read the feed (default 10m)", j.Lookback))
 	}
 }
