@@ -47,18 +47,26 @@ type Engine struct {
 	// wraps EmitPageAt too. Unset, emitting runs save their cursor as
 	// before, and a reset made while one runs can be undone by it.
 	EmitGuard GuardedPageStore
-	// ReconcileEmitter, when set, emits Reconcile's events instead of the
-	// Mirror's Emit, leaving out, inside the emit's transaction, an event
-	// whose object a webhook brought in a newer version after Reconcile
-	// compared it (see ChangedEmitter); usually the store itself. Like
-	// EmitGuard it is not taken from the Mirror, whose wrapper (serve's,
-	// which wakes the targets) would be bypassed: such a wrapper sets it
-	// to itself once it wraps EmitChanged too. Unset, Reconcile emits
-	// through the Mirror's Emit, and such an event queues the older state
-	// after the newer one.
+	// ReconcileEmitter emits Reconcile's events, leaving out, inside the
+	// emit's transaction, an event whose object a webhook brought in a
+	// newer version after Reconcile compared it (see ChangedEmitter).
+	// Unset, the Mirror is used when it is a ChangedEmitter (store.DB
+	// is, and so is serve's wrapper, which wakes the targets); a Mirror
+	// that is not emits through its Emit, and such an event then queues
+	// the older state after the newer one.
 	ReconcileEmitter ChangedEmitter
 	// Now defaults to time.Now.
 	Now func() time.Time
+}
+
+// reconcileEmitter is ReconcileEmitter, or the Mirror when it is a
+// ChangedEmitter, or nil.
+func (e *Engine) reconcileEmitter() ChangedEmitter {
+	if e.ReconcileEmitter != nil {
+		return e.ReconcileEmitter
+	}
+	em, _ := e.Mirror.(ChangedEmitter)
+	return em
 }
 
 func (e *Engine) now() time.Time {

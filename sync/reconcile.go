@@ -74,9 +74,10 @@ type ReconcileReport = backstop.ReconcileReport
 // EventID(dedup key) and OriginReconcile, so the emit path's dedup decides
 // once between them and webhooks: accepted events count as Reemitted,
 // duplicates as Suppressed. Only the current version of an object is
-// emitted, not the versions between runs. With Engine.ReconcileEmitter
-// set, an event whose object a webhook brought in a newer version after
-// the page was compared is not emitted either, and counts as Suppressed.
+// emitted, not the versions between runs. Through a ChangedEmitter
+// (Engine.ReconcileEmitter, or the Mirror when it is one, as store.DB is),
+// an event whose object a webhook brought in a newer version after the
+// page was compared is not emitted either, and counts as Suppressed.
 //
 // The window starts at opts.Since when set; with opts.Full at the start of
 // the feed; otherwise opts.Lookback before the start of the last successful
@@ -275,8 +276,8 @@ func (e *Engine) reconcilePage(ctx context.Context, st ReconcileStore, runID int
 		return nil
 	}
 	var res []backstop.EmitResult
-	if e.ReconcileEmitter != nil {
-		res, err = e.ReconcileEmitter.EmitChanged(ctx, events, opts.Routes)
+	if em := e.reconcileEmitter(); em != nil {
+		res, err = em.EmitChanged(ctx, events, opts.Routes)
 	} else {
 		res, err = st.Emit(ctx, events, opts.Routes)
 	}

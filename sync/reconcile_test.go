@@ -465,8 +465,8 @@ func TestReconcileWebhookNewerVersionMidPage(t *testing.T) {
 		newer, _ = w.sim.Update(r, read.ID)
 		return newer
 	}}
+	// No ReconcileEmitter: the Mirror (the store, here wrapped) is one.
 	w.engine.Mirror = mid
-	w.engine.ReconcileEmitter = w.db
 	rep, err := w.engine.Reconcile(ctx, r, bsync.ReconcileOptions{Since: sim.BaseTime, Routes: paymentRoutes})
 	if err != nil || mid.err != nil {
 		t.Fatalf("reconcile: %v; webhook: %v", err, mid.err)

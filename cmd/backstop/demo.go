@@ -149,9 +149,7 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 	if err != nil {
 		return err
 	}
-	// Reconcile compares again as it emits (ReconcileEmitter), as the
-	// reconcile command does.
-	engine := &bsync.Engine{Source: client, Mirror: db, ReconcileEmitter: db, PageSize: 200, Logger: log.With("component", "engine")}
+	engine := &bsync.Engine{Source: client, Mirror: db, PageSize: 200, Logger: log.With("component", "engine")}
 	verifier, err := intake.NewVerifier(intake.SchemeBotix, intake.SchemeOptions{Secrets: []string{secret}})
 	if err != nil {
 		return err

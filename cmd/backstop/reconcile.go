@@ -67,10 +67,6 @@ progress line per resource every 5 seconds and a line when each ends.`,
 			}
 			defer a.Close()
 			prog.log = a.log
-			// Each page's events are compared with the mirror again as
-			// they commit, so a webhook's newer version that came
-			// meanwhile is not followed by the older one.
-			a.engine.ReconcileEmitter = a.db
 			opts := bsync.ReconcileOptions{Since: sinceT, Full: full, DryRun: dry, Routes: routesOf(a.cfg),
 				OnPage: prog.reconcilePage}
 			reports, runErr := eachResource(ctx, resources, func(ctx context.Context, r backstop.Resource) (backstop.ReconcileReport, error) {

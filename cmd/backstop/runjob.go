@@ -68,9 +68,6 @@ interrupted.`,
 			// is reset meanwhile (backstop cursors reset), instead of
 			// saving over the reset.
 			a.engine.EmitGuard = a.db
-			// A reconcile job's events are compared with the mirror again
-			// as they commit (see backstop reconcile).
-			a.engine.ReconcileEmitter = a.db
 			if prog != nil {
 				prog.log = a.log
 				a.engine.OnPage, a.engine.OnDone = prog.page, prog.finish

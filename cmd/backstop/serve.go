@@ -225,13 +225,13 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	// so does each page a sync job emits and each reconcile's re-emission
 	// (the scheduler, not started yet, runs its jobs on a.engine).
 	// It also commits the emitting runs' pages (EmitGuard), refusing one
-	// whose cursor backstop cursors reset reset since the run read it,
-	// and a reconcile's events (ReconcileEmitter), leaving out one whose
-	// object a webhook brought in a newer version meanwhile.
+	// whose cursor backstop cursors reset reset since the run read it;
+	// as the Mirror it also emits a reconcile's events (EmitChanged),
+	// leaving out one whose object a webhook brought in a newer version
+	// meanwhile.
 	waking := wakingStore{DB: a.db, wake: dispatcher.Wake}
 	a.engine.Mirror = waking
 	a.engine.EmitGuard = waking
-	a.engine.ReconcileEmitter = waking
 	stack := startIntake(ctx, a.db, meter, verifier,
 		intakeOptions{routes: routes, maxBatch: cfg.Intake.MaxBatch, onQueued: dispatcher.Wake}, log, reg)
 	handler := stack.handler
