@@ -34,8 +34,11 @@ func Cause(err error) string {
 		return lockHeld
 	case sqlite3.SQLITE_IOERR:
 		return "the disk reported an I/O error"
-	case sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB:
+	case sqlite3.SQLITE_CORRUPT:
 		return "the store file is damaged"
+	case sqlite3.SQLITE_NOTADB:
+		// As Open says (ErrNotStore): a wrong path as often as a damaged file.
+		return "the store file is damaged, or not a backstop store"
 	case sqlite3.SQLITE_CANTOPEN:
 		return "the store file cannot be opened"
 	}

@@ -521,7 +521,8 @@ func (s *Scheduler) RunJob(ctx context.Context, job string) (JobRun, error) {
 
 // RunJobNotify is RunJob that also calls started, when not nil, once the
 // run is past its guards (the job was not running here, its lock is held)
-// and stored as running, just before its work begins; so a caller that
+// and stored as running (or, should storing its start fail, as it begins
+// all the same), just before its work begins; so a caller that
 // answers "started" (the dashboard's Run now) says so only for a run that
 // really starts. started is not called for a run refused or failed before
 // it began, and it is called on the run's goroutine: it must not block.
