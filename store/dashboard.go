@@ -267,24 +267,9 @@ type LogFilter struct {
 // queued meanwhile neither push a row onto the next page nor hide one. It
 // fails on an unknown f.Status, or on f.Before and f.After both set.
 func (db *DB) DeliveryLog(ctx context.Context, f LogFilter) ([]OutboxRow, error) {
-	q := `SELECT ` + outboxColumns + ` FROM outbox WHERE 1 = 1`
-	var args []any
-	switch f.Status {
-	case "":
-	case StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter:
-		q += ` AND status = ?`
-		args = append(args, f.Status)
-	default:
-		return nil, fmt.Errorf("list the delivery log: status %q: want %s, %s, %s or %s",
-			f.Status, StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter)
-	}
-	if f.Target != "" {
-		q += ` AND target = ?`
-		args = append(args, f.Target)
-	}
-	if f.EventType != "" {
-		q += ` AND event_type = ?`
-		args = append(args, f.EventType)
+	q, args, err := outboxQuery(f.Status, f.Target, f.EventType)
+	if err != nil {
+		return nil, fmt.Errorf("list the delivery log: %w", err)
 	}
 	if !f.DeliveredSince.IsZero() {
 		q += ` AND (status <> 'delivered' OR created_at >= ?)`

@@ -778,24 +778,9 @@ func (db *DB) Attempts(ctx context.Context, deliveryID int64) ([]Attempt, error)
 // Deliveries returns the outbox rows f selects, newest first (the most
 // recently queued first). It fails on an unknown f.Status.
 func (db *DB) Deliveries(ctx context.Context, f DeliveryFilter) ([]OutboxRow, error) {
-	q := `SELECT ` + outboxColumns + ` FROM outbox WHERE 1 = 1`
-	var args []any
-	switch f.Status {
-	case "":
-	case StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter:
-		q += ` AND status = ?`
-		args = append(args, f.Status)
-	default:
-		return nil, fmt.Errorf("list deliveries: status %q: want %s, %s, %s or %s",
-			f.Status, StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter)
-	}
-	if f.Target != "" {
-		q += ` AND target = ?`
-		args = append(args, f.Target)
-	}
-	if f.EventType != "" {
-		q += ` AND event_type = ?`
-		args = append(args, f.EventType)
+	q, args, err := outboxQuery(f.Status, f.Target, f.EventType)
+	if err != nil {
+		return nil, fmt.Errorf("list deliveries: %w", err)
 	}
 	if !f.Since.IsZero() {
 		q += ` AND created_at >= ?`
@@ -816,6 +801,31 @@ func (db *DB) Deliveries(ctx context.Context, f DeliveryFilter) ([]OutboxRow, er
 		return nil, fmt.Errorf("list deliveries: %w", err)
 	}
 	return rows, nil
+}
+
+// outboxQuery is the start of a query of outbox rows: those of status,
+// target and eventType, each when not empty. It fails on an unknown status.
+func outboxQuery(status, target, eventType string) (string, []any, error) {
+	q := `SELECT ` + outboxColumns + ` FROM outbox WHERE 1 = 1`
+	var args []any
+	switch status {
+	case "":
+	case StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter:
+		q += ` AND status = ?`
+		args = append(args, status)
+	default:
+		return "", nil, fmt.Errorf("status %q: want %s, %s, %s or %s",
+			status, StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter)
+	}
+	if target != "" {
+		q += ` AND target = ?`
+		args = append(args, target)
+	}
+	if eventType != "" {
+		q += ` AND event_type = ?`
+		args = append(args, eventType)
+	}
+	return q, args, nil
 }
 
 // Delivery returns the outbox row id; ok is false when there is none.
