@@ -15,6 +15,9 @@ var (
 	ErrInvalidCursor = errors.New("backstop: invalid cursor")
 	// ErrNotFound: the object does not exist (HTTP 404).
 	ErrNotFound = errors.New("backstop: not found")
+	// ErrGone: the object existed and is deleted for good (HTTP 410): no
+	// retry can fetch it.
+	ErrGone = errors.New("backstop: gone")
 	// ErrUnavailable: the platform kept failing (5xx or network errors)
 	// beyond the retry budget.
 	ErrUnavailable = errors.New("backstop: platform unavailable")

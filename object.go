@@ -118,7 +118,7 @@ func (c Cost) Add(d Cost) Cost {
 // concurrent use.
 //
 // List and Get return an *APIError wrapping ErrUnauthorized on 401,
-// ErrInvalidCursor on a cursor the platform cannot read, ErrNotFound on 404,
+// ErrInvalidCursor on a cursor the platform cannot read, ErrNotFound on 404, ErrGone on 410,
 // and ErrUnavailable once 5xx or network errors outlast the retry budget.
 type Source interface {
 	List(ctx context.Context, req ListRequest) (Page, error)

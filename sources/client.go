@@ -217,7 +217,7 @@ func (c *Client) List(ctx context.Context, req backstop.ListRequest) (backstop.P
 }
 
 // Get fetches one object: GET /public/v1/{resource}/{id}. Errors are as for
-// List, naming the resource and id; a missing object is ErrNotFound.
+// List, naming the resource and id; a missing object is ErrNotFound, a deleted one (410) ErrGone.
 func (c *Client) Get(ctx context.Context, r backstop.Resource, id string) (backstop.Object, backstop.Cost, error) {
 	ae := backstop.APIError{Resource: r, ID: id}
 	if !r.Valid() || id == "" {

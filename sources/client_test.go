@@ -400,6 +400,18 @@ func TestGetEscapesIDAndMapsNotFound(t *testing.T) {
 	}
 }
 
+// A 410 is a deletion for good, told apart from a 404 (an object perhaps
+// still on its way) by its own sentinel, so no caller retries it.
+func TestGetMapsGone(t *testing.T) {
+	hs := newHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusGone, "gone", "this message was deleted")
+	}, nil)
+	_, cost, err := hs.client.Get(context.Background(), backstop.Messages, "msg_1")
+	if !errors.Is(err, backstop.ErrGone) || errors.Is(err, backstop.ErrNotFound) || cost.Requests != 1 {
+		t.Fatalf("err = %v, cost %+v; want ErrGone after one request", err, cost)
+	}
+}
+
 func TestGetRejectsOtherObject(t *testing.T) {
 	hs := newHarness(t, func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `{"id":"ct_2","updated_at":"2025-03-01T10:00:00Z"}`)

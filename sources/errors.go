@@ -37,6 +37,8 @@ func (c *Client) statusError(e backstop.APIError, status int, body []byte) *back
 			// often a base URL that already ends in /public/v1.
 			e.Message = joinMessage(e.Message, "check source.base_url: the API's address, without /public/v1")
 		}
+	case status == http.StatusGone:
+		e.Err = backstop.ErrGone
 	case status == http.StatusTooManyRequests:
 		e.Err = backstop.ErrRateLimited
 	case status >= 500:

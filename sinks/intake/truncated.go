@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/backstop-sync/backstop"
@@ -173,7 +172,9 @@ func (f *Fetcher) fetch(ctx context.Context, ev backstop.Event, claimed, lease t
 		return
 	}
 	missing := errors.Is(err, backstop.ErrNotFound) // on the platform, not in the store
-	gone := isGone(err)
+	// A 410: deleted for good, so no retry can fetch it, within
+	// NotFoundGrace or after.
+	gone := errors.Is(err, backstop.ErrGone)
 	if err == nil {
 		var res backstop.EmitResult
 		res, err = f.store.CompleteTruncated(ctx, ev.ID, obj, f.routes)
@@ -236,14 +237,6 @@ func (f *Fetcher) release(ev backstop.Event, claimed, lease time.Time) {
 	if _, err := f.store.ReleaseTruncated(ctx, ev.ID, lease, claimed); err != nil {
 		f.logger.Warn("release truncated event", "event_id", ev.ID, "error", err)
 	}
-}
-
-// isGone reports whether err is the platform's 410 Gone: the object was
-// there and is deleted for good, so no retry can fetch it, within
-// NotFoundGrace or after.
-func isGone(err error) bool {
-	var ae *backstop.APIError
-	return errors.As(err, &ae) && ae.Status == http.StatusGone
 }
 
 func (f *Fetcher) result(r string) {
