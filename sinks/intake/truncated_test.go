@@ -49,11 +49,7 @@ func TestTruncatedEventIsCompletedFromTheAPI(t *testing.T) {
 	metrics := intake.NewMetrics(prometheus.NewRegistry())
 	now := time.Now()
 	clock := func() time.Time { return now }
-	f := intake.NewFetcher(db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); f.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	f, _ := runFetcher(t, db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
 
 	// First the API fails: the fetch is retried later, and the failure shows.
 	s.SetErrorRate(1)
@@ -107,11 +103,7 @@ func TestTruncatedEventWithoutObjectIsGivenUp(t *testing.T) {
 	var mu sync.Mutex
 	now := created.Add(time.Minute) // the object may still be on its way
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	f := intake.NewFetcher(db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); f.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	f, _ := runFetcher(t, db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
 
 	// Within the grace a 404 is retried like any failure.
 	waitFor(t, func() bool {
@@ -178,11 +170,7 @@ func TestTruncatedEventFromTheFutureWithoutObjectIsGivenUp(t *testing.T) {
 	// Two hours after it arrived, the object is still missing.
 	metrics := intake.NewMetrics(prometheus.NewRegistry())
 	clock := func() time.Time { return received.Add(2 * time.Hour) }
-	f := intake.NewFetcher(db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); f.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runFetcher(t, db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
 
 	waitFor(t, func() bool {
 		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_ahead")
@@ -237,11 +225,7 @@ func TestTruncatedEventWhoseObjectIsGoneIsGivenUp(t *testing.T) {
 	// A minute after the event: within the grace a 404 would be retried.
 	metrics := intake.NewMetrics(prometheus.NewRegistry())
 	clock := func() time.Time { return ev.CreatedAt.Add(time.Minute) }
-	f := intake.NewFetcher(db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); f.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runFetcher(t, db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
 
 	waitFor(t, func() bool {
 		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_deleted")
@@ -388,15 +372,22 @@ func (h *sharedStoreFetchers) open() *store.DB {
 // start runs a fetcher over db, polling every few milliseconds; the
 // returned func stops it and waits for it to return.
 func (h *sharedStoreFetchers) start(db *store.DB, routes []backstop.Route, metrics *intake.Metrics) (stop func()) {
-	f := intake.NewFetcher(db, h.client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: h.clock,
+	_, stop = runFetcher(h.t, db, h.client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: h.clock,
 		Interval: 5 * time.Millisecond})
+	return stop
+}
+
+// runFetcher runs a fetcher over db with opts until stop (or the end of
+// the test) stops it and waits for it to return.
+func runFetcher(t *testing.T, db *store.DB, client *sources.Client, opts intake.FetcherOptions) (f *intake.Fetcher, stop func()) {
+	f = intake.NewFetcher(db, client, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); f.Run(ctx) }()
 	var once sync.Once
 	stop = func() { once.Do(func() { cancel(); <-done }) }
-	h.t.Cleanup(stop)
-	return stop
+	t.Cleanup(stop)
+	return f, stop
 }
 
 // Two serve processes on one store: a truncated event whose object is still
