@@ -63,6 +63,25 @@ func noFleetLeader(t *testing.T, procs []*fleetProc, within time.Duration) {
 	}
 }
 
+// awaitRunning returns a process of procs with a run going on: one that
+// has logged started more often than done (every run that starts logs its
+// end), or fails the test after 30 s, saying when it was awaited.
+func awaitRunning(t *testing.T, procs []*fleetProc, started, done, when string) *fleetProc {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, p := range procs {
+			if p.count(started) > p.count(done) {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no process ran the sync again %s", when)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the logs, with a deadline
+	}
+}
+
 // totalCount sums the lines containing substr over procs.
 func totalCount(procs []*fleetProc, substr string) int {
 	n := 0
@@ -262,24 +281,12 @@ func TestFleetScheduledSyncMidRun(t *testing.T) {
 	}
 
 	// 2. Redis stopped mid-run, then back (empty).
-	var runner *fleetProc
-	deadline := time.Now().Add(30 * time.Second)
-	for runner == nil {
-		for _, p := range procs {
-			if p.count(startedRun) > p.count(jobDone) { // every run that starts logs its end
-				runner = p
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no process ran the sync again after the intruder's lease")
-		}
-		time.Sleep(20 * time.Millisecond) // polling the logs, with a deadline
-	}
+	runner := awaitRunning(t, procs, startedRun, jobDone, "after the intruder's lease")
 	runner.waitCount(pageLine, runner.count(pageLine)+3, time.Minute)
 	stoppedBefore := runner.count(notLeader) + runner.count(lockLost)
 	rds.Stop()
 	runner.waitCount("jobs lease: lost (Redis unreachable)", 1, 2*lease)
-	deadline = time.Now().Add(2*lease + 5*time.Second)
+	deadline := time.Now().Add(2*lease + 5*time.Second)
 	for runner.count(notLeader)+runner.count(lockLost) == stoppedBefore {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: Redis down, and the sync did not stop:\n%s", runner.name, runner.output())
@@ -289,19 +296,7 @@ func TestFleetScheduledSyncMidRun(t *testing.T) {
 	rds.Restart()
 
 	// 3. The leader SIGKILLed mid-run: another finishes the sync.
-	leader = nil
-	deadline = time.Now().Add(30 * time.Second)
-	for leader == nil {
-		for _, p := range procs {
-			if p.count(startedRun) > p.count(jobDone) { // every run that starts logs its end
-				leader = p
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no process ran the sync again after Redis came back")
-		}
-		time.Sleep(20 * time.Millisecond) // polling the logs, with a deadline
-	}
+	leader = awaitRunning(t, procs, startedRun, jobDone, "after Redis came back")
 	leader.waitCount(pageLine, leader.count(pageLine)+3, time.Minute)
 	if err := leader.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
