@@ -35,6 +35,51 @@ func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	return 0, true
 }
 
+// RetryAfterIn reads the Retry-After header of an answer with headers h that
+// arrived at now (local clock), as ParseRetryAfter does, but with an
+// HTTP-date read against the server's clock (ServerClock): the date is the
+// server's, so against a local clock minutes ahead it would end the wait at
+// once, and against one minutes behind stretch it by minutes.
+func RetryAfterIn(h http.Header, now time.Time) (time.Duration, bool) {
+	return ParseRetryAfter(h.Get("Retry-After"), ServerClock(h, now))
+}
+
+// How far the local clock may be behind or ahead of an answer's Date header
+// before ServerClock goes by the Date header: Date has one-second
+// resolution and is stamped before the answer travels, so clocks that
+// agree show the local one up to about a second ahead, more on a slow
+// answer.
+const (
+	clockBehindTolerance = time.Second
+	clockAheadTolerance  = 2 * time.Second
+)
+
+// ServerClock returns the time on the clock of the server that answered
+// with headers h, at local time now. While the answer's Date header agrees
+// with now (within a second behind or two ahead, which is as close as a
+// Date with one-second resolution can tell), it is now itself, and times
+// the server sends are read as precisely as the local clock allows.
+// Otherwise the clocks are apart, by more than the answer's travel, and it
+// is the Date header's time: timestamps in the server's own clock, such as
+// an X-RateLimit-Reset in Unix seconds or a Retry-After date, then measure
+// from it. Date is never later than the server's clock when the answer
+// arrives, so waits measured from it are never short (by at most about a
+// second long). Without a readable Date it is now.
+func ServerClock(h http.Header, now time.Time) time.Time {
+	v := h.Get("Date")
+	if v == "" {
+		return now
+	}
+	date, err := http.ParseTime(v)
+	if err != nil {
+		return now
+	}
+	if skew := now.Sub(date); skew >= -clockBehindTolerance && skew <= clockAheadTolerance {
+		return now
+	}
+	return date
+}
+
 func isDigits(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {

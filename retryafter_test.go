@@ -2,6 +2,7 @@ package backstop
 
 import (
 	"math"
+	"net/http"
 	"testing"
 	"time"
 )
@@ -40,5 +41,37 @@ func TestParseRetryAfter(t *testing.T) {
 				t.Errorf("ParseRetryAfter(%q) = %v, %v; want %v, %v", tt.in, got, ok, tt.want, tt.wantOK)
 			}
 		})
+	}
+}
+
+func TestServerClock(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 400_000_000, time.UTC)
+	for _, tt := range []struct {
+		name, date string
+		want       time.Time
+	}{
+		{"no Date", "", now},
+		{"unreadable Date", "yesterday", now},
+		{"Date of the same second", "Tue, 01 Dec 2026 12:00:00 GMT", now},
+		{"Date two seconds behind: a slow answer", "Tue, 01 Dec 2026 11:59:59 GMT", now},
+		{"Date a second ahead", "Tue, 01 Dec 2026 12:00:01 GMT", now},
+		{"server minutes behind", "Tue, 01 Dec 2026 11:55:00 GMT", time.Date(2026, 12, 1, 11, 55, 0, 0, time.UTC)},
+		{"server minutes ahead", "Tue, 01 Dec 2026 12:05:00 GMT", time.Date(2026, 12, 1, 12, 5, 0, 0, time.UTC)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := http.Header{}
+			if tt.date != "" {
+				h.Set("Date", tt.date)
+			}
+			if got := ServerClock(h, now); !got.Equal(tt.want) {
+				t.Errorf("ServerClock(Date %q) = %v, want %v", tt.date, got, tt.want)
+			}
+		})
+	}
+	// A Retry-After date is the server's: 30 s after its Date is a 30 s
+	// wait, whichever way its clock is off.
+	h := http.Header{"Date": {"Tue, 01 Dec 2026 11:55:00 GMT"}, "Retry-After": {"Tue, 01 Dec 2026 11:55:30 GMT"}}
+	if d, ok := RetryAfterIn(h, now); !ok || d != 30*time.Second {
+		t.Errorf("RetryAfterIn with the server 5 minutes behind = %v, %v; want 30s", d, ok)
 	}
 }

@@ -60,14 +60,18 @@ type harness struct {
 func newHarness(t *testing.T, h http.HandlerFunc, edit func(*Options)) *harness {
 	t.Helper()
 	hs := &harness{logs: &bytes.Buffer{}}
+	clock := &fakeClock{now: start}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hs.requests.Add(1)
+		// The platform's clock is the fake one, as its X-RateLimit-Reset
+		// values are.
+		w.Header().Set("Date", clock.Now().UTC().Format(http.TimeFormat))
 		h(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	log := slog.New(slog.NewJSONHandler(&lockedWriter{w: hs.logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	hs.gov = governor.New(testKey, governor.Options{
-		Limit: 1000, Window: time.Second, Clock: &fakeClock{now: start},
+		Limit: 1000, Window: time.Second, Clock: clock,
 		Rand: func() float64 { return 0 }, Logger: log,
 	})
 	opts := Options{

@@ -62,7 +62,7 @@ func (p *retryPolicy) backoff(lo, hi time.Duration, _ int, resp *http.Response) 
 	}
 	d := fullJitter(lo, hi, p.failures-1, p.rand())
 	if resp != nil && resp.StatusCode == http.StatusServiceUnavailable {
-		if ra, ok := backstop.ParseRetryAfter(resp.Header.Get("Retry-After"), p.now()); ok {
+		if ra, ok := backstop.RetryAfterIn(resp.Header, p.now()); ok {
 			d = max(d, min(ra, hi))
 		}
 	}

@@ -985,7 +985,7 @@ var errNotSent = errors.New("delivery: stopped before the attempt was sent")
 // queue, rather than making it due when the pause ends, after the rows
 // behind it.
 func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sendBy time.Time) (sent bool, again *resend) {
-	a, retryAfter, err := d.send(ctx, w, row, w.t.URL, row.Attempts+1, false, sendBy)
+	a, answer, err := d.send(ctx, w, row, w.t.URL, row.Attempts+1, false, sendBy)
 	// The room the lease keeps for the record starts with the answer.
 	recordBy := time.Now().Add(recordTimeout)
 	if errors.Is(err, errLeaseShort) || errors.Is(err, errNotSent) {
@@ -995,7 +995,7 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 		return true, nil // cut short by the end of the stop grace
 	}
 	now := d.now()
-	dec := Next(w.t.RetrySchedule, a.Attempt, row.Failures, a.StatusCode, retryAfter, err, now, d.rand())
+	dec := Next(w.t.RetrySchedule, a.Attempt, row.Failures, a.StatusCode, answer, err, now, d.rand())
 	if dec.Pause > 0 {
 		d.pacerPause(ctx, w, &dec, now)
 	}
@@ -1155,11 +1155,11 @@ func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Atte
 }
 
 // send POSTs row to rawURL once with w's target settings and client. It
-// returns the attempt (not yet recorded), the answer's Retry-After header,
-// and the transport error when no answer came (also in Attempt.Error). It
+// returns the attempt (not yet recorded), the answer's headers (for its
+// Retry-After and Date), and the transport error when no answer came (also in Attempt.Error). It
 // returns errLeaseShort, sending nothing, when sendBy is set and has passed
 // once the pacer lets the request go.
-func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string, attempt int, redirect bool, sendBy time.Time) (Attempt, string, error) {
+func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string, attempt int, redirect bool, sendBy time.Time) (Attempt, http.Header, error) {
 	t, client := w.t, w.client
 	if redirect {
 		client = w.redirects
@@ -1178,9 +1178,9 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		At:         d.now(),
 		Redirect:   redirect,
 	}
-	fail := func(err error) (Attempt, string, error) {
+	fail := func(err error) (Attempt, http.Header, error) {
 		a.Error = describe(err)
-		return a, "", err
+		return a, nil, err
 	}
 	// The pacer's wait comes first: it is neither taken from the request's
 	// Timeout nor part of the age of its signature's timestamp.
@@ -1191,7 +1191,7 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		var err error
 		if ticket, err = p.Acquire(ctx); err != nil {
 			if ctx.Err() != nil {
-				return a, "", errNotSent
+				return a, nil, errNotSent
 			}
 			return fail(err)
 		}
@@ -1204,7 +1204,7 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 		}
 	}()
 	if !sendBy.IsZero() && d.now().After(sendBy) {
-		return a, "", errLeaseShort
+		return a, nil, errLeaseShort
 	}
 	// The client's transport alone: redirects are not followed, so the
 	// client's redirect machinery (a copy of every header) is not needed;
@@ -1257,7 +1257,7 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 			if dl, ok := ctx.Deadline(); ok && dl.Sub(start) < t.Timeout {
 				a.Error = fmt.Sprintf("timeout: no answer within %v", dl.Sub(start).Round(time.Second))
 			}
-			return a, "", err
+			return a, nil, err
 		}
 		return fail(err)
 	}
@@ -1287,7 +1287,7 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	}
 	bodyBufs.Put(buf)
 	a.Duration = time.Since(start)
-	return a, resp.Header.Get("Retry-After"), nil
+	return a, resp.Header, nil
 }
 
 // newRequest returns a POST of body to rawURL, without headers. To the

@@ -46,12 +46,14 @@ type Decision struct {
 // Next is the retry policy. attempt is the number of the attempt just made
 // (1-based, every attempt counted); failures how many of the row's earlier
 // attempts failed (Row.Failures); status the attempt's HTTP status (0 when
-// err says no answer came); retryAfter the answer's Retry-After header;
+// err says no answer came); answer the answer's headers (nil without one),
+// of which Next reads Retry-After;
 // rnd a number in [0, 1) that places the jitter.
 //
 //   - 2xx: delivered.
 //   - 429: retrying, and the target pauses for Retry-After (either form,
-//     read by backstop.ParseRetryAfter, kept within 1 s..24 h), or for the
+//     read by backstop.RetryAfterIn, a date against the target's clock, kept
+//     within 1 s..24 h), or for the
 //     schedule's first step when there is none. NextAttemptAt is when the
 //     pause ends. A 429 is the target's flow control, not a failure: it
 //     does not count in Failures, so it never moves the row along its
@@ -63,14 +65,14 @@ type Decision struct {
 //     (n = failures+1): retrying after schedule[n-1] ±10%, or dead-letter
 //     when n > len(schedule), so the default schedule dead-letters on the
 //     5th failed attempt, however many 429s came between them.
-func Next(schedule []time.Duration, attempt, failures int, status int, retryAfter string, err error, now time.Time, rnd float64) Decision {
+func Next(schedule []time.Duration, attempt, failures int, status int, answer http.Header, err error, now time.Time, rnd float64) Decision {
 	failures = max(failures, 0)
 	if err == nil {
 		switch {
 		case status >= 200 && status <= 299:
 			return Decision{Status: StatusDelivered, Reason: httpReason(status), Failures: failures}
 		case status == http.StatusTooManyRequests:
-			pause, ok := backstop.ParseRetryAfter(retryAfter, now)
+			pause, ok := backstop.RetryAfterIn(answer, now)
 			if !ok {
 				pause = minPause
 				if len(schedule) > 0 {

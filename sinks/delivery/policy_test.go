@@ -3,6 +3,7 @@ package delivery
 import (
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,10 +51,30 @@ func TestNext(t *testing.T) {
 		{"503 after five 429s is the first failure", 6, 0, 503, "", nil, 0.5, Decision{Status: StatusRetrying, NextAttemptAt: now.Add(time.Minute), Failures: 1}},
 		{"500 on attempt 9, the 5th failure, dead-letters", 9, 4, 500, "", nil, 0.5, Decision{Status: StatusDeadLetter, Failures: 5}},
 		{"error wins over a status", 1, 0, 200, "", connErr, 0.5, Decision{Status: StatusRetrying, NextAttemptAt: now.Add(time.Minute), Failures: 1}},
+		// The target's clock is 10 minutes behind ours (its Date header):
+		// its Retry-After date, a minute from its now, is a minute's wait,
+		// not a date 9 minutes past; and 10 minutes ahead, not 11.
+		{"429 HTTP-date, target's clock behind", 1, 0, 429, "Fri, 02 Jan 2026 02:55:05 GMT|Fri, 02 Jan 2026 02:54:05 GMT", nil, 0.5,
+			Decision{Status: StatusRetrying, NextAttemptAt: now.Add(time.Minute), Pause: time.Minute}},
+		{"429 HTTP-date, target's clock ahead", 1, 0, 429, "Fri, 02 Jan 2026 03:15:05 GMT|Fri, 02 Jan 2026 03:14:05 GMT", nil, 0.5,
+			Decision{Status: StatusRetrying, NextAttemptAt: now.Add(time.Minute), Pause: time.Minute}},
+		// A Date a second off is clocks that agree: ours is used.
+		{"429 HTTP-date, Date within the tolerance", 1, 0, 429, "Fri, 02 Jan 2026 03:05:05 GMT|Fri, 02 Jan 2026 03:04:04 GMT", nil, 0.5,
+			Decision{Status: StatusRetrying, NextAttemptAt: now.Add(time.Minute), Pause: time.Minute}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := Next(sched, tt.attempt, tt.failures, tt.status, tt.retryAfter, tt.err, now, tt.rnd)
+			// retryAfter is the Retry-After header, then after a "|" the
+			// answer's Date header when it has one.
+			h := http.Header{}
+			retryAfter, date, _ := strings.Cut(tt.retryAfter, "|")
+			if retryAfter != "" {
+				h.Set("Retry-After", retryAfter)
+			}
+			if date != "" {
+				h.Set("Date", date)
+			}
+			got := Next(sched, tt.attempt, tt.failures, tt.status, h, tt.err, now, tt.rnd)
 			got.Reason = ""
 			if got != tt.want {
 				t.Errorf("Next(attempt %d, %d failures, %d, %q, %v) = %+v, want %+v", tt.attempt, tt.failures, tt.status, tt.retryAfter, tt.err, got, tt.want)
@@ -64,10 +85,10 @@ func TestNext(t *testing.T) {
 
 func TestNextEmptySchedule(t *testing.T) {
 	now := time.Now()
-	if got := Next(nil, 1, 0, http.StatusServiceUnavailable, "", nil, now, 0.5); got.Status != StatusDeadLetter {
+	if got := Next(nil, 1, 0, http.StatusServiceUnavailable, nil, nil, now, 0.5); got.Status != StatusDeadLetter {
 		t.Errorf("empty schedule, 503 on attempt 1: %+v, want dead_letter", got)
 	}
-	if got := Next(nil, 1, 0, http.StatusTooManyRequests, "", nil, now, 0.5); got.Pause != time.Second {
+	if got := Next(nil, 1, 0, http.StatusTooManyRequests, nil, nil, now, 0.5); got.Pause != time.Second {
 		t.Errorf("empty schedule, 429 without Retry-After: pause %v, want 1s", got.Pause)
 	}
 }

@@ -248,7 +248,7 @@ func (t *Ticket) Done(status int, h http.Header) {
 	obs.Status = status
 	obs.Granted = t.granted
 	if status == http.StatusTooManyRequests {
-		obs.RetryAfter, obs.HasRetryAfter = backstop.ParseRetryAfter(h.Get("Retry-After"), now)
+		obs.RetryAfter, obs.HasRetryAfter = backstop.RetryAfterIn(h, now)
 		obs.Rand = g.rand()
 	}
 	if err := g.store.Observe(t.ctx, g.key, now, obs, g.policy); err != nil {
@@ -281,7 +281,12 @@ func (t *Ticket) Abort() {
 // parseHeaders reads X-RateLimit-Limit, -Remaining and -Reset, or Discord's
 // -Reset-After (seconds until the reset). Reset is Unix seconds (fractions
 // allowed); a value too small to be a date (under ten years of seconds) is
-// read as seconds from now, as some platforms send.
+// read as seconds from now, as some platforms send. A Unix time is the
+// platform's clock, so it is measured from the answer's Date header when
+// the local clock is found apart from it (backstop.ServerClock): a local
+// clock minutes ahead would otherwise take the window for over and spend
+// the next one's budget into 429s, and one minutes behind would wait
+// minutes for a reset long past.
 func parseHeaders(h http.Header, now time.Time) Observation {
 	var obs Observation
 	rem, err1 := strconv.Atoi(strings.TrimSpace(h.Get("X-RateLimit-Remaining")))
@@ -311,7 +316,8 @@ func parseHeaders(h http.Header, now time.Time) Observation {
 		obs.Reset = now.Add(time.Duration(reset * float64(time.Second)))
 	} else {
 		sec := int64(reset)
-		obs.Reset = time.Unix(sec, int64((reset-float64(sec))*1e9))
+		at := time.Unix(sec, int64((reset-float64(sec))*1e9))
+		obs.Reset = now.Add(at.Sub(backstop.ServerClock(h, now)))
 	}
 	if l, err := strconv.Atoi(strings.TrimSpace(h.Get("X-RateLimit-Limit"))); err == nil && l > 0 {
 		obs.Limit = l

@@ -407,6 +407,17 @@ func TestParseHeaders(t *testing.T) {
 			Observation{HasBudget: true, Limit: 5, Remaining: 4, Reset: now.Add(1250 * time.Millisecond)}},
 		{"reset-after alone", map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset-After": "2"},
 			Observation{HasBudget: true, Remaining: 0, Reset: now.Add(2 * time.Second)}},
+		// The platform's clock is 5 minutes behind ours: its reset, a
+		// second after its Date, is a second from now, not in the past.
+		{"platform clock behind", map[string]string{"X-RateLimit-Remaining": "7", "X-RateLimit-Reset": "1699999701",
+			"Date": "Tue, 14 Nov 2023 22:08:20 GMT"},
+			Observation{HasBudget: true, Remaining: 7, Reset: now.Add(time.Second)}},
+		{"platform clock ahead", map[string]string{"X-RateLimit-Remaining": "7", "X-RateLimit-Reset": "1700000301",
+			"Date": "Tue, 14 Nov 2023 22:18:20 GMT"},
+			Observation{HasBudget: true, Remaining: 7, Reset: now.Add(time.Second)}},
+		{"Date agreeing within a second", map[string]string{"X-RateLimit-Remaining": "7", "X-RateLimit-Reset": "1700000001.5",
+			"Date": "Tue, 14 Nov 2023 22:13:19 GMT"},
+			Observation{HasBudget: true, Remaining: 7, Reset: now.Add(1500 * time.Millisecond)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

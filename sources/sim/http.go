@@ -41,8 +41,12 @@ func (s *Sim) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	a := s.admit(s.now())
+	now := s.now()
+	a := s.admit(now)
 	h := w.Header()
+	// The platform's own clock, which its X-RateLimit-Reset and
+	// Retry-After dates are in (net/http's would be the real one).
+	h.Set("Date", now.UTC().Format(http.TimeFormat))
 	h.Set("X-RateLimit-Limit", strconv.Itoa(a.limit))
 	h.Set("X-RateLimit-Remaining", strconv.Itoa(a.remaining))
 	h.Set("X-RateLimit-Reset", strconv.FormatInt(a.reset, 10))
