@@ -32,6 +32,11 @@ type JobRun struct {
 	// HeartbeatAt is when the run last said it was going on: its start,
 	// then every heartbeat (JobRunHeartbeat), and its end.
 	HeartbeatAt time.Time
+	// Locked, given to StartJobRun (it is not stored), says the run holds
+	// its job's lock (in Redis), so no other run of the job is going on:
+	// StartJobRun then closes every other run of it left "running",
+	// however recent its last heartbeat, rather than only stale ones.
+	Locked bool
 }
 
 // jobRunColumns are the columns of job_runs in the order jobRunRow lists them.
@@ -143,6 +148,14 @@ const abandonJobRunsSQL = `UPDATE job_runs SET status = 'abandoned', finished_at
 		error = 'abandoned: no heartbeat since ' || heartbeat_at || ' (its process was killed or crashed)'
 	WHERE status = 'running' AND heartbeat_at < ?2 AND (?3 = '' OR job = ?3)`
 
+// abandonUnlockedJobRunsSQL closes the running runs of the job given as
+// the second parameter when a new run of it holds the job's lock: its
+// lock was free, so their process is gone (or has lost the lock and is
+// stopping, and its finish still takes its real result).
+const abandonUnlockedJobRunsSQL = `UPDATE job_runs SET status = 'abandoned', finished_at = ?1,
+		error = 'abandoned: the job''s lock was free when the next run took it (its process was killed or crashed); last heartbeat ' || heartbeat_at
+	WHERE status = 'running' AND job = ?2`
+
 // abandonStaleJobRuns closes the stale running runs of job (of every job
 // when it is empty) through ex and returns how many it closed.
 func (db *DB) abandonStaleJobRuns(ctx context.Context, ex sqlx.ExecerContext, job string) (int64, error) {
@@ -171,8 +184,9 @@ func (db *DB) AbandonStaleJobRuns(ctx context.Context) (int64, error) {
 // "running" and its first heartbeat, and returns its id, which
 // JobRunHeartbeat and FinishJobRun take. In the same transaction it closes
 // the stale running runs of the job as AbandonStaleJobRuns does, so a run
-// killed with SIGKILL is closed by the next run of its job. A zero
-// StartedAt is stored as now. It fails on an empty job name.
+// killed with SIGKILL is closed by the next run of its job; a run.Locked
+// closes every running run of the job, at once. A zero StartedAt is
+// stored as now. It fails on an empty job name.
 func (db *DB) StartJobRun(ctx context.Context, run JobRun) (int64, error) {
 	id, err := db.startJobRun(ctx, run)
 	if err != nil {
@@ -194,7 +208,11 @@ func (db *DB) startJobRun(ctx context.Context, run JobRun) (int64, error) {
 		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback()
-	if _, err := db.abandonStaleJobRuns(ctx, tx, run.Job); err != nil {
+	if run.Locked {
+		if _, err := tx.ExecContext(ctx, abandonUnlockedJobRunsSQL, backstop.CanonicalTime(now), run.Job); err != nil {
+			return 0, fmt.Errorf("abandon runs left running: %w", err)
+		}
+	} else if _, err := db.abandonStaleJobRuns(ctx, tx, run.Job); err != nil {
 		return 0, fmt.Errorf("abandon stale runs: %w", err)
 	}
 	// finished_at holds the last heartbeat while the run goes on (see

@@ -245,3 +245,70 @@ func TestEmitPageCommitsEventsWithCursor(t *testing.T) {
 		t.Error("cursor of an unknown resource accepted")
 	}
 }
+
+// A run that holds its job's lock (in Redis) knows no other run of the job
+// is going on: starting it closes the job's runs left running by a killed
+// process at once, not an hour after their last heartbeat, and leaves
+// other jobs' runs alone.
+func TestLockedJobRunClosesRunsLeftRunning(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	killed, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := db.StartJobRun(ctx, JobRun{Job: "hourly", Kind: "reconcile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(90 * time.Second)) // the killed run beat 90 s ago
+	unlocked, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func(id int64) JobRun {
+		t.Helper()
+		runs, err := db.JobRuns(ctx, "nightly", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hourly, err := db.JobRuns(ctx, "hourly", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, hourly...)
+		for _, r := range runs {
+			if r.ID == id {
+				return r
+			}
+		}
+		t.Fatalf("run %d not found", id)
+		return JobRun{}
+	}
+	if r := status(killed); r.Status != "running" {
+		t.Fatalf("a run beating 90 s ago, closed by a run without the lock: %+v", r)
+	}
+	locked, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync", Locked: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []int64{killed, unlocked} {
+		if r := status(id); r.Status != "abandoned" || !strings.Contains(r.Error, "lock was free") {
+			t.Errorf("run %d after a locked start: %+v, want abandoned, saying why", id, r)
+		}
+	}
+	if r := status(locked); r.Status != "running" {
+		t.Errorf("the locked run is %s", r.Status)
+	}
+	if r := status(other); r.Status != "running" {
+		t.Errorf("another job's run is %s, want still running", r.Status)
+	}
+	// A run closed so whose process was in fact stopping still records
+	// its real result.
+	if err := db.FinishJobRun(ctx, JobRun{ID: unlocked, Job: "nightly", Status: "interrupted"}); err != nil {
+		t.Fatal(err)
+	}
+	if r := status(unlocked); r.Status != "interrupted" {
+		t.Errorf("finished after being closed: %+v", r)
+	}
+}

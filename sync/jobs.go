@@ -106,6 +106,10 @@ type JobRun struct {
 	Counts     backstop.JobCounts
 	// Err is why a failed run failed; nil otherwise.
 	Err error
+	// Locked says the run holds its job's lock (SchedulerOptions.Locker):
+	// no other run of the job is going on anywhere, so the store closes
+	// the job's runs left running by a killed process at once.
+	Locked bool
 }
 
 // JobStore keeps job runs and does the maintenance. The store adapter
@@ -116,7 +120,8 @@ type JobStore interface {
 	SaveJobRun(ctx context.Context, run JobRun) (int64, error)
 	// StartJobRun stores run as running, with a first heartbeat, and
 	// returns its id; it closes as abandoned the runs of the same job
-	// left running by a process that died (no heartbeat for long).
+	// left running by a process that died (no heartbeat for long, or any
+	// when run.Locked).
 	StartJobRun(ctx context.Context, run JobRun) (int64, error)
 	// JobRunHeartbeat records that the run id is still going.
 	JobRunHeartbeat(ctx context.Context, id int64) error
@@ -599,6 +604,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func()) (JobR
 		}
 		defer release()
 		ctx = lctx
+		run.Locked = true
 	}
 	// The run is stored as running from its start, and beats while it
 	// goes on: a process killed mid-run leaves a trace, closed as

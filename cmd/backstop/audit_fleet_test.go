@@ -321,18 +321,32 @@ func TestFleetScheduledSyncMidRun(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // polling the logs, with a deadline
 	}
 
-	// The store: runs never overlap but for the one killed (still
-	// running: its heartbeat is recent).
+	// The store: runs never overlap but for the one killed, which the
+	// next run, holding the job's lock, closed as abandoned at its start
+	// (not an hour later: its heartbeat was recent). None is left running.
 	runs = jobRuns(t, dbPath, "slow")
 	var ran []store.JobRun
+	abandoned := 0
 	for _, r := range runs {
-		if r.Status != "skipped" {
-			ran = append(ran, r)
+		switch r.Status {
+		case "skipped":
+			continue
+		case "running":
+			t.Errorf("run %d is still shown running after the sync finished elsewhere: %+v", r.ID, r)
+		case "abandoned":
+			abandoned++
+			if !strings.Contains(r.Error, "lock was free") {
+				t.Errorf("abandoned run %d does not say why: %q", r.ID, r.Error)
+			}
 		}
+		ran = append(ran, r)
+	}
+	if abandoned != 1 {
+		t.Errorf("%d runs abandoned, want the one SIGKILLed", abandoned)
 	}
 	for i := 1; i < len(ran); i++ {
 		prev := ran[i-1]
-		if prev.Status != "running" && ran[i].StartedAt.Before(prev.FinishedAt) {
+		if prev.Status != "abandoned" && ran[i].StartedAt.Before(prev.FinishedAt) {
 			t.Errorf("run %d (%s) started at %s, before run %d (%s) finished at %s",
 				ran[i].ID, ran[i].Status, ran[i].StartedAt.Format(time.StampMilli), prev.ID, prev.Status, prev.FinishedAt.Format(time.StampMilli))
 		}

@@ -70,7 +70,7 @@ func (s jobStore) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, erro
 
 // StartJobRun stores run as running with store.DB.StartJobRun.
 func (s jobStore) StartJobRun(ctx context.Context, run bsync.JobRun) (int64, error) {
-	return s.DB.StartJobRun(ctx, store.JobRun{Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt})
+	return s.DB.StartJobRun(ctx, store.JobRun{Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, Locked: run.Locked})
 }
 
 // FinishJobRun stores the end of run with store.DB.FinishJobRun.
