@@ -23,6 +23,12 @@ var (
 	ErrUnavailable = errors.New("backstop: platform unavailable")
 	// ErrRateLimited: the platform kept answering 429 beyond the retry budget.
 	ErrRateLimited = errors.New("backstop: rate limited")
+	// ErrInFlight: a Retry of a delivery whose attempt is in flight, refused:
+	// its target is being sent it at that moment, and the attempt's outcome
+	// is recorded when it ends (delivered, or queued for its next attempt).
+	// Requeueing it then would send it a second time even when the attempt
+	// succeeds.
+	ErrInFlight = errors.New("backstop: its attempt is in flight")
 )
 
 // APIError describes a failed call to the platform. It wraps one of the

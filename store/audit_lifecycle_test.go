@@ -344,7 +344,7 @@ func TestUpgradeFromFirstSchemaKeepsEveryRow(t *testing.T) {
 	defer db.Close()
 
 	added := map[string]map[string]bool{ // columns the migrations add
-		"outbox":         {"proxy_key": true, "failures": true},
+		"outbox":         {"proxy_key": true, "failures": true, "claimed_until": true},
 		"reconcile_runs": {"heartbeat_at": true},
 		"job_runs":       {"heartbeat_at": true},
 	}

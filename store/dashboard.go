@@ -185,11 +185,12 @@ func (db *DB) ProcessedByPeriod(ctx context.Context, since time.Time, period tim
 // status and it was last changed at updatedAt, and reports whether it did.
 // A second submission of the same retry therefore changes nothing: the
 // first one moved updated_at. It fails with an error wrapping
-// backstop.ErrNotFound when there is no such delivery.
+// backstop.ErrNotFound when there is no such delivery, and with one
+// wrapping backstop.ErrInFlight, changing nothing, while its attempt is in flight.
 func (db *DB) RetryDeliveryAsSeen(ctx context.Context, id int64, status string, updatedAt, now time.Time) (bool, error) {
 	stamp := backstop.CanonicalTime(now)
-	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE id = ? AND status = ? AND updated_at = ?`,
-		stamp, stamp, id, status, backstop.CanonicalTime(updatedAt))
+	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE id = ? AND status = ? AND updated_at = ?`+notInFlightSQL,
+		stamp, stamp, id, status, backstop.CanonicalTime(updatedAt), stamp)
 	if err != nil {
 		return false, fmt.Errorf("retry delivery %d: %w", id, err)
 	}
@@ -200,10 +201,10 @@ func (db *DB) RetryDeliveryAsSeen(ctx context.Context, id int64, status string, 
 	if n == 1 {
 		return true, nil
 	}
-	if _, ok, err := db.Delivery(ctx, id); err != nil {
+	if flying, err := db.inFlight(ctx, id, now); err != nil {
 		return false, fmt.Errorf("retry delivery %d: %w", id, err)
-	} else if !ok {
-		return false, fmt.Errorf("retry delivery %d: no such delivery: %w", id, backstop.ErrNotFound)
+	} else if flying {
+		return false, fmt.Errorf("retry delivery %d: %w", id, backstop.ErrInFlight)
 	}
 	return false, nil
 }

@@ -71,14 +71,14 @@ const (
 	// (a copy of every page the statement changes, so that a failure could
 	// undo it alone): the caller rolls the whole transaction back on any
 	// error anyway.
-	claimLeaseSQL    = `UPDATE OR FAIL outbox SET next_attempt_at = ? WHERE id IN (SELECT value FROM json_each(?))`
+	claimLeaseSQL    = `UPDATE OR FAIL outbox SET next_attempt_at = ?1, claimed_until = ?1 WHERE id IN (SELECT value FROM json_each(?2))`
 	insertAttemptSQL = `INSERT INTO delivery_attempts
 		(delivery_id, target, url, attempt, status_code, error, body, request_id, duration_ms, at, redirect)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	// recordOutcomeSQL applies an outcome; with a lease (?8 not NULL) only
 	// to a delivery that still holds it (see Outcome.Lease).
 	recordOutcomeSQL = `UPDATE outbox SET status = ?1, attempts = ?2, next_attempt_at = ?3,
-		last_status = ?4, last_error = ?5, updated_at = ?6, failures = ?9 WHERE id = ?7
+		last_status = ?4, last_error = ?5, updated_at = ?6, failures = ?9, claimed_until = NULL WHERE id = ?7
 		AND (?8 IS NULL OR (next_attempt_at = ?8 AND (status = 'pending' OR status = 'retrying')))`
 	deliveryExistsSQL = `SELECT count(*) FROM outbox WHERE id = ?`
 	// lastAttemptSQL is the largest attempt id in use, after which
@@ -304,7 +304,8 @@ func (db *DB) Release(ctx context.Context, ids []int64, due []time.Time, lease, 
 		b = append(b, ']')
 	}
 	b = append(b, ']')
-	res, err := db.w.ExecContext(ctx, `UPDATE OR FAIL outbox SET next_attempt_at = json_extract(r.value, '$[1]')
+	res, err := db.w.ExecContext(ctx, `UPDATE OR FAIL outbox SET next_attempt_at = json_extract(r.value, '$[1]'),
+		claimed_until = NULL
 		FROM json_each(?) AS r
 		WHERE outbox.id = json_extract(r.value, '$[0]') AND outbox.next_attempt_at = ?
 		AND (outbox.status = 'pending' OR outbox.status = 'retrying')`,
@@ -629,7 +630,7 @@ func (st *deliveryStmts) chunk(ctx context.Context, w *sqlx.DB, n int) (chunkStm
 	}
 	outcomes, err := w.PreparexContext(ctx, `UPDATE OR FAIL outbox SET status = v.column2, attempts = v.column3,
 		next_attempt_at = v.column4, last_status = v.column5, last_error = v.column6, updated_at = v.column7,
-		failures = v.column9
+		failures = v.column9, claimed_until = NULL
 		FROM (VALUES `+rowsOf(n, 9)+`) AS v WHERE outbox.id = v.column1
 		AND (v.column8 IS NULL OR (outbox.next_attempt_at = v.column8
 			AND (outbox.status = 'pending' OR outbox.status = 'retrying')))`)
@@ -851,14 +852,32 @@ func (db *DB) Delivery(ctx context.Context, id int64) (row OutboxRow, ok bool, e
 // error are kept.
 const requeueSQL = `UPDATE outbox SET status = 'pending', failures = 0, next_attempt_at = ?, updated_at = ?`
 
+// notInFlightSQL is requeueSQL's condition that the delivery's attempt is
+// not in flight (see backstop.ErrInFlight); its parameter is now.
+const notInFlightSQL = ` AND NOT (coalesce(claimed_until > ?, 0) AND (status = 'pending' OR status = 'retrying'))`
+
+// inFlight reports whether the delivery id's attempt is in flight at now,
+// for the error of a retry that changed nothing; it fails with an error
+// wrapping backstop.ErrNotFound when there is no such delivery.
+func (db *DB) inFlight(ctx context.Context, id int64, now time.Time) (bool, error) {
+	var n int
+	err := db.w.GetContext(ctx, &n, `SELECT coalesce(claimed_until > ?, 0) AND (status = 'pending' OR status = 'retrying')
+		FROM outbox WHERE id = ?`, backstop.CanonicalTime(now), id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, fmt.Errorf("no such delivery: %w", backstop.ErrNotFound)
+	}
+	return n == 1, err
+}
+
 // RetryDelivery puts the delivery id, whatever its status, back in its
 // target's queue: pending, due at now, failures counted from zero (so it
 // has the whole retry schedule again), attempts, last status and error
 // kept. It fails with an error wrapping backstop.ErrNotFound
-// when there is no such delivery.
+// when there is no such delivery, and with one wrapping backstop.ErrInFlight,
+// changing nothing, while its attempt is in flight.
 func (db *DB) RetryDelivery(ctx context.Context, id int64, now time.Time) error {
 	stamp := backstop.CanonicalTime(now)
-	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE id = ?`, stamp, stamp, id)
+	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE id = ?`+notInFlightSQL, stamp, stamp, id, stamp)
 	if err != nil {
 		return fmt.Errorf("retry delivery %d: %w", id, err)
 	}
@@ -867,7 +886,12 @@ func (db *DB) RetryDelivery(ctx context.Context, id int64, now time.Time) error 
 		return fmt.Errorf("retry delivery %d: %w", id, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("retry delivery %d: no such delivery: %w", id, backstop.ErrNotFound)
+		// It exists: then only an attempt in flight (at the UPDATE, if
+		// not still) kept it as it was.
+		if _, err := db.inFlight(ctx, id, now); err != nil {
+			return fmt.Errorf("retry delivery %d: %w", id, err)
+		}
+		return fmt.Errorf("retry delivery %d: %w", id, backstop.ErrInFlight)
 	}
 	return nil
 }

@@ -1140,3 +1140,59 @@ func TestMigration11CountsFailuresWithout429s(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryRefusedWhileAttemptInFlight: a Retry of a delivery whose
+// attempt is in flight (claimed, not yet recorded) would make it due at
+// once, so it would be sent again even when that attempt succeeds. It is
+// refused with backstop.ErrInFlight and changes nothing, by id or as seen on the
+// dashboard; once the attempt is recorded, or its lease has run out (the
+// process died mid-attempt), it is allowed again.
+func TestRetryRefusedWhileAttemptInFlight(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	ok := enqueue(t, db, "crm", "evt_ok", "payment.succeeded", t0)
+	failed := enqueue(t, db, "crm", "evt_failed", "payment.succeeded", t0)
+	killed := enqueue(t, db, "crm", "evt_killed", "payment.succeeded", t0)
+	lease := t0.Add(time.Minute)
+	if got := claimIDs(t, db, "crm", t0, 10, time.Minute); !sameIDs(got, []int64{ok, failed, killed}) {
+		t.Fatalf("claim = %v", got)
+	}
+	now := t0.Add(time.Second)
+	for _, id := range []int64{ok, failed, killed} {
+		before := mustDelivery(t, db, id)
+		if err := db.RetryDelivery(ctx, id, now); !errors.Is(err, backstop.ErrInFlight) {
+			t.Errorf("RetryDelivery(%d) in flight = %v, want ErrInFlight", id, err)
+		}
+		if done, err := db.RetryDeliveryAsSeen(ctx, id, before.Status, before.UpdatedAt, now); done || !errors.Is(err, backstop.ErrInFlight) {
+			t.Errorf("RetryDeliveryAsSeen(%d) in flight = %v, %v; want ErrInFlight", id, done, err)
+		}
+		if got := mustDelivery(t, db, id); fmt.Sprint(got) != fmt.Sprint(before) {
+			t.Errorf("delivery %d changed by a refused retry:\n%+v\nwas\n%+v", id, got, before)
+		}
+	}
+	if got := claimIDs(t, db, "crm", now, 10, time.Minute); len(got) != 0 {
+		t.Errorf("rows in flight claimed again: %v", got)
+	}
+
+	// The attempts end: one delivered, one failed; their outcomes apply
+	// (the lease is still theirs), and a retry is allowed again.
+	record(t, db, Attempt{DeliveryID: ok, Attempt: 1, StatusCode: 200, At: now}, Outcome{Status: StatusDelivered, Lease: lease})
+	record(t, db, Attempt{DeliveryID: failed, Attempt: 1, StatusCode: 503, At: now},
+		Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(time.Hour), Failures: 1, Lease: lease})
+	if row := mustDelivery(t, db, ok); row.Status != StatusDelivered {
+		t.Fatalf("delivered attempt recorded as %+v", row)
+	}
+	for _, id := range []int64{ok, failed} {
+		if err := db.RetryDelivery(ctx, id, now.Add(time.Second)); err != nil {
+			t.Errorf("RetryDelivery(%d) after its attempt was recorded: %v", id, err)
+		}
+	}
+	// The process that claimed the last one died: once the lease is over
+	// it is due again, and may be retried.
+	if err := db.RetryDelivery(ctx, killed, lease.Add(time.Second)); err != nil {
+		t.Errorf("RetryDelivery after the lease ran out: %v", err)
+	}
+	if got := claimIDs(t, db, "crm", lease.Add(2*time.Second), 10, time.Minute); !sameIDs(got, []int64{ok, failed, killed}) {
+		t.Errorf("claim after the retries = %v, want all three", got)
+	}
+}

@@ -269,6 +269,10 @@ not before the pause ends); retry says so when it is.`,
 			}
 			if err := db.RetryDelivery(cmd.Context(), id, now); errors.Is(err, backstop.ErrNotFound) {
 				return noDelivery(id)
+			} else if errors.Is(err, backstop.ErrInFlight) {
+				return fmt.Errorf("delivery %d is being sent to %s right now, so nothing was queued (that would send it twice): "+
+					"its outcome is recorded when the attempt ends, within the target's timeout; see it with: backstop deliveries show %d",
+					id, row.Target, id)
 			} else if err != nil {
 				return err
 			}

@@ -333,6 +333,13 @@ func (d *Dashboard) retry(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("There is no delivery %d (it may have been purged).", row.ID))
 		return
 	}
+	if errors.Is(err, backstop.ErrInFlight) {
+		d.log.Info("dashboard: retry refused, attempt in flight", "delivery", row.ID)
+		d.answer(w, r, http.StatusConflict, fmt.Sprintf("Delivery %d is being sent to %s right now; nothing was queued. "+
+			"Its outcome is recorded when the attempt ends (at most the target's timeout): reload this page then, and retry it if it did not go through.",
+			row.ID, row.Target), fmt.Sprintf("%s/deliveries/%d", Prefix, row.ID))
+		return
+	}
 	if err != nil {
 		d.backendError(w, r, err)
 		return
