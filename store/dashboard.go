@@ -268,36 +268,23 @@ type LogFilter struct {
 // queued meanwhile neither push a row onto the next page nor hide one. It
 // fails on an unknown f.Status, or on f.Before and f.After both set.
 func (db *DB) DeliveryLog(ctx context.Context, f LogFilter) ([]OutboxRow, error) {
-	q, args, err := outboxQuery(f.Status, f.Target, f.EventType)
-	if err != nil {
-		return nil, fmt.Errorf("list the delivery log: %w", err)
-	}
+	s := outboxSelect{status: f.Status, target: f.Target, eventType: f.EventType, limit: f.Limit}
 	if !f.DeliveredSince.IsZero() {
-		q += ` AND (status <> 'delivered' OR created_at >= ?)`
-		args = append(args, backstop.CanonicalTime(f.DeliveredSince))
-	}
-	limit := f.Limit
-	if limit <= 0 {
-		limit = defaultDeliveriesLimit
+		s.where = ` AND (status <> 'delivered' OR created_at >= ?)`
+		s.args = append(s.args, backstop.CanonicalTime(f.DeliveredSince))
 	}
 	switch {
 	case f.Before > 0 && f.After > 0:
 		return nil, errors.New("list the delivery log: both before and after a row")
 	case f.After > 0:
-		q += ` AND id > ? ORDER BY id LIMIT ?`
-		args = append(args, f.After, limit)
+		s.where += ` AND id > ?`
+		s.args = append(s.args, f.After)
+		s.ascending = true
 	case f.Before > 0:
-		q += ` AND id < ? ORDER BY id DESC LIMIT ?`
-		args = append(args, f.Before, limit)
-	default:
-		q += ` ORDER BY id DESC LIMIT ?`
-		args = append(args, limit)
+		s.where += ` AND id < ?`
+		s.args = append(s.args, f.Before)
 	}
-	var raw []outboxRow
-	if err := db.r.SelectContext(ctx, &raw, q, args...); err != nil {
-		return nil, fmt.Errorf("list the delivery log: %w", err)
-	}
-	rows, err := convertOutbox(raw)
+	rows, err := db.selectOutbox(ctx, s)
 	if err != nil {
 		return nil, fmt.Errorf("list the delivery log: %w", err)
 	}

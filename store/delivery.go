@@ -1,12 +1,14 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -779,29 +781,110 @@ func (db *DB) Attempts(ctx context.Context, deliveryID int64) ([]Attempt, error)
 // Deliveries returns the outbox rows f selects, newest first (the most
 // recently queued first). It fails on an unknown f.Status.
 func (db *DB) Deliveries(ctx context.Context, f DeliveryFilter) ([]OutboxRow, error) {
-	q, args, err := outboxQuery(f.Status, f.Target, f.EventType)
-	if err != nil {
-		return nil, fmt.Errorf("list deliveries: %w", err)
-	}
+	s := outboxSelect{status: f.Status, target: f.Target, eventType: f.EventType, limit: f.Limit, offset: max(f.Offset, 0)}
 	if !f.Since.IsZero() {
-		q += ` AND created_at >= ?`
-		args = append(args, backstop.CanonicalTime(f.Since))
+		s.where = ` AND created_at >= ?`
+		s.args = []any{backstop.CanonicalTime(f.Since)}
 	}
-	limit := f.Limit
-	if limit <= 0 {
-		limit = defaultDeliveriesLimit
-	}
-	q += ` ORDER BY id DESC LIMIT ? OFFSET ?`
-	args = append(args, limit, max(f.Offset, 0))
-	var raw []outboxRow
-	if err := db.r.SelectContext(ctx, &raw, q, args...); err != nil {
-		return nil, fmt.Errorf("list deliveries: %w", err)
-	}
-	rows, err := convertOutbox(raw)
+	rows, err := db.selectOutbox(ctx, s)
 	if err != nil {
 		return nil, fmt.Errorf("list deliveries: %w", err)
 	}
 	return rows, nil
+}
+
+// outboxSelect is a selection of outbox rows in id order: those of
+// status, target and eventType (each when not empty) and of the condition
+// where (" AND …", with its args), newest first (oldest first when
+// ascending), limit of them (0: defaultDeliveriesLimit) after offset.
+type outboxSelect struct {
+	status, target, eventType string
+	where                     string
+	args                      []any
+	ascending                 bool
+	limit, offset             int
+}
+
+// selectOutbox returns the rows s selects. With a target or a status but
+// not both, the rows are read per (target, status) pair, each through the
+// (target, status) index, whose entries of one pair are in id order, and
+// the pages merged. One query would be worse: for a status alone SQLite
+// scans the table in id order, reading through millions of delivered rows
+// for the few dead letters; for a target alone it sorts every row of the
+// target. It fails on an unknown status.
+func (db *DB) selectOutbox(ctx context.Context, s outboxSelect) ([]OutboxRow, error) {
+	if s.limit <= 0 {
+		s.limit = defaultDeliveriesLimit
+	}
+	if (s.target == "") == (s.status == "") {
+		return selectOutboxOnce(ctx, db.r, s)
+	}
+	// One snapshot for every pair: a row whose status changes meanwhile
+	// is read once, in one of them.
+	tx, err := db.r.BeginTxx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	// Each pair's first offset+limit rows hold the merged page's.
+	each := s
+	each.limit, each.offset = s.offset+s.limit, 0
+	var parts []outboxSelect
+	if s.target == "" {
+		if _, _, err := outboxQuery(s.status, "", ""); err != nil {
+			return nil, err
+		}
+		var targets []string
+		if err := tx.SelectContext(ctx, &targets, targetsWithRowsSQL); err != nil {
+			return nil, err
+		}
+		for _, t := range targets {
+			each.target = t
+			parts = append(parts, each)
+		}
+	} else {
+		for _, st := range []string{StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter} {
+			each.status = st
+			parts = append(parts, each)
+		}
+	}
+	var all []OutboxRow
+	for _, part := range parts {
+		rows, err := selectOutboxOnce(ctx, tx, part)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, rows...)
+	}
+	slices.SortFunc(all, func(a, b OutboxRow) int {
+		if s.ascending {
+			return cmp.Compare(a.ID, b.ID)
+		}
+		return cmp.Compare(b.ID, a.ID)
+	})
+	all = all[min(s.offset, len(all)):]
+	return all[:min(s.limit, len(all))], nil
+}
+
+// selectOutboxOnce returns the rows s selects with one query through q.
+func selectOutboxOnce(ctx context.Context, q sqlx.QueryerContext, s outboxSelect) ([]OutboxRow, error) {
+	query, args, err := outboxQuery(s.status, s.target, s.eventType)
+	if err != nil {
+		return nil, err
+	}
+	query += s.where
+	args = append(args, s.args...)
+	if s.ascending {
+		query += ` ORDER BY id LIMIT ? OFFSET ?`
+	} else {
+		query += ` ORDER BY id DESC LIMIT ? OFFSET ?`
+	}
+	args = append(args, s.limit, s.offset)
+	var raw []outboxRow
+	if err := sqlx.SelectContext(ctx, q, &raw, query, args...); err != nil {
+		return nil, err
+	}
+	return convertOutbox(raw)
 }
 
 // outboxQuery is the start of a query of outbox rows: those of status,
