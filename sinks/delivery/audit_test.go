@@ -106,31 +106,39 @@ func TestRefillLosesNoWake(t *testing.T) {
 // TestConcurrencyHoldsThroughABacklog: with Concurrency 4 and a backlog
 // of several claims, a request that hangs holds one slot: the rest of the
 // backlog, claim after claim, is delivered meanwhile, at most four in
-// flight.
+// flight. With claims of 8 rows, the 400 rows are 50 claims: a pass used to
+// let its requests drain every 16 claims, and so wait there for the
+// hanging one.
 func TestConcurrencyHoldsThroughABacklog(t *testing.T) {
 	t.Parallel()
-	const n, rows = 4, 400
-	rec, flight, release := hangingTarget(t, "evt_5")
-	defer release()
-	q := newStoreQueue(t)
-	ids := make([]int64, rows)
-	for i := range rows {
-		ids[i] = q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
-	}
-	// The hanging request outlasts every wait below (its Timeout is a
-	// minute).
-	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: n, Timeout: time.Minute}}, Options{Poll: time.Hour, Batch: 64})
-	for i, id := range ids {
-		if i == 5 {
-			continue
-		}
-		q.waitFor(t, 30*time.Second, fmt.Sprintf("row %d delivered while evt_5 hangs", i), q.rowStatus(t, id, StatusDelivered))
-	}
-	if st := q.row(t, ids[5]).Status; st == StatusDelivered {
-		t.Fatalf("the hanging row is %s, want still in flight", st)
-	}
-	if m := flight.most.Load(); m > n {
-		t.Errorf("%d requests were in flight at once, want at most %d", m, n)
+	for _, batch := range []int{64, 8} {
+		t.Run(fmt.Sprintf("claims of %d", batch), func(t *testing.T) {
+			t.Parallel()
+			const n, rows = 4, 400
+			rec, flight, release := hangingTarget(t, "evt_5")
+			defer release()
+			q := newStoreQueue(t)
+			ids := make([]int64, rows)
+			for i := range rows {
+				ids[i] = q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`)
+			}
+			// The hanging request outlasts every wait below (its Timeout
+			// is a minute).
+			start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: n, Timeout: time.Minute}},
+				Options{Poll: time.Hour, Batch: batch})
+			for i, id := range ids {
+				if i == 5 {
+					continue
+				}
+				q.waitFor(t, 30*time.Second, fmt.Sprintf("row %d delivered while evt_5 hangs", i), q.rowStatus(t, id, StatusDelivered))
+			}
+			if st := q.row(t, ids[5]).Status; st == StatusDelivered {
+				t.Fatalf("the hanging row is %s, want still in flight", st)
+			}
+			if m := flight.most.Load(); m > n {
+				t.Errorf("%d requests were in flight at once, want at most %d", m, n)
+			}
+		})
 	}
 }
 

@@ -113,11 +113,6 @@ const RecordLinger = 2 * time.Millisecond
 // spread over time do not wake it up once each (see dues).
 const dueSlackPerPoll = 16
 
-// maxPassRows bounds, in claims' worth of rows (Options.Batch), how many
-// rows one pass takes in through refills before it lets its senders drain
-// and the next pass start: the pass keeps a small entry per row it took.
-const maxPassRows = 16
-
 // firstBatch is the most rows a worker claims before it has timed any
 // answer of its target.
 const firstBatch = 16
@@ -630,26 +625,29 @@ func (d *Dispatcher) release(ctx context.Context, w *worker, c claim) {
 // flight, so that one slow request holds one slot, not the target.
 // backlog reports that the last claim was full: more rows may be due.
 func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent []claim, gone, backlog bool) {
-	// items are the rows to send, in order, each with the claim (an index
-	// in claims) that leased it: c's, then those of refills.
+	// items are the rows to send, in order, each with the end of the
+	// lease of the claim that leased it: c's, then those of refills.
 	type item struct {
 		row   Row
-		claim int
+		lease time.Time
 	}
-	claims := []claim{c}
 	items := make([]item, len(c.rows))
 	for i, r := range c.rows {
-		items[i] = item{row: r}
+		items[i] = item{row: r, lease: c.lease}
 	}
-	sendBy := func(it item) time.Time { return claims[it.claim].lease.Add(-w.room) } // guarded by w.mu
+	sendBy := func(lease time.Time) time.Time { return lease.Add(-w.room) }
 	w.mu.Lock()
 	w.pauseUntil, w.gone = time.Time{}, false
 	w.stateAt = d.now() // pass has just read it
 	w.mu.Unlock()
-	next := 0       // the next item to send, guarded by w.mu
+	// next is the next item to send; base is how many items were taken
+	// and dropped from the front of items (a refill drops them, so that a
+	// backlog flowing for hours does not keep an entry per row sent): the
+	// place of items[i] in the pass is base+i. Both guarded by w.mu.
+	next, base := 0, 0
 	var held []item // taken but not sent (the lease ran short), guarded by w.mu
-	// again holds the rows a 429 answered, by their place in items, to be
-	// sent before items[next:]; guarded by w.mu.
+	// again holds the rows a 429 answered, by their place in the pass, to
+	// be sent before items[next:]; guarded by w.mu.
 	var again []resend
 	// Refills (see above), guarded by w.mu: active counts the senders
 	// running; refilling is set while one of them waits for rows, and idle
@@ -680,19 +678,19 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		}
 		if len(again) > 0 {
 			r := again[0]
-			if now.After(sendBy(items[r.at])) {
+			if now.After(sendBy(r.lease)) {
 				return 0, item{}, false, false
 			}
 			again = again[1:]
-			return r.at, item{row: r.row, claim: items[r.at].claim}, true, false
+			return r.at, item{row: r.row, lease: r.lease}, true, false
 		}
-		if now.After(sendBy(items[next])) {
+		if now.After(sendBy(items[next].lease)) {
 			return 0, item{}, false, false
 		}
 		next++
 		it = items[next-1]
 		items[next-1].row = Row{} // taken: its payload is the sender's now
-		return next - 1, it, true, false
+		return base + next - 1, it, true, false
 	}
 	var senders sync.WaitGroup
 	var send func()
@@ -703,7 +701,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 	// target stopped, or ctx ended).
 	refillRows := func() (refilled bool) {
 		w.mu.Lock()
-		if !refill || refilling || active == 1 || len(items) >= maxPassRows*d.batch {
+		if !refill || refilling || active == 1 {
 			w.mu.Unlock()
 			return false
 		}
@@ -761,7 +759,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 			// As many as a pass would claim: those beyond the free slots
 			// wait in memory for one, under their lease (claimLimit keeps
 			// them within it).
-			next, err := d.claim(ctx, w, now, d.claimLimit(w))
+			got, err := d.claim(ctx, w, now, d.claimLimit(w))
 			if err != nil {
 				if ctx.Err() == nil {
 					w.logger.Error("claim due deliveries", "err", err)
@@ -769,18 +767,22 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 				return false
 			}
 			w.mu.Lock()
-			more = next.full
+			more = got.full
 			w.mu.Unlock()
-			if len(next.rows) == 0 {
+			if len(got.rows) == 0 {
 				woken = false // used: nothing was due
 				continue
 			}
 			w.mu.Lock()
-			claims = append(claims, next)
-			for _, r := range next.rows {
-				items = append(items, item{row: r, claim: len(claims) - 1})
+			// The rows taken are dropped: senders and again know theirs
+			// by their place in the pass and their lease.
+			kept := copy(items, items[next:])
+			clear(items[kept:])
+			items, base, next = items[:kept], base+next, 0
+			for _, r := range got.rows {
+				items = append(items, item{row: r, lease: got.lease})
 			}
-			extra := min(len(next.rows)-1, free-1)
+			extra := min(len(got.rows)-1, free-1)
 			active += extra
 			w.mu.Unlock()
 			for range extra {
@@ -812,16 +814,13 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 				}
 				return
 			}
-			w.mu.Lock()
-			lease, by := claims[it.claim].lease, sendBy(it)
-			w.mu.Unlock()
-			sent, re := d.deliver(ctx, w, it.row, lease, by)
+			sent, re := d.deliver(ctx, w, it.row, it.lease, sendBy(it.lease))
 			w.mu.Lock()
 			switch {
 			case !sent:
 				held = append(held, it)
 			case re != nil:
-				re.at = at
+				re.at, re.lease = at, it.lease
 				i, _ := slices.BinarySearchFunc(again, at, func(r resend, at int) int { return r.at - at })
 				again = slices.Insert(again, i, *re)
 			}
@@ -833,24 +832,25 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 	// record commits would leave that record without the lease it checks.
 	unsentRows := func() []claim {
 		w.mu.Lock()
-		byClaim := make([][]Row, len(claims))
+		var out []claim // by lease: a release checks each row's
+		add := func(row Row, lease time.Time) {
+			i := slices.IndexFunc(out, func(c claim) bool { return c.lease.Equal(lease) })
+			if i < 0 {
+				out = append(out, claim{lease: lease})
+				i = len(out) - 1
+			}
+			out[i].rows = append(out[i].rows, row)
+		}
 		for _, it := range held {
-			byClaim[it.claim] = append(byClaim[it.claim], it.row)
+			add(it.row, it.lease)
 		}
 		waits := make([]<-chan struct{}, 0, len(again))
 		for _, r := range again {
-			k := items[r.at].claim
-			byClaim[k] = append(byClaim[k], r.row)
+			add(r.row, r.lease)
 			waits = append(waits, r.recorded)
 		}
 		for _, it := range items[next:] {
-			byClaim[it.claim] = append(byClaim[it.claim], it.row)
-		}
-		var out []claim
-		for k, rows := range byClaim {
-			if len(rows) > 0 {
-				out = append(out, claim{rows: rows, lease: claims[k].lease})
-			}
+			add(it.row, it.lease)
 		}
 		w.mu.Unlock()
 		for _, ch := range waits {
@@ -863,7 +863,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		// run out or an answer stops them.
 		w.mu.Lock()
 		count := min(w.concurrency, len(items)-next+len(again))
-		if refill && next == 0 {
+		if refill && base+next == 0 {
 			// Every slot gets a sender, the spare ones to take the
 			// rows that come while the claimed ones are sent.
 			count = w.concurrency
@@ -880,12 +880,12 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		// The earliest moment a row left may still be sent.
 		var last time.Time
 		for _, r := range again {
-			if by := sendBy(items[r.at]); last.IsZero() || by.Before(last) {
+			if by := sendBy(r.lease); last.IsZero() || by.Before(last) {
 				last = by
 			}
 		}
 		if next < len(items) {
-			if by := sendBy(items[next]); last.IsZero() || by.Before(last) {
+			if by := sendBy(items[next].lease); last.IsZero() || by.Before(last) {
 				last = by
 			}
 		}
@@ -956,8 +956,9 @@ func (d *Dispatcher) readState(ctx context.Context, w *worker) {
 // resend is a row a 429 answered, to be sent again, first, once the pause
 // ends, under the claim it was sent under (see deliverAll).
 type resend struct {
-	at  int // its place in the claim's rows
-	row Row // as it is after the 429 (Attempts counts it)
+	at    int       // its place in the pass's rows (see deliverAll)
+	lease time.Time // the end of the lease of its claim
+	row   Row       // as it is after the 429 (Attempts counts it)
 	// recorded is closed once the 429's record is done (committed or
 	// given up).
 	recorded <-chan struct{}
