@@ -122,21 +122,10 @@ func workersRun(ctx context.Context, b *testing.B, rdb *redis.Client, prefix str
 				mu.Unlock()
 			}()
 			for time.Now().Before(stop) {
-				tk, err := g.Acquire(ctx)
-				if err != nil {
+				if err := governedGet(ctx, g, client, api.URL, s.APIKey()); err != nil {
 					errs <- err
 					return
 				}
-				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api.URL+"/public/v1/contacts?cursor_limit=1", nil)
-				req.Header.Set("Authorization", "Bearer "+s.APIKey())
-				resp, err := client.Do(req)
-				if err != nil {
-					tk.Abort()
-					errs <- err
-					return
-				}
-				resp.Body.Close()
-				tk.Done(resp.StatusCode, resp.Header)
 				sent.Add(1)
 			}
 		}()
@@ -158,6 +147,25 @@ func workersRun(ctx context.Context, b *testing.B, rdb *redis.Client, prefix str
 		requests:    int(sent.Load()),
 		reserve:     lat,
 	}
+}
+
+// governedGet makes one request of a page of contacts to the simulator at
+// apiURL under g: it waits for g's grant, and reports the answer to it.
+func governedGet(ctx context.Context, g *governor.Governor, client *http.Client, apiURL, apiKey string) error {
+	tk, err := g.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, apiURL+"/public/v1/contacts?cursor_limit=1", nil)
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	resp, err := client.Do(req)
+	if err != nil {
+		tk.Abort()
+		return err
+	}
+	resp.Body.Close()
+	tk.Done(resp.StatusCode, resp.Header)
+	return nil
 }
 
 // timedStore records the latency of every Reserve of one worker.

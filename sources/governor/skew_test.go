@@ -2,7 +2,6 @@ package governor_test
 
 import (
 	"context"
-	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
@@ -52,21 +51,10 @@ func TestPacingAgainstPlatformClockApart(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for time.Now().Before(stop) {
-						tk, err := g.Acquire(ctx)
-						if err != nil {
+						if err := governedGet(ctx, g, api.Client(), api.URL, s.APIKey()); err != nil {
 							errs <- err
 							return
 						}
-						req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api.URL+"/public/v1/contacts?cursor_limit=1", nil)
-						req.Header.Set("Authorization", "Bearer "+s.APIKey())
-						resp, err := api.Client().Do(req)
-						if err != nil {
-							tk.Abort()
-							errs <- err
-							return
-						}
-						resp.Body.Close()
-						tk.Done(resp.StatusCode, resp.Header)
 					}
 				}()
 			}
