@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Sentinel errors callers branch on with errors.Is.
@@ -23,13 +24,27 @@ var (
 	ErrUnavailable = errors.New("backstop: platform unavailable")
 	// ErrRateLimited: the platform kept answering 429 beyond the retry budget.
 	ErrRateLimited = errors.New("backstop: rate limited")
-	// ErrInFlight: a Retry of a delivery whose attempt is in flight, refused:
-	// its target is being sent it at that moment, and the attempt's outcome
-	// is recorded when it ends (delivered, or queued for its next attempt).
-	// Requeueing it then would send it a second time even when the attempt
-	// succeeds.
-	ErrInFlight = errors.New("backstop: its attempt is in flight")
+	// ErrInFlight: a Retry of a delivery claimed for sending, refused: its
+	// attempt is in flight, or it waits in memory for a free slot or for a
+	// 429's pause to end, and the attempt's outcome is recorded when it ends
+	// (delivered, or queued for its next attempt). Requeueing it then would
+	// send it a second time even when the attempt succeeds. The error is an
+	// *InFlightError, which says until when.
+	ErrInFlight = errors.New("backstop: it is claimed for sending")
 )
+
+// InFlightError is the error of a Retry refused with ErrInFlight: Until is
+// when the delivery's claim ends at the latest (its lease, should the
+// process sending it die).
+type InFlightError struct{ Until time.Time }
+
+// Error says until when the delivery is claimed.
+func (e *InFlightError) Error() string {
+	return fmt.Sprintf("%v, until %s at the latest", ErrInFlight, e.Until.UTC().Format(time.RFC3339))
+}
+
+// Unwrap returns ErrInFlight.
+func (e *InFlightError) Unwrap() error { return ErrInFlight }
 
 // APIError describes a failed call to the platform. It wraps one of the
 // sentinel errors so errors.Is works, and names what was asked for.

@@ -55,16 +55,20 @@ const (
 )
 
 // ServerClock returns the time on the clock of the server that answered
-// with headers h, at local time now. While the answer's Date header agrees
-// with now (within a second behind or two ahead, which is as close as a
-// Date with one-second resolution can tell), it is now itself, and times
-// the server sends are read as precisely as the local clock allows.
-// Otherwise the clocks are apart, by more than the answer's travel, and it
-// is the Date header's time: timestamps in the server's own clock, such as
-// an X-RateLimit-Reset in Unix seconds or a Retry-After date, then measure
-// from it. Date is never later than the server's clock when the answer
-// arrives, so waits measured from it are never short (by at most about a
-// second long). Without a readable Date it is now.
+// with headers h, at local time now. Date is the server's clock when it
+// answered, cut to the second, so the server's clock was then between Date
+// and Date+1s, and is later by the answer's travel when it arrives.
+//
+// While Date agrees with now (now within a second behind it or two ahead,
+// as close as a one-second Date can tell), ServerClock is now, but not
+// past Date+1s: times the server sends are read as precisely as the local
+// clock allows, and a local clock up to two seconds ahead reads them less
+// than a second early. Otherwise the clocks are apart, by more than an
+// answer's travel, and it is Date itself: timestamps in the server's own
+// clock, such as an X-RateLimit-Reset in Unix seconds or a Retry-After
+// date, then measure from it, and waits so measured are never short (long
+// by the answer's travel and up to a second). Without a readable Date it
+// is now.
 func ServerClock(h http.Header, now time.Time) time.Time {
 	v := h.Get("Date")
 	if v == "" {
@@ -74,10 +78,13 @@ func ServerClock(h http.Header, now time.Time) time.Time {
 	if err != nil {
 		return now
 	}
-	if skew := now.Sub(date); skew >= -clockBehindTolerance && skew <= clockAheadTolerance {
-		return now
+	if skew := now.Sub(date); skew < -clockBehindTolerance || skew > clockAheadTolerance {
+		return date
 	}
-	return date
+	if latest := date.Add(time.Second); now.After(latest) {
+		return latest
+	}
+	return now
 }
 
 func isDigits(s string) bool {

@@ -186,7 +186,8 @@ func (db *DB) ProcessedByPeriod(ctx context.Context, since time.Time, period tim
 // A second submission of the same retry therefore changes nothing: the
 // first one moved updated_at. It fails with an error wrapping
 // backstop.ErrNotFound when there is no such delivery, and with one
-// wrapping backstop.ErrInFlight, changing nothing, while its attempt is in flight.
+// wrapping backstop.ErrInFlight (a *backstop.InFlightError), changing
+// nothing, while it is claimed for sending.
 func (db *DB) RetryDeliveryAsSeen(ctx context.Context, id int64, status string, updatedAt, now time.Time) (bool, error) {
 	stamp := backstop.CanonicalTime(now)
 	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE id = ? AND status = ? AND updated_at = ?`+notInFlightSQL,
@@ -201,10 +202,10 @@ func (db *DB) RetryDeliveryAsSeen(ctx context.Context, id int64, status string, 
 	if n == 1 {
 		return true, nil
 	}
-	if flying, err := db.inFlight(ctx, id, now); err != nil {
+	if until, ok, err := db.inFlight(ctx, id, now); err != nil {
 		return false, fmt.Errorf("retry delivery %d: %w", id, err)
-	} else if flying {
-		return false, fmt.Errorf("retry delivery %d: %w", id, backstop.ErrInFlight)
+	} else if ok {
+		return false, fmt.Errorf("retry delivery %d: %w", id, &backstop.InFlightError{Until: until})
 	}
 	return false, nil
 }

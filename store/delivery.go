@@ -78,9 +78,13 @@ const (
 		(delivery_id, target, url, attempt, status_code, error, body, request_id, duration_ms, at, redirect)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	// recordOutcomeSQL applies an outcome; with a lease (?8 not NULL) only
-	// to a delivery that still holds it (see Outcome.Lease).
+	// to a delivery that still holds it (see Outcome.Lease). The claim
+	// ends with it (claimed_until cleared), unless the outcome keeps the
+	// row under the lease (a 429's: the dispatcher sends it again itself
+	// once the pause ends).
 	recordOutcomeSQL = `UPDATE outbox SET status = ?1, attempts = ?2, next_attempt_at = ?3,
-		last_status = ?4, last_error = ?5, updated_at = ?6, failures = ?9, claimed_until = NULL WHERE id = ?7
+		last_status = ?4, last_error = ?5, updated_at = ?6, failures = ?9,
+		claimed_until = CASE WHEN ?3 = ?8 THEN claimed_until END WHERE id = ?7
 		AND (?8 IS NULL OR (next_attempt_at = ?8 AND (status = 'pending' OR status = 'retrying')))`
 	deliveryExistsSQL = `SELECT count(*) FROM outbox WHERE id = ?`
 	// lastAttemptSQL is the largest attempt id in use, after which
@@ -632,7 +636,7 @@ func (st *deliveryStmts) chunk(ctx context.Context, w *sqlx.DB, n int) (chunkStm
 	}
 	outcomes, err := w.PreparexContext(ctx, `UPDATE OR FAIL outbox SET status = v.column2, attempts = v.column3,
 		next_attempt_at = v.column4, last_status = v.column5, last_error = v.column6, updated_at = v.column7,
-		failures = v.column9, claimed_until = NULL
+		failures = v.column9, claimed_until = CASE WHEN v.column4 = v.column8 THEN outbox.claimed_until END
 		FROM (VALUES `+rowsOf(n, 9)+`) AS v WHERE outbox.id = v.column1
 		AND (v.column8 IS NULL OR (outbox.next_attempt_at = v.column8
 			AND (outbox.status = 'pending' OR outbox.status = 'retrying')))`)
@@ -806,18 +810,21 @@ type outboxSelect struct {
 }
 
 // selectOutbox returns the rows s selects. With a target or a status but
-// not both, the rows are read per (target, status) pair, each through the
-// (target, status) index, whose entries of one pair are in id order, and
-// the pages merged. One query would be worse: for a status alone SQLite
-// scans the table in id order, reading through millions of delivered rows
-// for the few dead letters; for a target alone it sorts every row of the
-// target. It fails on an unknown status.
+// not both (split), the rows are read per (target, status) pair, each
+// through the (target, status) index, whose entries of one pair are in id
+// order, and the pages merged. One query would be worse: for a status
+// alone SQLite scans the table in id order, reading through millions of
+// delivered rows for the few dead letters; for a target alone it sorts
+// every row of the target. It fails on an unknown status.
 func (db *DB) selectOutbox(ctx context.Context, s outboxSelect) ([]OutboxRow, error) {
 	if s.limit <= 0 {
 		s.limit = defaultDeliveriesLimit
 	}
-	if (s.target == "") == (s.status == "") {
+	if !s.split() {
 		return selectOutboxOnce(ctx, db.r, s)
+	}
+	if _, _, err := outboxQuery(s.status, "", ""); err != nil {
+		return nil, err
 	}
 	// One snapshot for every pair: a row whose status changes meanwhile
 	// is read once, in one of them.
@@ -826,30 +833,14 @@ func (db *DB) selectOutbox(ctx context.Context, s outboxSelect) ([]OutboxRow, er
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback()
-	// Each pair's first offset+limit rows hold the merged page's.
-	each := s
-	each.limit, each.offset = s.offset+s.limit, 0
-	var parts []outboxSelect
+	var targets []string
 	if s.target == "" {
-		if _, _, err := outboxQuery(s.status, "", ""); err != nil {
-			return nil, err
-		}
-		var targets []string
 		if err := tx.SelectContext(ctx, &targets, targetsWithRowsSQL); err != nil {
 			return nil, err
 		}
-		for _, t := range targets {
-			each.target = t
-			parts = append(parts, each)
-		}
-	} else {
-		for _, st := range []string{StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter} {
-			each.status = st
-			parts = append(parts, each)
-		}
 	}
 	var all []OutboxRow
-	for _, part := range parts {
+	for _, part := range s.pairs(targets) {
 		rows, err := selectOutboxOnce(ctx, tx, part)
 		if err != nil {
 			return nil, err
@@ -866,11 +857,37 @@ func (db *DB) selectOutbox(ctx context.Context, s outboxSelect) ([]OutboxRow, er
 	return all[:min(s.limit, len(all))], nil
 }
 
-// selectOutboxOnce returns the rows s selects with one query through q.
-func selectOutboxOnce(ctx context.Context, q sqlx.QueryerContext, s outboxSelect) ([]OutboxRow, error) {
+// split reports whether s is read per (target, status) pair: it has a
+// target or a status, not both.
+func (s outboxSelect) split() bool { return (s.target == "") != (s.status == "") }
+
+// pairs returns the selections of s, split, per (target, status) pair:
+// one per target of targets (the targets with rows) for its status, or
+// one per status for its target. Each selects its first offset+limit
+// rows, which hold the merged page's.
+func (s outboxSelect) pairs(targets []string) []outboxSelect {
+	each := s
+	each.limit, each.offset = s.offset+s.limit, 0
+	var parts []outboxSelect
+	if s.target == "" {
+		for _, t := range targets {
+			each.target = t
+			parts = append(parts, each)
+		}
+		return parts
+	}
+	for _, st := range []string{StatusPending, StatusRetrying, StatusDelivered, StatusDeadLetter} {
+		each.status = st
+		parts = append(parts, each)
+	}
+	return parts
+}
+
+// query returns the SQL of s and its arguments.
+func (s outboxSelect) query() (string, []any, error) {
 	query, args, err := outboxQuery(s.status, s.target, s.eventType)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	query += s.where
 	args = append(args, s.args...)
@@ -879,7 +896,15 @@ func selectOutboxOnce(ctx context.Context, q sqlx.QueryerContext, s outboxSelect
 	} else {
 		query += ` ORDER BY id DESC LIMIT ? OFFSET ?`
 	}
-	args = append(args, s.limit, s.offset)
+	return query, append(args, s.limit, s.offset), nil
+}
+
+// selectOutboxOnce returns the rows s selects with one query through q.
+func selectOutboxOnce(ctx context.Context, q sqlx.QueryerContext, s outboxSelect) ([]OutboxRow, error) {
+	query, args, err := s.query()
+	if err != nil {
+		return nil, err
+	}
 	var raw []outboxRow
 	if err := sqlx.SelectContext(ctx, q, &raw, query, args...); err != nil {
 		return nil, err
@@ -936,28 +961,36 @@ func (db *DB) Delivery(ctx context.Context, id int64) (row OutboxRow, ok bool, e
 const requeueSQL = `UPDATE outbox SET status = 'pending', failures = 0, next_attempt_at = ?, updated_at = ?`
 
 // notInFlightSQL is requeueSQL's condition that the delivery's attempt is
-// not in flight (see backstop.ErrInFlight); its parameter is now.
+// not claimed for sending (see backstop.ErrInFlight); its parameter is now.
 const notInFlightSQL = ` AND NOT (coalesce(claimed_until > ?, 0) AND (status = 'pending' OR status = 'retrying'))`
 
-// inFlight reports whether the delivery id's attempt is in flight at now,
-// for the error of a retry that changed nothing; it fails with an error
-// wrapping backstop.ErrNotFound when there is no such delivery.
-func (db *DB) inFlight(ctx context.Context, id int64, now time.Time) (bool, error) {
-	var n int
-	err := db.w.GetContext(ctx, &n, `SELECT coalesce(claimed_until > ?, 0) AND (status = 'pending' OR status = 'retrying')
-		FROM outbox WHERE id = ?`, backstop.CanonicalTime(now), id)
+// inFlight returns the end of the claim of the delivery id when it is
+// claimed for sending at now (see backstop.ErrInFlight), for the error of a
+// retry that changed nothing; ok is false when it is not. It fails with an
+// error wrapping backstop.ErrNotFound when there is no such delivery.
+func (db *DB) inFlight(ctx context.Context, id int64, now time.Time) (until time.Time, ok bool, err error) {
+	var v sql.NullString
+	err = db.w.GetContext(ctx, &v, `SELECT CASE WHEN claimed_until > ?1 AND (status = 'pending' OR status = 'retrying')
+		THEN claimed_until END FROM outbox WHERE id = ?2`, backstop.CanonicalTime(now), id)
 	if errors.Is(err, sql.ErrNoRows) {
-		return false, fmt.Errorf("no such delivery: %w", backstop.ErrNotFound)
+		return time.Time{}, false, fmt.Errorf("no such delivery: %w", backstop.ErrNotFound)
 	}
-	return n == 1, err
+	if err != nil || !v.Valid {
+		return time.Time{}, false, err
+	}
+	if until, err = backstop.ParseTime(v.String); err != nil {
+		return time.Time{}, false, fmt.Errorf("claimed_until: %w", err)
+	}
+	return until, true, nil
 }
 
 // RetryDelivery puts the delivery id, whatever its status, back in its
 // target's queue: pending, due at now, failures counted from zero (so it
 // has the whole retry schedule again), attempts, last status and error
 // kept. It fails with an error wrapping backstop.ErrNotFound
-// when there is no such delivery, and with one wrapping backstop.ErrInFlight,
-// changing nothing, while its attempt is in flight.
+// when there is no such delivery, and with one wrapping backstop.ErrInFlight
+// (a *backstop.InFlightError), changing nothing, while it is claimed for
+// sending.
 func (db *DB) RetryDelivery(ctx context.Context, id int64, now time.Time) error {
 	stamp := backstop.CanonicalTime(now)
 	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE id = ?`+notInFlightSQL, stamp, stamp, id, stamp)
@@ -969,12 +1002,16 @@ func (db *DB) RetryDelivery(ctx context.Context, id int64, now time.Time) error 
 		return fmt.Errorf("retry delivery %d: %w", id, err)
 	}
 	if n == 0 {
-		// It exists: then only an attempt in flight (at the UPDATE, if
-		// not still) kept it as it was.
-		if _, err := db.inFlight(ctx, id, now); err != nil {
+		// It exists: then only its claim (at the UPDATE, if not still)
+		// kept it as it was.
+		until, ok, err := db.inFlight(ctx, id, now)
+		if err != nil {
 			return fmt.Errorf("retry delivery %d: %w", id, err)
 		}
-		return fmt.Errorf("retry delivery %d: %w", id, backstop.ErrInFlight)
+		if !ok {
+			until = now // the claim ended just now
+		}
+		return fmt.Errorf("retry delivery %d: %w", id, &backstop.InFlightError{Until: until})
 	}
 	return nil
 }

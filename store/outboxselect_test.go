@@ -100,39 +100,55 @@ func TestSelectOutboxMergesPairs(t *testing.T) {
 	}
 }
 
-// Each (target, status) pair is read through the (target, status) index in
-// id order, up to its page's end, never by a scan of the table nor a sort
-// of every row of a target: the cost of a page does not grow with the
-// outbox.
+// A selection by status alone or by target alone is split into (target,
+// status) pairs, and each pair's query is read through the (target,
+// status) index in id order, up to its page's end, never by a scan of the
+// table nor a sort of every row of a target: the cost of a page does not
+// grow with the outbox.
 func TestSelectOutboxPairPlan(t *testing.T) {
 	db, _ := openTest(t)
-	for _, where := range []string{"", " AND id < ?", " AND id > ?"} {
-		s := outboxSelect{status: StatusDeadLetter, target: "crm", where: where, ascending: where == " AND id > ?"}
-		q, args, err := outboxQuery(s.status, s.target, "")
-		if err != nil {
-			t.Fatal(err)
+	targets := []string{"billing", "crm"}
+	for _, s := range []outboxSelect{
+		{status: StatusDeadLetter, limit: 10},
+		{status: StatusPending, limit: 10, where: " AND id < ?", args: []any{10}},
+		{target: "crm", limit: 10},
+		{target: "crm", limit: 10, where: " AND id > ?", args: []any{10}, ascending: true},
+		{status: StatusDelivered, eventType: "payment.succeeded", limit: 10, offset: 5},
+	} {
+		if !s.split() {
+			t.Fatalf("%+v is not split into pairs", s)
 		}
-		q += s.where
-		if where != "" {
-			args = append(args, 10)
+		parts := s.pairs(targets)
+		if len(parts) < 2 {
+			t.Fatalf("%+v split into %d pairs", s, len(parts))
 		}
-		order := " ORDER BY id DESC LIMIT ? OFFSET ?"
-		if s.ascending {
-			order = " ORDER BY id LIMIT ? OFFSET ?"
+		for _, part := range parts {
+			q, args, err := part.query()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var plan []struct {
+				ID, Parent, NotUsed int
+				Detail              string
+			}
+			if err := db.r.Select(&plan, "EXPLAIN QUERY PLAN "+q, args...); err != nil {
+				t.Fatal(err)
+			}
+			var lines []string
+			for _, p := range plan {
+				lines = append(lines, p.Detail)
+			}
+			if got := strings.Join(lines, "; "); !strings.Contains(got, "USING INDEX outbox_target_status") || strings.Contains(got, "TEMP B-TREE") {
+				t.Errorf("plan of pair %s/%s of %+v: %s; want the (target, status) index, in order", part.target, part.status, s, got)
+			}
+			if part.offset != 0 || part.limit != s.offset+s.limit {
+				t.Errorf("pair %+v reads offset %d limit %d, want its first %d rows", part, part.offset, part.limit, s.offset+s.limit)
+			}
 		}
-		var plan []struct {
-			ID, Parent, NotUsed int
-			Detail              string
-		}
-		if err := db.r.Select(&plan, "EXPLAIN QUERY PLAN "+q+order, append(args, 10, 0)...); err != nil {
-			t.Fatal(err)
-		}
-		var lines []string
-		for _, p := range plan {
-			lines = append(lines, p.Detail)
-		}
-		if got := strings.Join(lines, "; "); !strings.Contains(got, "USING INDEX outbox_target_status") || strings.Contains(got, "TEMP B-TREE") {
-			t.Errorf("plan of a (target, status) page%s: %s; want the (target, status) index, in order", where, got)
+	}
+	for _, s := range []outboxSelect{{}, {status: StatusDeadLetter, target: "crm"}} {
+		if s.split() {
+			t.Errorf("%+v is split, want one query", s)
 		}
 	}
 }

@@ -269,10 +269,12 @@ not before the pause ends); retry says so when it is.`,
 			}
 			if err := db.RetryDelivery(cmd.Context(), id, now); errors.Is(err, backstop.ErrNotFound) {
 				return noDelivery(id)
-			} else if errors.Is(err, backstop.ErrInFlight) {
-				return fmt.Errorf("delivery %d is being sent to %s right now, so nothing was queued (that would send it twice): "+
-					"its outcome is recorded when the attempt ends, within the target's timeout; see it with: backstop deliveries show %d",
-					id, row.Target, id)
+			} else if fl := (*backstop.InFlightError)(nil); errors.As(err, &fl) {
+				return fmt.Errorf("delivery %d is claimed for sending to %s (its attempt is in flight, or waits for a free slot "+
+					"or for a 429's pause to end), so nothing was queued: that would send it twice. Its outcome is recorded "+
+					"when the attempt ends; if it still needs one, retry it then (it is claimed until %s at the latest). "+
+					"See it with: backstop deliveries show %d",
+					id, row.Target, fl.Until.Local().Format(time.RFC3339), id)
 			} else if err != nil {
 				return err
 			}

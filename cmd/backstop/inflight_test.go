@@ -72,11 +72,11 @@ dashboard:
 	id := rows[0].ID
 
 	code, stdout, stderr := e.run(ctx, "deliveries", "retry", fmt.Sprint(id))
-	if code == exitOK || !strings.Contains(stderr, "being sent to recorder right now") {
+	if code == exitOK || !strings.Contains(stderr, "claimed for sending to recorder") {
 		t.Errorf("CLI retry while the attempt is in flight: exit %d\n%s%s\nwant refused, saying why", code, stdout, stderr)
 	}
 	code, body := dashboardPost(t, addr, fmt.Sprintf("/ui/deliveries/%d/retry", id), nil)
-	if code != http.StatusConflict || !strings.Contains(body, "being sent to recorder right now") {
+	if code != http.StatusConflict || !strings.Contains(body, "claimed for sending to recorder") {
 		t.Errorf("dashboard Retry while the attempt is in flight: %d %s; want 409, saying why", code, body)
 	}
 	let()

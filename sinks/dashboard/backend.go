@@ -32,8 +32,8 @@ type Backend interface {
 	// Retry requeues the delivery seen, only while its status and
 	// UpdatedAt are still those of seen, and reports whether it did. It
 	// wraps backstop.ErrNotFound for an unknown delivery, and
-	// backstop.ErrInFlight, changing nothing, while its attempt is in
-	// flight.
+	// backstop.ErrInFlight (a *backstop.InFlightError), changing nothing,
+	// while it is claimed for sending (its attempt in flight).
 	Retry(ctx context.Context, seen delivery.Row) (bool, error)
 	// RetryDead requeues every dead letter of target that was one at
 	// shown (when the page offering it was rendered) and returns how many.

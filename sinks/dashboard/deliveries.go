@@ -333,11 +333,13 @@ func (d *Dashboard) retry(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("There is no delivery %d (it may have been purged).", row.ID))
 		return
 	}
-	if errors.Is(err, backstop.ErrInFlight) {
-		d.log.Info("dashboard: retry refused, attempt in flight", "delivery", row.ID)
-		d.answer(w, r, http.StatusConflict, fmt.Sprintf("Delivery %d is being sent to %s right now; nothing was queued. "+
-			"Its outcome is recorded when the attempt ends (at most the target's timeout): reload this page then, and retry it if it did not go through.",
-			row.ID, row.Target), fmt.Sprintf("%s/deliveries/%d", Prefix, row.ID))
+	if fl := (*backstop.InFlightError)(nil); errors.As(err, &fl) {
+		d.log.Info("dashboard: retry refused, claimed for sending", "delivery", row.ID, "until", fl.Until)
+		d.answer(w, r, http.StatusConflict, fmt.Sprintf("Delivery %d is claimed for sending to %s (its attempt is in flight, "+
+			"or waits for a free slot or for a 429's pause to end); nothing was queued, as that would send it twice. "+
+			"Its outcome is recorded when the attempt ends: reload this page then, and retry it if it still needs one "+
+			"(it is claimed until %s at the latest).",
+			row.ID, row.Target, fl.Until.UTC().Format(time.RFC3339)), fmt.Sprintf("%s/deliveries/%d", Prefix, row.ID))
 		return
 	}
 	if err != nil {

@@ -663,9 +663,10 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 	stopped := func(now time.Time) bool {
 		return w.gone || w.stopping > 0 || ctx.Err() != nil || w.pauseUntil.After(now)
 	}
-	// take returns the next row to send, its place in items and its
-	// claim, or false once there is none or the target must not be sent
-	// more now (out reports that the rows ran out, nothing else).
+	// take returns the next row to send, with its claim's lease, and its
+	// place in the pass (base plus its index in items), or false once
+	// there is none or the target must not be sent more now (out reports
+	// that the rows ran out, nothing else).
 	take := func() (at int, it item, ok, out bool) {
 		w.mu.Lock()
 		defer w.mu.Unlock()

@@ -937,6 +937,39 @@ func TestRetryWhileInFlightIsRefused(t *testing.T) {
 	}
 }
 
+// TestRetryDuring429PauseIsRefused: a row a 429 answered stays claimed
+// through the pause (the dispatcher sends it again itself when the pause
+// ends), so a manual retry meanwhile is refused as for an attempt in
+// flight: accepted, it would be sent once from memory and once more from
+// the queue.
+func TestRetryDuring429PauseIsRefused(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "contact.created", `{"id":"ct_1"}`)
+	start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true}}, Options{})
+	q.waitFor(t, 10*time.Second, "the 429 recorded", func() bool { return len(q.attemptsOf(t, id)) == 1 })
+	if err := q.db.RetryDelivery(context.Background(), id, time.Now()); !errors.Is(err, backstop.ErrInFlight) {
+		t.Errorf("retry during the 429's pause = %v, want ErrInFlight", err)
+	}
+	// A row queued after it is sent after it: a requeued evt_1 would go
+	// out first.
+	next := q.add(t, "crm", "evt_2", "contact.created", `{"id":"ct_2"}`)
+	q.waitFor(t, 20*time.Second, "both delivered", func() bool {
+		return q.row(t, id).Status == StatusDelivered && q.row(t, next).Status == StatusDelivered
+	})
+	if n := len(rec.all()); n != 3 {
+		t.Errorf("the target got %d requests, want 3 (evt_1's 429 and its resend, evt_2)", n)
+	}
+}
+
 // pacerFunc is a Pacer whose tickets tell done of every answer.
 type pacerFunc struct{ done func(status int) }
 
