@@ -81,6 +81,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 		readsStore(g, m.jobsCommand(g)),
 		m.demoCommand(g),
 		readsStore(g, m.deliveriesCommand(g), "list", "show", "targets", "retry", "redirect", "purge"),
+		readsStore(g, m.backupCommand(g)),
 		m.serveCommand(g),
 		m.simCommand(g),
 		m.versionCommand(),
