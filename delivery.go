@@ -44,6 +44,12 @@ type Delivery struct {
 	// answered.
 	LastStatus int
 	LastError  string
+	// ClaimedUntil, for a queued delivery a dispatcher has claimed (its
+	// attempt in flight, or waiting in memory for a free slot or for a
+	// 429's pause to end), is when that claim ends at the latest; a time
+	// past is a claim its process left (it is due again). Zero when it is
+	// not claimed, and on the rows a claim returns.
+	ClaimedUntil time.Time
 }
 
 // DeliveryAttempt is one HTTP attempt to deliver an outbox row, as logged

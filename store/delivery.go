@@ -915,7 +915,7 @@ func selectOutboxOnce(ctx context.Context, q sqlx.QueryerContext, s outboxSelect
 // outboxQuery is the start of a query of outbox rows: those of status,
 // target and eventType, each when not empty. It fails on an unknown status.
 func outboxQuery(status, target, eventType string) (string, []any, error) {
-	q := `SELECT ` + outboxColumns + ` FROM outbox WHERE 1 = 1`
+	q := `SELECT ` + outboxReadColumns + ` FROM outbox WHERE 1 = 1`
 	var args []any
 	switch status {
 	case "":
@@ -940,7 +940,7 @@ func outboxQuery(status, target, eventType string) (string, []any, error) {
 // Delivery returns the outbox row id; ok is false when there is none.
 func (db *DB) Delivery(ctx context.Context, id int64) (row OutboxRow, ok bool, err error) {
 	var raw outboxRow
-	err = db.r.GetContext(ctx, &raw, `SELECT `+outboxColumns+` FROM outbox WHERE id = ?`, id)
+	err = db.r.GetContext(ctx, &raw, `SELECT `+outboxReadColumns+` FROM outbox WHERE id = ?`, id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return OutboxRow{}, false, nil
 	}

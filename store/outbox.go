@@ -31,6 +31,8 @@ type outboxRow struct {
 	// ProxyKey is the caller's key of a payload queued through the webhook
 	// proxy; NULL for an event's row.
 	ProxyKey sql.NullString `db:"proxy_key"`
+	// ClaimedUntil is read only by the queries of outboxReadColumns.
+	ClaimedUntil sql.NullString `db:"claimed_until"`
 }
 
 // proxyPrefix starts the event_id of every row queued through the webhook
@@ -76,6 +78,11 @@ func (row outboxRow) outboxRow() (OutboxRow, error) {
 	if o.UpdatedAt, err = backstop.ParseTime(row.UpdatedAt); err != nil {
 		return o, fmt.Errorf("outbox %d: updated_at: %w", row.ID, err)
 	}
+	if row.ClaimedUntil.Valid && (o.Status == StatusPending || o.Status == StatusRetrying) {
+		if o.ClaimedUntil, err = backstop.ParseTime(row.ClaimedUntil.String); err != nil {
+			return o, fmt.Errorf("outbox %d: claimed_until: %w", row.ID, err)
+		}
+	}
 	return o, nil
 }
 
@@ -97,6 +104,10 @@ func (db *DB) OutboxRows(ctx context.Context, target string) ([]OutboxRow, error
 // outboxColumns are the columns outboxRow reads, for SELECT lists.
 const outboxColumns = `id, target, event_id, event_type, payload, status,
 	attempts, failures, next_attempt_at, created_at, updated_at, last_status, last_error, proxy_key`
+
+// outboxReadColumns are outboxColumns and the claim's end, for the reads
+// that show deliveries to a person (the claim itself has no use for it).
+const outboxReadColumns = outboxColumns + `, claimed_until`
 
 // convertOutbox converts rows read with outboxColumns.
 func convertOutbox(rows []outboxRow) ([]OutboxRow, error) {

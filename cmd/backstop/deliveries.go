@@ -534,6 +534,10 @@ type deliveryRow struct {
 	// sent at all until its target is enabled or configured again.
 	TargetDisabled      bool      `json:"target_disabled,omitempty"`
 	TargetNotConfigured bool      `json:"target_not_configured,omitempty"`
+	// ClaimedUntil is set on a queued row a dispatcher has claimed: it is
+	// being sent (or waits for a free slot or a 429's pause) until then at
+	// the latest, and a retry is refused meanwhile.
+	ClaimedUntil *time.Time `json:"claimed_until,omitempty"`
 	LastStatus          int       `json:"last_status,omitempty"`
 	LastError           string    `json:"last_error,omitempty"`
 	CreatedAt           time.Time `json:"created_at"`
@@ -590,6 +594,8 @@ func (t targetsNow) pausedPast(r store.OutboxRow) (time.Time, bool) {
 // disabled or not configured.
 func (t targetsNow) next(r store.OutboxRow) string {
 	switch {
+	case t.claimed(r):
+		return "now: claimed for sending until " + r.ClaimedUntil.UTC().Format(time.RFC3339) + " at the latest"
 	case queued(r) && !t.configured[r.Target]:
 		return "never (target not configured)"
 	case queued(r) && t.states[r.Target].Disabled:
@@ -601,6 +607,12 @@ func (t targetsNow) next(r store.OutboxRow) string {
 	return timeOrDash(r.NextAttemptAt)
 }
 
+// claimed reports whether a dispatcher holds r's claim now (a claim whose
+// end has passed was left by a process that stopped: r is due again).
+func (t targetsNow) claimed(r store.OutboxRow) bool {
+	return queued(r) && r.ClaimedUntil.After(t.now)
+}
+
 // rows is deliveryRows with the targets' state of the queued rows.
 func (t targetsNow) rows(rows []store.OutboxRow) []deliveryRow {
 	out := deliveryRows(rows)
@@ -610,6 +622,10 @@ func (t targetsNow) rows(rows []store.OutboxRow) []deliveryRow {
 		}
 		out[i].TargetNotConfigured = !t.configured[r.Target]
 		out[i].TargetDisabled = t.states[r.Target].Disabled
+		if t.claimed(r) {
+			u := r.ClaimedUntil.UTC()
+			out[i].ClaimedUntil = &u
+		}
 		if until, ok := t.pausedPast(r); ok {
 			u := until.UTC()
 			out[i].TargetPausedUntil = &u

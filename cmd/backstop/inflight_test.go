@@ -71,7 +71,23 @@ dashboard:
 	}
 	id := rows[0].ID
 
-	code, stdout, stderr := e.run(ctx, "deliveries", "retry", fmt.Sprint(id))
+	// show and list say it is being sent, not that its next attempt is
+	// when its claim ends.
+	code, stdout, stderr := e.run(ctx, "deliveries", "show", fmt.Sprint(id))
+	if code != exitOK || !strings.Contains(stdout, "next attempt now: claimed for sending until") {
+		t.Errorf("show while the attempt is in flight: exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = e.run(ctx, "deliveries", "list", "--json")
+	var listed []deliveryRow
+	if code != exitOK || jsonUnmarshal(stdout, &listed) != nil || len(listed) != 1 || listed[0].ClaimedUntil == nil {
+		t.Errorf("list --json while the attempt is in flight: exit %d, want claimed_until\n%s%s", code, stdout, stderr)
+	}
+
+	if page := bearerPage(t, fmt.Sprintf("http://%s/ui/deliveries/%d", addr, id)); !strings.Contains(page, "being sent: claimed until") {
+		t.Errorf("the dashboard's page of the delivery in flight does not say it is being sent:\n%.2000s", page)
+	}
+
+	code, stdout, stderr = e.run(ctx, "deliveries", "retry", fmt.Sprint(id))
 	if code == exitOK || !strings.Contains(stderr, "claimed for sending to recorder") {
 		t.Errorf("CLI retry while the attempt is in flight: exit %d\n%s%s\nwant refused, saying why", code, stdout, stderr)
 	}
@@ -95,7 +111,7 @@ dashboard:
 		t.Errorf("the target got evt_held %d times, want once", got["evt_held"])
 	}
 	row, _, err := db.Delivery(ctx, id)
-	if err != nil || row.Status != "delivered" || row.Attempts != 1 {
-		t.Errorf("delivery after its attempt: %+v %v; want delivered in one attempt", row, err)
+	if err != nil || row.Status != "delivered" || row.Attempts != 1 || !row.ClaimedUntil.IsZero() {
+		t.Errorf("delivery after its attempt: %+v %v; want delivered in one attempt, no longer claimed", row, err)
 	}
 }

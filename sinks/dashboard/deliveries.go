@@ -225,8 +225,9 @@ func (d *Dashboard) view(r *http.Request, row delivery.Row, targets []Target, al
 // nextAttempt says when the queued delivery row is attempted next, as
 // deliveries list does: its own time, the end of its target's pause when
 // that is later (a row answered 429 is held under its claim until the
-// pause ends, its own time the claim's end), or not at all (zero, and why)
-// while its target is disabled or not in the configuration.
+// pause ends, its own time the claim's end), now while a dispatcher has
+// it claimed, or not at all (zero, and why) while its target is disabled
+// or not in the configuration.
 func nextAttempt(row delivery.Row, targets []Target, now time.Time) (time.Time, string) {
 	if row.Status != delivery.StatusPending && row.Status != delivery.StatusRetrying {
 		return time.Time{}, ""
@@ -240,6 +241,9 @@ func nextAttempt(row delivery.Row, targets []Target, now time.Time) (time.Time, 
 	}
 	if until := targets[i].PausedUntil; until.After(now) && (until.After(row.NextAttemptAt) || row.LastStatus == http.StatusTooManyRequests) {
 		return until, "target paused"
+	}
+	if row.ClaimedUntil.After(now) {
+		return now, "being sent: claimed until " + row.ClaimedUntil.UTC().Format(time.RFC3339) + " at the latest"
 	}
 	return row.NextAttemptAt, ""
 }
