@@ -532,16 +532,16 @@ type deliveryRow struct {
 	TargetPausedUntil *time.Time `json:"target_paused_until,omitempty"`
 	// TargetDisabled and TargetNotConfigured mark a queued row that is not
 	// sent at all until its target is enabled or configured again.
-	TargetDisabled      bool      `json:"target_disabled,omitempty"`
-	TargetNotConfigured bool      `json:"target_not_configured,omitempty"`
+	TargetDisabled      bool `json:"target_disabled,omitempty"`
+	TargetNotConfigured bool `json:"target_not_configured,omitempty"`
 	// ClaimedUntil is set on a queued row a dispatcher has claimed: it is
 	// being sent (or waits for a free slot or a 429's pause) until then at
 	// the latest, and a retry is refused meanwhile.
 	ClaimedUntil *time.Time `json:"claimed_until,omitempty"`
-	LastStatus          int       `json:"last_status,omitempty"`
-	LastError           string    `json:"last_error,omitempty"`
-	CreatedAt           time.Time `json:"created_at"`
-	UpdatedAt           time.Time `json:"updated_at"`
+	LastStatus   int        `json:"last_status,omitempty"`
+	LastError    string     `json:"last_error,omitempty"`
+	CreatedAt    time.Time  `json:"created_at"`
+	UpdatedAt    time.Time  `json:"updated_at"`
 }
 
 // targetsNow is what the targets of listed rows are doing now, for saying
