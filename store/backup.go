@@ -8,9 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/backstop-sync/backstop"
 )
 
 // BackupInfo describes a backup written by Backup.
@@ -21,6 +24,11 @@ type BackupInfo struct {
 	Bytes int64
 	// SchemaVersion is the store's schema version the backup has.
 	SchemaVersion int
+	// TakenAt is when the backup began: it holds everything committed
+	// before then (and perhaps some of what came while it ran). It is
+	// recorded in the backup (table backup_info); zero for a copy of a
+	// store made otherwise.
+	TakenAt time.Time
 	// Duration is how long the backup took, its check included.
 	Duration time.Duration
 }
@@ -67,6 +75,9 @@ func (db *DB) backup(ctx context.Context, dest string) (info BackupInfo, err err
 		}
 	}()
 
+	// Everything committed before takenAt is in the copy: its read
+	// transaction begins after.
+	takenAt := db.now().UTC()
 	// A connection of its own: the readers are query_only, which SQLite
 	// takes to forbid VACUUM INTO too, and the writer is the intake's.
 	src, err := sqlx.Open(driverName, db.path+"?_pragma=busy_timeout("+strconv.FormatInt(db.busy.Milliseconds(), 10)+")")
@@ -81,7 +92,10 @@ func (db *DB) backup(ctx context.Context, dest string) (info BackupInfo, err err
 		}
 		return info, fmt.Errorf("copy: %w", explainOpen(db.path, err))
 	}
-	if info.SchemaVersion, err = checkBackup(ctx, tmp); err != nil {
+	if err := stampBackup(ctx, tmp, takenAt, db.path); err != nil {
+		return info, err
+	}
+	if info, err = ReadBackup(ctx, tmp); err != nil {
 		return info, err
 	}
 	if err := syncFile(tmp); err != nil {
@@ -99,34 +113,65 @@ func (db *DB) backup(ctx context.Context, dest string) (info BackupInfo, err err
 	if err := syncFile(dir); err != nil {
 		return info, err
 	}
-	st, err := os.Stat(dest)
-	if err != nil {
-		return info, err
-	}
-	info.Path, info.Bytes = dest, st.Size()
+	info.Path = dest
 	return info, nil
 }
 
-// checkBackup runs PRAGMA quick_check on the copy at path, read-only, and
-// returns its schema version.
-func checkBackup(ctx context.Context, path string) (int, error) {
+// stampBackup records in the copy at path when it was taken, and from
+// which store.
+func stampBackup(ctx context.Context, path string, takenAt time.Time, source string) error {
+	c, err := sqlx.Open(driverName, path)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.ExecContext(ctx, `INSERT OR REPLACE INTO backup_info (id, taken_at, source) VALUES (1, ?, ?)`,
+		backstop.CanonicalTime(takenAt), source); err != nil {
+		return fmt.Errorf("record the backup's time in the copy: %w", err)
+	}
+	return c.Close()
+}
+
+// ReadBackup checks the backup (or any copy of a store) at path, read-only
+// (PRAGMA quick_check), and returns what it is: its size, schema version
+// and, for a backup backstop backup wrote, when it was taken. It fails
+// with an error wrapping ErrNotStore for a file that is not a backstop
+// store, and on any problem the check finds.
+func ReadBackup(ctx context.Context, path string) (BackupInfo, error) {
+	info := BackupInfo{Path: path}
+	st, err := os.Stat(path)
+	if err != nil {
+		return info, err
+	}
+	if st.IsDir() {
+		return info, fmt.Errorf("%s is a directory", path)
+	}
+	info.Bytes = st.Size()
 	c, err := sqlx.Open(driverName, path+"?_pragma=query_only(1)")
 	if err != nil {
-		return 0, err
+		return info, err
 	}
 	defer c.Close()
 	var problems []string
 	if err := c.SelectContext(ctx, &problems, `PRAGMA quick_check`); err != nil {
-		return 0, fmt.Errorf("check the copy: %w", err)
+		if Damaged(err) {
+			return info, fmt.Errorf("%w: %v", ErrNotStore, err)
+		}
+		return info, fmt.Errorf("check %s: %w", path, err)
 	}
 	if len(problems) != 1 || problems[0] != "ok" {
-		return 0, fmt.Errorf("check the copy: %v", problems)
+		return info, fmt.Errorf("check %s: it is damaged: %s", path, strings.Join(problems[:min(len(problems), 5)], "; "))
 	}
-	var version int
-	if err := c.GetContext(ctx, &version, `SELECT coalesce(max(version), 0) FROM schema_migrations`); err != nil {
-		return 0, fmt.Errorf("check the copy: read its schema version: %w", err)
+	if err := c.GetContext(ctx, &info.SchemaVersion, `SELECT coalesce(max(version), 0) FROM schema_migrations`); err != nil {
+		return info, fmt.Errorf("%w: %s has no schema_migrations table", ErrNotStore, path)
 	}
-	return version, nil
+	var taken []string
+	if err := c.SelectContext(ctx, &taken, `SELECT taken_at FROM backup_info WHERE id = 1`); err == nil && len(taken) == 1 {
+		if info.TakenAt, err = backstop.ParseTime(taken[0]); err != nil {
+			return info, fmt.Errorf("%s: backup_info.taken_at: %w", path, err)
+		}
+	}
+	return info, nil
 }
 
 // syncFile flushes the file or directory at path to the disk.

@@ -54,8 +54,14 @@ func TestBackup(t *testing.T) {
 		t.Fatal(err)
 	}
 	latest := ms[len(ms)-1].version
-	if info.Path != dest || info.Bytes <= 0 || info.SchemaVersion != latest {
-		t.Errorf("backup info %+v, want %s, its size, schema %d", info, dest, latest)
+	if info.Path != dest || info.Bytes <= 0 || info.SchemaVersion != latest || !info.TakenAt.Equal(t0) {
+		t.Errorf("backup info %+v, want %s, its size, schema %d, taken when it began", info, dest, latest)
+	}
+	if read, err := ReadBackup(ctx, dest); err != nil || !read.TakenAt.Equal(info.TakenAt) || read.SchemaVersion != latest {
+		t.Errorf("ReadBackup = %+v, %v; want the backup's time and schema", read, err)
+	}
+	if read, err := ReadBackup(ctx, db.path); err != nil || !read.TakenAt.IsZero() {
+		t.Errorf("ReadBackup of a store in use = %+v, %v; want no backup time", read, err)
 	}
 	// A copy of the backup opens as a store (a restore is putting it in
 	// place).

@@ -15,6 +15,18 @@ const lockHeld = "another process holds the store's write lock"
 // others Cause names.
 func LockHeld(err error) bool { return Cause(err) == lockHeld }
 
+// Damaged reports whether err says the store file is damaged (SQLite's
+// SQLITE_CORRUPT or SQLITE_NOTADB): unlike a full disk or a lock held
+// elsewhere, that does not pass; the store needs repair or a restore.
+func Damaged(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	c := se.Code() & 0xff
+	return c == sqlite3.SQLITE_CORRUPT || c == sqlite3.SQLITE_NOTADB
+}
+
 // Cause names, in a few words fit to show outside the process, why the
 // store refused an operation: "the disk is full", "the store file is
 // read-only", and so on. It never includes the store's path or the

@@ -300,6 +300,10 @@ func openConfiguredStore(ctx context.Context, cfg *config.Config, synchronous st
 		// A wrong path (a typo, a shared data directory), not a failure.
 		return nil, usageError{cfg.Problem("store.path", "%v", err)}
 	}
+	if store.Damaged(err) {
+		return nil, fmt.Errorf("%w: the store file is damaged; put a backup in its place (backstop restore --help), "+
+			"or recover what it holds with sqlite3's .recover", err)
+	}
 	return db, err
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/backstop-sync/backstop/store"
 )
 
 func (m *Main) backupCommand(g *globals) *cobra.Command {
@@ -26,19 +28,16 @@ checked (PRAGMA quick_check) and flushed to the disk before it takes its
 name, so FILE is a whole backup or does not exist. An existing FILE is
 refused, never overwritten.
 
-To restore: stop every backstop process that uses the store, put the backup
-at store.path, delete the old store's -wal and -shm files next to it, and
-start again. The store is then as it was at the backup: deliveries still
-queued then are sent again (under the same event ids, so a target that
-de-duplicates on webhook-id drops them), and what was received after it is
-not known. Run backstop sync (it resumes from the backup's cursors) and
-backstop reconcile --since the backup's time, which re-emits the events
-missed since; a target may then get a version it already had, under the
-reconcile's event id.`,
+The backup records when it was taken ("as of"): it holds everything
+committed before then. To put it back, see backstop restore --help.`,
 		Example: `  backstop backup /var/backups/backstop-$(date +%F).db`,
-		Args:    cobraArgs(cobra.ExactArgs(1)),
+		Args:    oneArg("the file to write the backup to, e.g. backstop backup /var/backups/backstop.db"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dest := args[0]
+			if fi, err := os.Stat(dest); err == nil && fi.IsDir() {
+				return usagef("backup %s: that is a directory: name the backup's file, e.g. %s",
+					dest, filepath.Join(dest, "backstop-"+time.Now().Format("2006-01-02")+".db"))
+			}
 			if fi, err := os.Stat(filepath.Dir(dest)); err != nil || !fi.IsDir() {
 				return usagef("backup %s: directory %s does not exist", dest, filepath.Dir(dest))
 			}
@@ -61,15 +60,105 @@ reconcile's event id.`,
 				enc := json.NewEncoder(m.Stdout)
 				enc.SetIndent("", "  ")
 				return enc.Encode(struct {
-					Store         string  `json:"store"`
-					Backup        string  `json:"backup"`
-					Bytes         int64   `json:"bytes"`
-					SchemaVersion int     `json:"schema_version"`
-					Seconds       float64 `json:"seconds"`
-				}{cfg.Store.Path, info.Path, info.Bytes, info.SchemaVersion, info.Duration.Seconds()})
+					Store         string    `json:"store"`
+					Backup        string    `json:"backup"`
+					TakenAt       time.Time `json:"taken_at"`
+					Bytes         int64     `json:"bytes"`
+					SchemaVersion int       `json:"schema_version"`
+					Seconds       float64   `json:"seconds"`
+				}{cfg.Store.Path, info.Path, info.TakenAt, info.Bytes, info.SchemaVersion, info.Duration.Seconds()})
 			}
-			_, err = fmt.Fprintf(m.Stdout, "backed up %s to %s: %s, schema version %d, checked, in %s\n",
-				cfg.Store.Path, info.Path, byteSize(info.Bytes), info.SchemaVersion, info.Duration.Round(time.Millisecond))
+			_, err = fmt.Fprintf(m.Stdout, "backed up %s to %s as of %s: %s, schema version %d, checked, in %s\n",
+				cfg.Store.Path, info.Path, info.TakenAt.Format(time.RFC3339), byteSize(info.Bytes), info.SchemaVersion,
+				info.Duration.Round(time.Millisecond))
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	return cmd
+}
+
+func (m *Main) restoreCommand(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "restore BACKUP",
+		Short: "Put a backup in place of the store (every backstop process on it stopped)",
+		Long: `restore puts BACKUP, a file backstop backup wrote (or another copy of a
+store), in place of the store at store.path. Stop every backstop process that
+uses the store first: restore refuses while serve holds it, or while any
+process (a sync, backfill, reconcile or run, an sqlite3 shell) has it open.
+
+It checks BACKUP (PRAGMA quick_check; a backup of a newer backstop is
+refused), copies it next to the store under a temporary name, and renames the
+copy into place once it is written and synced. Nothing is deleted: the store
+that was there is renamed to store.path.replaced-<time>, with its -wal and
+-shm files (its WAL folded into it first when it is sound). Copying a backup
+over the store by hand is not the same: an old -wal left beside it would be
+replayed into the backup, which it does not belong to, and damage it.
+
+The store is then as it was when the backup was taken: what was received
+after it is not known, and deliveries still queued then are sent again (under
+the same event ids, so a target that de-duplicates on webhook-id drops
+them). restore prints the two commands that catch up: backstop sync (from
+the backup's cursors), and backstop reconcile --since the backup's time,
+which re-emits what changed after it (a target may get a version it already
+had, under the reconcile's event id).`,
+		Example: `  backstop restore /var/backups/backstop-2026-12-01.db`,
+		Args:    oneArg("the backup file to restore, e.g. backstop restore /var/backups/backstop.db"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			backup := args[0]
+			if fi, err := os.Stat(backup); err != nil {
+				return usagef("restore %s: %v", backup, errors.Unwrap(err))
+			} else if fi.IsDir() {
+				return usagef("restore %s: that is a directory: name the backup's file", backup)
+			}
+			cfg, err := m.loadConfig(g, true)
+			if err != nil {
+				return err
+			}
+			// serve's claim, held throughout: no serve starts on the
+			// store while it is replaced.
+			release, err := store.Claim(cmd.Context(), cfg.Store.Path, "serve")
+			if errors.Is(err, store.ErrClaimed) {
+				return fmt.Errorf("restore %s: serve is running on %s: stop every backstop process that uses the store first", backup, cfg.Store.Path)
+			}
+			if err != nil {
+				return err
+			}
+			defer release()
+			info, err := store.Restore(cmd.Context(), backup, cfg.Store.Path, time.Now())
+			switch {
+			case errors.Is(err, store.ErrNotStore):
+				return usagef("restore %s: not a backstop store or backup: %v", backup, err)
+			case err != nil:
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(m.Stdout)
+				enc.SetIndent("", "  ")
+				var taken *time.Time
+				if !info.Backup.TakenAt.IsZero() {
+					taken = &info.Backup.TakenAt
+				}
+				return enc.Encode(struct {
+					Store         string     `json:"store"`
+					Backup        string     `json:"backup"`
+					TakenAt       *time.Time `json:"taken_at"`
+					SchemaVersion int        `json:"schema_version"`
+					Replaced      string     `json:"replaced,omitempty"`
+				}{cfg.Store.Path, backup, taken, info.Backup.SchemaVersion, info.Replaced})
+			}
+			w := m.Stdout
+			asOf, since := "", "THE-BACKUP'S-TIME"
+			if !info.Backup.TakenAt.IsZero() {
+				asOf = " (taken " + info.Backup.TakenAt.Format(time.RFC3339) + ")"
+				since = info.Backup.TakenAt.Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "restored %s%s to %s\n", backup, asOf, cfg.Store.Path)
+			if info.Replaced != "" {
+				fmt.Fprintf(w, "the store it replaced is kept as %s (delete it once the restore is checked)\n", info.Replaced)
+			}
+			_, err = fmt.Fprintf(w, "to catch up with what came after the backup, run:\n  backstop sync\n  backstop reconcile --since %s\n", since)
 			return err
 		},
 	}

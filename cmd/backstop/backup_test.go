@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -122,23 +123,101 @@ func TestBackupWhileServing(t *testing.T) {
 		t.Errorf("temporary files left: %v", left)
 	}
 
-	// A restore: the backup in place of a store, read by the CLI.
-	restoreDir := t.TempDir()
-	restored := filepath.Join(restoreDir, "backstop.db")
-	if err := os.WriteFile(restored, before, 0o600); err != nil {
+	// restore refuses while serve runs; once serve is SIGKILLed (its -wal
+	// left behind) it puts the backup in place, keeps the old store aside,
+	// and says how to catch up; serve starts on it and takes webhooks.
+	code, _, stderr = runBinary(t, dir, env, "--config", e.config, "restore", dest)
+	if code != exitFailure || !strings.Contains(stderr, "serve is running") {
+		t.Errorf("restore while serve runs: exit %d %s; want 1, saying serve runs", code, stderr)
+	}
+	if err := proc.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := os.ReadFile(e.config)
-	if err != nil {
-		t.Fatal(err)
+	proc.cmd.Wait()
+	if _, err := os.Stat(e.db + "-wal"); err != nil {
+		t.Fatalf("no -wal left by the killed serve: %v", err)
 	}
-	restoredCfg := filepath.Join(restoreDir, "schedules.yaml")
-	if err := os.WriteFile(restoredCfg, []byte(strings.Replace(string(cfg), e.db, restored, 1)), 0o600); err != nil {
-		t.Fatal(err)
+	code, stdout, stderr = runBinary(t, dir, env, "--config", e.config, "restore", dest)
+	if code != exitOK || !strings.Contains(stdout, "restored "+dest+" (taken ") || !strings.Contains(stdout, "backstop reconcile --since ") ||
+		!strings.Contains(stdout, ".replaced-") {
+		t.Fatalf("restore: exit %d\n%s%s", code, stdout, stderr)
 	}
-	code, stdout, stderr = runBinary(t, restoreDir, env, "--config", restoredCfg, "deliveries", "list", "--json")
+	if got := ids(e.db); !slices.Equal(got, backedUp) {
+		t.Errorf("the restored store holds %d events, want the backup's %d", len(got), len(backedUp))
+	}
+	proc, lines = e.startBinaryEnv(env, "serve")
+	waitLines(t, lines, "serving", 1, stepTimeout)
+	post(1_000_000)
+	if code := getStatus(t, "http://"+addr+"/readyz"); code != http.StatusOK {
+		t.Errorf("serve on the restored store: /readyz %d", code)
+	}
+	code, stdout, stderr = runBinary(t, dir, env, "--config", e.config, "deliveries", "list", "--json")
 	var rows []deliveryRow
 	if code != exitOK || json.Unmarshal([]byte(stdout), &rows) != nil || len(rows) == 0 {
 		t.Errorf("deliveries list on the restored store: exit %d, %d rows\n%s", code, len(rows), stderr)
+	}
+}
+
+// A store whose file is damaged where the webhooks' commits write (here
+// the processed_events index, as a WAL replayed into a file it does not
+// belong to can leave it): serve opens it (the damage is not where it
+// looks at start), and once a webhook commit finds the damage /readyz
+// answers 503 store_damaged and keeps answering so. Before, after a failed
+// commit /readyz made a test write elsewhere, which succeeded, and said
+// ready.
+func TestServeNotReadyOnADamagedStore(t *testing.T) {
+	addr := freeAddr(t)
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	env := append(e.environ(e.sim.APIKey()), "BOTIX_WEBHOOK_SECRET="+webhookSecret)
+	if err := e.openStore().Close(); err != nil { // made, migrated, its WAL folded in
+		t.Fatal(err)
+	}
+	raw, err := sql.Open("sqlite", e.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var root, pageSize int64
+	if err := raw.QueryRow(`SELECT rootpage FROM sqlite_master WHERE name = 'sqlite_autoindex_processed_events_1'`).Scan(&root); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.QueryRow(`PRAGMA page_size`).Scan(&pageSize); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(e.db, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	garbage := []byte(strings.Repeat("\xde\xad\xbe\xef", int(pageSize)/4))
+	if _, err := f.WriteAt(garbage, (root-1)*pageSize); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	proc, lines := e.startBinaryEnv(env, "serve")
+	defer func() {
+		proc.cmd.Process.Signal(syscall.SIGTERM)
+		proc.cmd.Wait()
+	}()
+	waitLines(t, lines, "serving", 1, stepTimeout)
+	url := "http://" + addr + "/webhooks/botix"
+	readyz := func() (int, string) {
+		res, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(body)
+	}
+	for i := range 3 {
+		if code, body := postSigned(t, url, webhookSecret, paymentWebhook(fmt.Sprintf("evt_dmg_%d", i), "pay_1")); code != http.StatusServiceUnavailable {
+			t.Errorf("webhook %d into the damaged index: %d %s, want 503", i, code, body)
+		}
+		if code, body := readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "store_damaged") {
+			t.Errorf("/readyz after webhook %d: %d %s; want 503 store_damaged", i, code, body)
+		}
 	}
 }

@@ -83,7 +83,7 @@ kept: the next sync reads the whole feed again and, since the mirror never goes
 back in time, only writes objects newer than what it holds. A sync or backfill
 of RESOURCE running meanwhile stops at its next page, without saving its
 position over the reset (it exits 1 and says so).`,
-		Args: cobraArgs(cobra.ExactArgs(1)),
+		Args: oneArg("the resource whose cursors to forget: contacts, chats, messages or payments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := backstop.ParseResource(args[0])
 			if err != nil {

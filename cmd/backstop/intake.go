@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -21,6 +23,10 @@ type intakeStack struct {
 	writerDone chan struct{}
 	fetchDone  chan struct{}
 	stopFetch  context.CancelFunc
+	// damaged holds the first commit error that found the store file
+	// damaged (store.Damaged): that does not pass, so serve is not ready
+	// from then on, even while other commits, on sound pages, succeed.
+	damaged atomic.Pointer[error]
 }
 
 // intakeOptions are what startIntake's writer is told besides the store.
@@ -38,23 +44,27 @@ func startIntake(ctx context.Context, db *store.DB, src backstop.Source, v intak
 	log *slog.Logger, reg prometheus.Registerer) *intakeStack {
 	routes := opts.routes
 	metrics := intake.NewMetrics(reg)
+	s := &intakeStack{}
+	observe := func(size int, took time.Duration, err error) {
+		metrics.ObserveCommit(size, took, err)
+		if err != nil && store.Damaged(err) && s.damaged.CompareAndSwap(nil, &err) {
+			log.Error("the store file is damaged: serve is not ready until it is restarted on a sound store "+
+				"(see backstop restore --help)", "error", err)
+		}
+	}
 	writer := intake.NewBatcher(db, intake.BatcherOptions{
-		MaxBatch: opts.maxBatch, Routes: routes, Logger: log.With("component", "emit"), Observe: metrics.ObserveCommit,
+		MaxBatch: opts.maxBatch, Routes: routes, Logger: log.With("component", "emit"), Observe: observe,
 		OnQueued: opts.onQueued,
 	})
 	fetcher := intake.NewFetcher(db, src, intake.FetcherOptions{
 		Routes: routes, Metrics: metrics, Logger: log.With("component", "truncated"), OnQueued: opts.onQueued,
 	})
-	s := &intakeStack{
-		writer:     writer,
-		metrics:    metrics,
-		writerDone: make(chan struct{}),
-		fetchDone:  make(chan struct{}),
-		handler: intake.NewHandler(v, writer, intake.HandlerOptions{
-			Metrics: metrics, Logger: log.With("component", "intake"),
-			OnTruncated: func(backstop.Event) { fetcher.Wake() },
-		}),
-	}
+	s.writer, s.metrics = writer, metrics
+	s.writerDone, s.fetchDone = make(chan struct{}), make(chan struct{})
+	s.handler = intake.NewHandler(v, writer, intake.HandlerOptions{
+		Metrics: metrics, Logger: log.With("component", "intake"),
+		OnTruncated: func(backstop.Event) { fetcher.Wake() },
+	})
 	// Commits are not cancelled by a signal: they finish, then stop drains.
 	go func() {
 		defer close(s.writerDone)

@@ -82,6 +82,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 		m.demoCommand(g),
 		readsStore(g, m.deliveriesCommand(g), "list", "show", "targets", "retry", "redirect", "purge"),
 		readsStore(g, m.backupCommand(g)),
+		m.restoreCommand(g),
 		m.serveCommand(g),
 		m.simCommand(g),
 		m.versionCommand(),
@@ -195,6 +196,20 @@ func isTerminal(f *os.File) bool {
 }
 
 // cobraArgs wraps an argument validator so its errors exit 2.
+// oneArg accepts exactly one argument, what; a usage error without it (or
+// with more) says what it is.
+func oneArg(what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		switch {
+		case len(args) == 0:
+			return usagef("%s: missing argument: %s", cmd.CommandPath(), what)
+		case len(args) > 1:
+			return usagef("%s: takes one argument (%s), got %d: %s", cmd.CommandPath(), what, len(args), strings.Join(args, " "))
+		}
+		return nil
+	}
+}
+
 func cobraArgs(v cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := v(cmd, args); err != nil {

@@ -275,6 +275,11 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	pingProbe := &cachedProbe{every: time.Second}
 	writeProbe := &cachedProbe{every: time.Second}
 	readyz := getOnly(func(w http.ResponseWriter, r *http.Request) {
+		if stack.damaged.Load() != nil {
+			intake.WriteError(w, http.StatusServiceUnavailable, "store_damaged",
+				"the store file is damaged (a webhook commit found it so): serve is not ready until it is restarted on a sound store; serve's log has the details")
+			return
+		}
 		if err := pingProbe.check(r.Context(), func(ctx context.Context) error {
 			err := a.db.Ping(ctx)
 			if err != nil {
