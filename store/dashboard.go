@@ -187,7 +187,7 @@ func (db *DB) ProcessedByPeriod(ctx context.Context, since time.Time, period tim
 // first one moved updated_at. It fails with an error wrapping
 // backstop.ErrNotFound when there is no such delivery, and with one
 // wrapping backstop.ErrInFlight (a *backstop.InFlightError), changing
-// nothing, while it is claimed for sending.
+// nothing, while it is claimed for sending and otherwise as seen.
 func (db *DB) RetryDeliveryAsSeen(ctx context.Context, id int64, status string, updatedAt, now time.Time) (bool, error) {
 	stamp := backstop.CanonicalTime(now)
 	res, err := db.w.ExecContext(ctx, requeueSQL+` WHERE id = ? AND status = ? AND updated_at = ?`+notInFlightSQL,
@@ -201,6 +201,18 @@ func (db *DB) RetryDeliveryAsSeen(ctx context.Context, id int64, status string, 
 	}
 	if n == 1 {
 		return true, nil
+	}
+	// Changed since it was seen (retried already, attempted): that is
+	// what the person is told, claimed or not. Else only its claim kept
+	// it as it was.
+	row, ok, err := db.Delivery(ctx, id)
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("retry delivery %d: %w", id, err)
+	case !ok:
+		return false, fmt.Errorf("retry delivery %d: no such delivery: %w", id, backstop.ErrNotFound)
+	case row.Status != status || !row.UpdatedAt.Equal(updatedAt):
+		return false, nil
 	}
 	if until, ok, err := db.inFlight(ctx, id, now); err != nil {
 		return false, fmt.Errorf("retry delivery %d: %w", id, err)

@@ -1166,6 +1166,11 @@ func TestRetryRefusedWhileAttemptInFlight(t *testing.T) {
 		if done, err := db.RetryDeliveryAsSeen(ctx, id, before.Status, before.UpdatedAt, now); done || !errors.Is(err, backstop.ErrInFlight) {
 			t.Errorf("RetryDeliveryAsSeen(%d) in flight = %v, %v; want ErrInFlight", id, done, err)
 		}
+		// A form drawn before the row last changed is told that, claimed
+		// or not (a second submission of one Retry).
+		if done, err := db.RetryDeliveryAsSeen(ctx, id, before.Status, before.UpdatedAt.Add(-time.Second), now); done || err != nil {
+			t.Errorf("RetryDeliveryAsSeen(%d) of an older version, in flight = %v, %v; want false, nil", id, done, err)
+		}
 		if got := mustDelivery(t, db, id); fmt.Sprint(got) != fmt.Sprint(before) {
 			t.Errorf("delivery %d changed by a refused retry:\n%+v\nwas\n%+v", id, got, before)
 		}
