@@ -114,6 +114,15 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	// serve's own settings are checked before the store is touched, so
+	// that a mistake there creates no store file and is not hidden behind
+	// another serve's claim. (A configuration that does not load at all is
+	// reported by openAppWith, before it opens the store.)
+	if cfg, err := m.loadConfig(g, false); err == nil {
+		if _, err := serveVerifier(cfg); err != nil {
+			return err
+		}
+	}
 	release, err := m.claimStore(ctx, g)
 	if err != nil {
 		return err
@@ -143,16 +152,9 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	if err := warnUnconfiguredTargets(ctx, a.db, cfg.Targets, log); err != nil {
 		return err
 	}
-	secrets := make([]string, 0, 2)
-	for _, s := range cfg.Intake.AllSecrets() {
-		secrets = append(secrets, s.Value())
-	}
-	if len(secrets) == 0 {
-		return usageError{cfg.Missing("intake.secret", "serve needs the webhook signing secret (e.g. secret: ${BOTIX_WEBHOOK_SECRET})")}
-	}
-	verifier, err := intake.NewVerifier(cfg.Intake.Scheme, intake.SchemeOptions{Secrets: secrets, Tolerance: cfg.Intake.Tolerance.Std()})
+	verifier, err := serveVerifier(cfg)
 	if err != nil {
-		return usagef("intake: %v", err)
+		return err
 	}
 	routes := routesOf(cfg)
 	reg := prometheus.NewRegistry()
@@ -482,6 +484,24 @@ func (m *Main) claimStore(ctx context.Context, g *globals) (release func() error
 			"(each would run every scheduled job and spend the API budget on its own); stop the other one, or set governor.redis to run several", cfg.Store.Path)
 	}
 	return release, err
+}
+
+// serveVerifier returns the webhook verifier of cfg's intake: its scheme
+// with every secret accepted (a rotation's too). Without a secret, or with
+// a scheme it cannot build, it is a configuration error naming the key.
+func serveVerifier(cfg *config.Config) (intake.Verifier, error) {
+	secrets := make([]string, 0, 2)
+	for _, s := range cfg.Intake.AllSecrets() {
+		secrets = append(secrets, s.Value())
+	}
+	if len(secrets) == 0 {
+		return nil, usageError{cfg.Missing("intake.secret", "serve needs the webhook signing secret (e.g. secret: ${BOTIX_WEBHOOK_SECRET})")}
+	}
+	verifier, err := intake.NewVerifier(cfg.Intake.Scheme, intake.SchemeOptions{Secrets: secrets, Tolerance: cfg.Intake.Tolerance.Std()})
+	if err != nil {
+		return nil, usagef("intake: %v", err)
+	}
+	return verifier, nil
 }
 
 // warnUnpruned warns when no maintenance job is configured: nothing then

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -387,5 +388,34 @@ func TestServeOwnEndpointsAnswer405ToOtherMethods(t *testing.T) {
 		if res.StatusCode != http.StatusOK {
 			t.Errorf("GET %s: %d", path, res.StatusCode)
 		}
+	}
+}
+
+// serve without its webhook secret is a configuration error (exit 2, file,
+// line and key) found before the store is touched: no store file is left
+// behind, and another serve holding the store does not hide it behind its
+// claim.
+func TestServeConfigErrorBeforeTheStore(t *testing.T) {
+	addr := freeAddr(t)
+	e := newServeEnv(t, addr, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	env := e.environ(e.sim.APIKey()) // no BOTIX_WEBHOOK_SECRET
+	dir := t.TempDir()
+	code, _, stderr := runBinary(t, dir, append(env, "BOTIX_WEBHOOK_SECRET="), "--config", e.config, "serve")
+	if code != exitUsage || !strings.Contains(stderr, "intake.secret") || !strings.Contains(stderr, "schedules.yaml:") {
+		t.Errorf("serve without its secret: exit %d %s; want 2 naming the file, line and key", code, stderr)
+	}
+	if left, _ := filepath.Glob(e.db + "*"); len(left) != 0 {
+		t.Errorf("a serve refused for its configuration left %v", left)
+	}
+
+	proc, lines := e.startBinaryEnv(append(env, "BOTIX_WEBHOOK_SECRET="+webhookSecret), "serve")
+	waitLines(t, lines, "serving", 1, stepTimeout)
+	defer func() {
+		proc.cmd.Process.Signal(syscall.SIGTERM)
+		proc.cmd.Wait()
+	}()
+	code, _, stderr = runBinary(t, dir, append(env, "BOTIX_WEBHOOK_SECRET="), "--config", e.config, "serve")
+	if code != exitUsage || !strings.Contains(stderr, "intake.secret") {
+		t.Errorf("serve without its secret beside a running serve: exit %d %s; want 2 naming intake.secret", code, stderr)
 	}
 }
