@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	stdsync "sync"
 	"time"
 
@@ -29,18 +30,23 @@ type progress struct {
 	op       string
 	bars     *mpb.Progress // nil when not on a terminal
 	out      io.Writer     // where logs go
-	log      *slog.Logger  // set once the logger exists
+	log      *slog.Logger  // set by start
 	interval time.Duration
+	started  time.Time
+	// stop ends the ticker start runs without bars; ticked is closed once
+	// it has ended. Both nil when none runs.
+	stop, ticked chan struct{}
 
 	mu    stdsync.Mutex
 	state map[backstop.Resource]*resourceProgress
 }
 
 type resourceProgress struct {
-	counts  counts
-	lastLog time.Time
-	bar     *mpb.Bar
-	ended   bool // done was called
+	counts   counts
+	lastLog  time.Time
+	lastPage time.Time // zero before the first page
+	bar      *mpb.Bar
+	ended    bool // done was called
 }
 
 // counts is one resource's totals so far, as the bar shows them (line) and
@@ -56,7 +62,7 @@ func newProgress(m *Main, op string, resources []backstop.Resource) *progress {
 		// Refused before the command ran (showsProgress).
 		interval = defaultProgressInterval
 	}
-	p := &progress{op: op, out: m.Stderr, interval: interval, state: map[backstop.Resource]*resourceProgress{}}
+	p := &progress{op: op, out: m.Stderr, interval: interval, started: time.Now(), state: map[backstop.Resource]*resourceProgress{}}
 	if m.IsTerminal {
 		// Main.IsTerminal decides, not mpb's own look at the writer.
 		p.bars = mpb.New(mpb.WithOutput(m.Stderr), mpb.WithAutoRefresh(), mpb.WithWidth(16),
@@ -130,6 +136,68 @@ func reconcileCounts(rep backstop.ReconcileReport, elapsed string) counts {
 	}
 }
 
+// start sets the logger the progress lines and the end of each resource
+// are logged to, once it exists. Without bars it also logs, every
+// interval, each resource still running that has logged no line for that
+// long: its totals as of its last page and how long ago that page was (or
+// that its first is still awaited), so that a run waiting on the rate
+// limit or a slow platform still says it is alive. wait or abort stops
+// that.
+func (p *progress) start(log *slog.Logger) {
+	p.log = log
+	if p.bars != nil || log == nil || p.stop != nil {
+		return
+	}
+	p.stop, p.ticked = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(p.ticked)
+		// A line is due interval after the last; a quarter of it late at
+		// most.
+		t := time.NewTicker(max(p.interval/4, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-t.C:
+			}
+			for _, attrs := range p.idleLines(time.Now()) {
+				log.Info(p.op+" progress", attrs...)
+			}
+		}
+	}()
+}
+
+// idleLines returns the log attributes of the resources, still running,
+// that logged no line for an interval until now, and counts them as
+// logged.
+func (p *progress) idleLines(now time.Time) [][]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out [][]any
+	for r, rp := range p.state {
+		if rp.ended || now.Sub(rp.lastLog) < p.interval {
+			continue
+		}
+		rp.lastLog = now
+		if rp.lastPage.IsZero() {
+			out = append(out, []any{"resource", r, "pages", 0, "waiting", "for its first page", "elapsed", round(now.Sub(p.started))})
+			continue
+		}
+		out = append(out, append(slices.Clone(rp.counts.attrs), "since_last_page", round(now.Sub(rp.lastPage))))
+	}
+	return out
+}
+
+// stopTicker ends start's ticker, if any, and waits for it.
+func (p *progress) stopTicker() {
+	if p.stop != nil {
+		close(p.stop)
+		<-p.ticked
+		p.stop = nil
+	}
+}
+
 // line renders one resource's counters.
 func (p *progress) line(r backstop.Resource) string {
 	p.mu.Lock()
@@ -156,9 +224,10 @@ func (p *progress) update(r backstop.Resource, c counts) {
 		return
 	}
 	rp.counts = c
+	rp.lastPage = time.Now()
 	due := p.bars == nil && time.Since(rp.lastLog) >= p.interval
 	if due {
-		rp.lastLog = time.Now()
+		rp.lastLog = rp.lastPage
 	}
 	p.mu.Unlock()
 	if due && p.log != nil {
@@ -209,6 +278,7 @@ func (p *progress) done(r backstop.Resource, c counts, err error) {
 // wait lets the bars draw their last frame. The bars of resources that
 // never ran (a job stopped before it reached them) are removed.
 func (p *progress) wait() {
+	p.stopTicker()
 	if p.bars == nil {
 		return
 	}
@@ -233,6 +303,7 @@ func (p *progress) abortIfAny() {
 
 // abort removes the bars when the run never started.
 func (p *progress) abort() {
+	p.stopTicker()
 	if p.bars == nil {
 		return
 	}

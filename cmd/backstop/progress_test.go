@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/backstop-sync/backstop/sources/sim"
 )
@@ -113,5 +114,24 @@ func TestReconcileAndRunJobDrawBars(t *testing.T) {
 		if bar := errb.String(); countLines(bar, name, "✓") != 1 {
 			t.Errorf("%v: no finished bar for %s %s on the terminal:\n%q", args, op, resource, bar)
 		}
+	}
+}
+
+// A run waiting on the rate limit between pages still logs a progress line
+// every interval without bars: its totals as of its last page and how long
+// ago that page was, so that a slow run does not look hung.
+func TestProgressLinesWhileWaiting(t *testing.T) {
+	// Two requests a second: the 6 pages take about 3 s, mostly waiting.
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 3, Objects: 60, Limit: 2, Window: time.Second}, pageSize: 10})
+	t.Setenv("BACKSTOP_PROGRESS_INTERVAL", "200ms")
+	code, _, stderr := e.run(context.Background(), "backfill", "contacts", "--no-emit")
+	if code != exitOK {
+		t.Fatalf("backfill: exit %d\n%s", code, stderr)
+	}
+	if n := countLines(stderr, "backfill progress", "resource=contacts", "since_last_page="); n < 2 {
+		t.Errorf("%d progress lines while the backfill waited between pages, want some:\n%s", n, stderr)
+	}
+	if n := countLines(stderr, "backfill finished", "resource=contacts", "objects=60"); n != 1 {
+		t.Errorf("%d finished lines, want 1:\n%s", n, stderr)
 	}
 }

@@ -66,7 +66,7 @@ progress line per resource every 5 seconds and a line when each ends.`,
 				return err
 			}
 			defer a.Close()
-			prog.log = a.log
+			prog.start(a.log)
 			opts := bsync.ReconcileOptions{Since: sinceT, Full: full, DryRun: dry, Routes: routesOf(a.cfg),
 				OnPage: prog.reconcilePage}
 			reports, runErr := eachResource(ctx, resources, func(ctx context.Context, r backstop.Resource) (backstop.ReconcileReport, error) {

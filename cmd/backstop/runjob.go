@@ -69,7 +69,7 @@ interrupted.`,
 			// saving over the reset.
 			a.engine.EmitGuard = a.db
 			if prog != nil {
-				prog.log = a.log
+				prog.start(a.log)
 				a.engine.OnPage, a.engine.OnDone = prog.page, prog.finish
 				a.engine.OnReconcilePage, a.engine.OnReconcileDone = prog.reconcilePage, prog.reconcileFinish
 			}

@@ -74,7 +74,7 @@ func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string,
 		return err
 	}
 	defer a.Close()
-	prog.log = a.log
+	prog.start(a.log)
 	a.engine.OnPage = prog.page
 	// Pages are refused once the cursor is reset meanwhile (backstop
 	// cursors reset), instead of saving over the reset.
