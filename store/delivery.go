@@ -251,6 +251,19 @@ func jsonIDs(ids []int64) string {
 	return string(append(b, ']'))
 }
 
+// lastError is what an outcome leaves in outbox.last_error: the attempt's
+// transport error or, when the target answered, the start of its body;
+// nothing once delivered (a 2xx's body is no error).
+func lastError(a Attempt, out Outcome, body string) string {
+	switch {
+	case out.Status == StatusDelivered:
+		return ""
+	case a.Error != "":
+		return a.Error
+	}
+	return body
+}
+
 // scanOutbox reads and converts rows of outboxColumns (limit is what the
 // query asked for, a hint for the slice), as sqlx and convertOutbox would but without sqlx's reflection or a
 // second slice (a claim reads a batch on every call), and closes them.
@@ -593,10 +606,7 @@ func (db *DB) recordMany(ctx context.Context, st *deliveryStmts, items []Attempt
 		logs := make([]any, 0, 12*n)
 		for i := start; i < start+n; i++ {
 			a, out, arg := items[i].Attempt, items[i].Outcome, args[i]
-			lastErr := a.Error
-			if lastErr == "" {
-				lastErr = arg.body
-			}
+			lastErr := lastError(a, out, arg.body)
 			delivery, attempt := any(a.DeliveryID), any(int64(a.Attempt))
 			outs = append(outs, delivery, statusArg(out.Status), attempt, arg.next, nullInt(a.StatusCode), nullString(lastErr), arg.at, arg.lease,
 				int64(out.Failures))
@@ -678,10 +688,7 @@ func recordOne(ctx context.Context, tx *sqlx.Tx, outcome, insert *sqlx.Stmt, it 
 			return 0, fmt.Errorf("no such delivery: %w", backstop.ErrNotFound)
 		}
 	} else {
-		lastErr := a.Error
-		if lastErr == "" {
-			lastErr = args.body
-		}
+		lastErr := lastError(a, out, args.body)
 		res, err := outcome.ExecContext(ctx,
 			statusArg(out.Status), a.Attempt, args.next, nullInt(a.StatusCode), nullString(lastErr), args.at, a.DeliveryID, args.lease,
 			int64(out.Failures))

@@ -1201,3 +1201,22 @@ func TestRetryRefusedWhileAttemptInFlight(t *testing.T) {
 		t.Errorf("claim after the retries = %v, want all three", got)
 	}
 }
+
+// A delivered row keeps no last error: a 2xx's body ("ok") is no error.
+// A failed attempt leaves its transport error, or else the answer's body.
+func TestLastErrorIsNoSuccessBody(t *testing.T) {
+	db, _ := openTest(t)
+	ok := enqueue(t, db, "crm", "evt_ok", "payment.succeeded", t0)
+	failed := enqueue(t, db, "crm", "evt_failed", "payment.succeeded", t0)
+	broken := enqueue(t, db, "crm", "evt_broken", "payment.succeeded", t0)
+	record(t, db, Attempt{DeliveryID: ok, Attempt: 1, StatusCode: 200, Body: "ok", At: t0}, Outcome{Status: StatusDelivered})
+	record(t, db, Attempt{DeliveryID: failed, Attempt: 1, StatusCode: 503, Body: "busy", At: t0},
+		Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(time.Minute), Failures: 1})
+	record(t, db, Attempt{DeliveryID: broken, Attempt: 1, Error: "connection refused", At: t0},
+		Outcome{Status: StatusRetrying, NextAttemptAt: t0.Add(time.Minute), Failures: 1})
+	for id, want := range map[int64]string{ok: "", failed: "busy", broken: "connection refused"} {
+		if got := mustDelivery(t, db, id).LastError; got != want {
+			t.Errorf("delivery %d: last error %q, want %q", id, got, want)
+		}
+	}
+}
