@@ -132,7 +132,7 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "show ID",
 		Short: "Show one delivery: its payload and every attempt",
-		Args:  cobraArgs(cobra.ExactArgs(1)),
+		Args:  oneArg("the delivery's id, as backstop deliveries list shows it"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseID(args[0])
 			if err != nil {
@@ -449,7 +449,7 @@ func (m *Main) targetsCommand(g *globals) *cobra.Command {
 	enable := &cobra.Command{
 		Use:   "enable NAME",
 		Short: "Enable a target that a 410 answer disabled (and lift any pause)",
-		Args:  cobraArgs(cobra.ExactArgs(1)),
+		Args:  oneArg("the target's name, as backstop deliveries targets shows it"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			db, cfg, err := m.openStore(cmd.Context(), g)
 			if err != nil {
@@ -753,7 +753,13 @@ func (m *Main) deliveriesRedirectCommand(g *globals) *cobra.Command {
 through the same SSRF guard (private and loopback addresses are refused unless
 the target has allow_private). The attempt is logged with the delivery's
 attempts, marked as a redirect; the delivery's own status does not change.`,
-		Args: cobraArgs(cobra.ExactArgs(2)),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 2 {
+				return usagef("%s: want the delivery's id and the URL to send it to, e.g. %s 42 https://inspector.example.com/in (got %d arguments)",
+					cmd.CommandPath(), cmd.CommandPath(), len(args))
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseID(args[0])
 			if err != nil {

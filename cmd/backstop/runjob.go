@@ -37,7 +37,7 @@ already (here or, with governor.redis, in another process: under system cron
 that is not a failure); 1 it failed; 2 unknown job or bad configuration; 130
 interrupted.`,
 		Example: "  backstop run crm-nightly\n  backstop run payments-hourly --json",
-		Args:    cobraArgs(cobra.ExactArgs(1)),
+		Args:    oneArg("the job's name in schedules.yaml (see backstop jobs)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			prog, maintenance, err := m.jobProgress(g, args[0])
