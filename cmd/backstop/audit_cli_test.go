@@ -84,7 +84,7 @@ func TestReadOnlyCommandsRefuseAStorePathWithNoDatabase(t *testing.T) {
 		// They change only what is already there: with no database they
 		// would report success on an empty one.
 		{"cursors", "reset", "contacts"}, {"deliveries", "retry", "1"}, {"deliveries", "redirect", "1", "https://inspector.example.com/x"},
-		{"deliveries", "purge", "--dead", "--before", "2026-01-01"}}
+		{"deliveries", "purge", "--dead", "--before", "2026-01-01"}, {"backup", filepath.Join(dir, "backup.db")}}
 	for _, args := range commands {
 		code, stdout, stderr := runBinaryFor(t, 30*time.Second, dir, nil, args...)
 		want := "backstop: ./schedules.yaml:5: store.path: no database at mirorr.db: run backstop sync or serve first, or check store.path"
