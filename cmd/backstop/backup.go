@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -57,9 +56,7 @@ committed before then. To put it back, see backstop restore --help.`,
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(m.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(struct {
+				return writeJSONOut(m.Stdout, struct {
 					Store         string    `json:"store"`
 					Backup        string    `json:"backup"`
 					TakenAt       time.Time `json:"taken_at"`
@@ -134,13 +131,11 @@ had, under the reconcile's event id).`,
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(m.Stdout)
-				enc.SetIndent("", "  ")
 				var taken *time.Time
 				if !info.Backup.TakenAt.IsZero() {
 					taken = &info.Backup.TakenAt
 				}
-				return enc.Encode(struct {
+				return writeJSONOut(m.Stdout, struct {
 					Store         string     `json:"store"`
 					Backup        string     `json:"backup"`
 					TakenAt       *time.Time `json:"taken_at"`

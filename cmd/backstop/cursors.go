@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -48,9 +47,7 @@ position (updated_at and id of the last object read) each stands after.`,
 					}
 					rows = append(rows, r)
 				}
-				enc := json.NewEncoder(m.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rows)
+				return writeJSONOut(m.Stdout, rows)
 			}
 			if len(curs) == 0 {
 				_, err := fmt.Fprintln(m.Stdout, "no cursors saved yet: the next sync or backfill starts at the beginning of each feed")
