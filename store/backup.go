@@ -103,13 +103,20 @@ func (db *DB) backup(ctx context.Context, dest string) (info BackupInfo, err err
 	}
 	// A hard link takes the name only if it is still free (another
 	// backup to the same name may have finished meanwhile).
-	if err := os.Link(tmp, dest); err != nil {
-		if errors.Is(err, fs.ErrExist) {
+	if err := os.Link(tmp, dest); errors.Is(err, fs.ErrExist) {
+		return info, fmt.Errorf("%w: it appeared while the backup was made", fs.ErrExist)
+	} else if err != nil {
+		// No hard links here (some network and USB file systems): a
+		// rename, once the name is seen to be still free.
+		if _, err := os.Lstat(dest); err == nil {
 			return info, fmt.Errorf("%w: it appeared while the backup was made", fs.ErrExist)
 		}
-		return info, err
+		if err := os.Rename(tmp, dest); err != nil {
+			return info, err
+		}
+	} else {
+		os.Remove(tmp)
 	}
-	os.Remove(tmp)
 	if err := syncFile(dir); err != nil {
 		return info, err
 	}

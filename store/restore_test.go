@@ -1,10 +1,14 @@
 package store
 
 import (
+	"bufio"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -57,6 +61,9 @@ func TestRestore(t *testing.T) {
 	if _, err := os.Stat(path + "-wal"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a -wal is beside the restored store: %v", err)
 	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".backstop-restore-*")); len(left) != 0 {
+		t.Errorf("restore left %v", left)
+	}
 	restored, err := Open(ctx, path, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -99,6 +106,64 @@ func TestRestore(t *testing.T) {
 		t.Errorf("the stray -wal is still beside the restored store: %v", err)
 	}
 
+	// A second restore in the same second keeps the store the first one
+	// put in place, beside the first one's, under a name of its own; the
+	// store's file mode is kept.
+	if err := os.Chmod(path, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Restore(ctx, backup, path, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Replaced == info.Replaced || again.Replaced == "" {
+		t.Errorf("the second restore moved the store aside as %q, the first as %q: want two names", again.Replaced, info.Replaced)
+	}
+	if st, err := os.Stat(info.Replaced); err != nil || st.Size() == 0 {
+		t.Errorf("the first restore's store moved aside is gone: %v", err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o640 {
+		t.Errorf("the restored store's mode: %v %v, want 0640 as the store it replaced", st.Mode(), err)
+	}
+
+	// Refused while a process that takes no claim (an sqlite3 shell) has
+	// the store open; and while a restore runs, no backstop process opens
+	// the store.
+	shell := exec.Command(os.Args[0], "-test.run=^$")
+	shell.Env = append(os.Environ(), holdStoreEnv+"="+path)
+	stdin, err := shell.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := shell.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := shell.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "open\n" {
+		t.Fatalf("the process holding the store open said %q, %v", line, err)
+	}
+	if _, err := Restore(ctx, backup, path, t0); !errors.Is(err, ErrStoreInUse) {
+		t.Errorf("restore while an sqlite3 shell has the store open: %v, want ErrStoreInUse", err)
+	}
+	stdin.Close() // it exits
+	if err := shell.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	release, err := Claim(ctx, path, openClaimName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if db, err := Open(ctx, path, Options{}); err == nil || !strings.Contains(err.Error(), "restore is replacing the store") {
+		if db != nil {
+			db.Close()
+		}
+		t.Errorf("open during a restore: %v, want it refused", err)
+	}
+	release()
+
 	// Refused: the store itself, a file that is not a store, a backup of
 	// a newer schema.
 	if _, err := Restore(ctx, path, path, t0); err == nil || !strings.Contains(err.Error(), "the store itself") {
@@ -123,4 +188,28 @@ func TestRestore(t *testing.T) {
 	if _, err := Restore(ctx, newer, path, t0); err == nil || !strings.Contains(err.Error(), "newer than this binary") {
 		t.Errorf("restore of a newer schema: %v", err)
 	}
+}
+
+// holdStoreEnv, set to a store's path, makes the test binary a process
+// that holds that store open as an sqlite3 shell would (no claim taken,
+// one read made): it says "open" and exits when its stdin closes.
+const holdStoreEnv = "BACKSTOP_TEST_HOLD_STORE"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(holdStoreEnv); path != "" {
+		db, err := sql.Open("sqlite", path)
+		if err == nil {
+			var n int
+			err = db.QueryRow(`SELECT count(*) FROM sqlite_master`).Scan(&n)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Println("open")
+		io.Copy(io.Discard, os.Stdin)
+		db.Close()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
 }

@@ -76,9 +76,18 @@ type DB struct {
 	insertOutbox *sqlx.Stmt
 	delivery     *deliveryStmts
 
+	// releaseOpen releases the store's open claim (openClaimName), held
+	// shared for as long as the DB is open.
+	releaseOpen func() error
+
 	closeOnce sync.Once
 	closeErr  error
 }
+
+// openClaimName is the claim every DB holds, shared, while it is open, and
+// Restore takes exclusively: a store is replaced only while no backstop
+// process has it open, and none opens it meanwhile.
+const openClaimName = "open"
 
 var _ backstop.Mirror = (*DB)(nil)
 
@@ -123,6 +132,11 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 			db.Close()
 		}
 	}()
+	if db.releaseOpen, err = ClaimShared(ctx, path, openClaimName); errors.Is(err, ErrClaimed) {
+		return nil, fmt.Errorf("a backstop restore is replacing the store: open it once the restore has finished: %w", err)
+	} else if err != nil {
+		return nil, err
+	}
 
 	busyMS := strconv.FormatInt(busy.Milliseconds(), 10)
 	// journal_mode is not among the connection's pragmas: it is a lasting
@@ -224,6 +238,9 @@ func (db *DB) Close() error {
 		}
 		if db.w != nil {
 			errs = append(errs, db.w.Close())
+		}
+		if db.releaseOpen != nil {
+			errs = append(errs, db.releaseOpen())
 		}
 		if err := errors.Join(errs...); err != nil {
 			db.closeErr = fmt.Errorf("close store %s: %w", db.path, err)

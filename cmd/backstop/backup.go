@@ -153,7 +153,8 @@ had, under the reconcile's event id).`,
 			if info.Replaced != "" {
 				fmt.Fprintf(w, "the store it replaced is kept as %s (delete it once the restore is checked)\n", info.Replaced)
 			}
-			_, err = fmt.Fprintf(w, "to catch up with what came after the backup, run:\n  backstop sync\n  backstop reconcile --since %s\n", since)
+			prefix := commandPrefix(cmd)
+			_, err = fmt.Fprintf(w, "to catch up with what came after the backup, run:\n  %s sync\n  %s reconcile --since %s\n", prefix, prefix, since)
 			return err
 		},
 	}

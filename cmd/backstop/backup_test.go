@@ -138,7 +138,7 @@ func TestBackupWhileServing(t *testing.T) {
 		t.Fatalf("no -wal left by the killed serve: %v", err)
 	}
 	code, stdout, stderr = runBinary(t, dir, env, "--config", e.config, "restore", dest)
-	if code != exitOK || !strings.Contains(stdout, "restored "+dest+" (taken ") || !strings.Contains(stdout, "backstop reconcile --since ") ||
+	if code != exitOK || !strings.Contains(stdout, "restored "+dest+" (taken ") || !strings.Contains(stdout, "backstop --config "+e.config+" reconcile --since ") ||
 		!strings.Contains(stdout, ".replaced-") {
 		t.Fatalf("restore: exit %d\n%s%s", code, stdout, stderr)
 	}

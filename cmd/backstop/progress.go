@@ -161,32 +161,28 @@ func (p *progress) start(log *slog.Logger) {
 				return
 			case <-t.C:
 			}
-			for _, attrs := range p.idleLines(time.Now()) {
-				log.Info(p.op+" progress", attrs...)
-			}
+			p.logIdle(log, time.Now())
 		}
 	}()
 }
 
-// idleLines returns the log attributes of the resources, still running,
-// that logged no line for an interval until now, and counts them as
-// logged.
-func (p *progress) idleLines(now time.Time) [][]any {
+// logIdle logs a line for each resource, still running, that logged none
+// for an interval until now. It logs under p.mu, so that no such line
+// comes after the line done logs when the resource ends.
+func (p *progress) logIdle(log *slog.Logger, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var out [][]any
 	for r, rp := range p.state {
 		if rp.ended || now.Sub(rp.lastLog) < p.interval {
 			continue
 		}
 		rp.lastLog = now
 		if rp.lastPage.IsZero() {
-			out = append(out, []any{"resource", r, "pages", 0, "waiting", "for its first page", "elapsed", round(now.Sub(p.started))})
+			log.Info(p.op+" progress", "resource", r, "pages", 0, "waiting", "for its first page", "elapsed", round(now.Sub(p.started)))
 			continue
 		}
-		out = append(out, append(slices.Clone(rp.counts.attrs), "since_last_page", round(now.Sub(rp.lastPage))))
+		log.Info(p.op+" progress", append(slices.Clone(rp.counts.attrs), "since_last_page", round(now.Sub(rp.lastPage)))...)
 	}
-	return out
 }
 
 // stopTicker ends start's ticker, if any, and waits for it.

@@ -195,7 +195,6 @@ func isTerminal(f *os.File) bool {
 	return err == nil && width > 0 && height > 0
 }
 
-// cobraArgs wraps an argument validator so its errors exit 2.
 // oneArg accepts exactly one argument, what; a usage error without it (or
 // with more) says what it is.
 func oneArg(what string) cobra.PositionalArgs {
@@ -210,6 +209,7 @@ func oneArg(what string) cobra.PositionalArgs {
 	}
 }
 
+// cobraArgs wraps an argument validator so its errors exit 2.
 func cobraArgs(v cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := v(cmd, args); err != nil {

@@ -101,11 +101,7 @@ func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string,
 // with --config when it was given and resumeFlags, and never --restart
 // (which would throw away what the interrupted run committed).
 func resumeCommand(cmd *cobra.Command, op string, stats []backstop.RunStats, resumeFlags string) string {
-	line := "backstop"
-	if f := cmd.Flag("config"); f != nil && f.Changed {
-		line += " --config " + shellWord(f.Value.String())
-	}
-	line += " " + op
+	line := commandPrefix(cmd) + " " + op
 	for _, st := range stats {
 		if st.Err != nil {
 			line += " " + string(st.Resource)
@@ -115,6 +111,15 @@ func resumeCommand(cmd *cobra.Command, op string, stats []backstop.RunStats, res
 		line += " " + resumeFlags
 	}
 	return line
+}
+
+// commandPrefix is how a command printed for the user to run next starts:
+// "backstop", with the --config this one was given, if any.
+func commandPrefix(cmd *cobra.Command) string {
+	if f := cmd.Flag("config"); f != nil && f.Changed {
+		return "backstop --config " + shellWord(f.Value.String())
+	}
+	return "backstop"
 }
 
 // shellWord quotes s for a POSIX shell when it needs it.
