@@ -132,11 +132,6 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 			db.Close()
 		}
 	}()
-	if db.releaseOpen, err = ClaimShared(ctx, path, openClaimName); errors.Is(err, ErrClaimed) {
-		return nil, fmt.Errorf("a backstop restore is replacing the store: open it once the restore has finished: %w", err)
-	} else if err != nil {
-		return nil, err
-	}
 
 	busyMS := strconv.FormatInt(busy.Milliseconds(), 10)
 	// journal_mode is not among the connection's pragmas: it is a lasting
@@ -161,6 +156,12 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 		return nil, explainOpen(path, err)
 	}
 	if err := retryBusy(ctx, busy, func() error { return db.checkOwner(ctx) }); err != nil {
+		return nil, err
+	}
+	// Before the first write: a store being restored is not written.
+	if db.releaseOpen, err = ClaimShared(ctx, path, openClaimName); errors.Is(err, ErrClaimed) {
+		return nil, fmt.Errorf("a backstop restore is replacing the store: open it once the restore has finished: %w", err)
+	} else if err != nil {
 		return nil, err
 	}
 	if err := retryBusy(ctx, busy, func() error { return db.setWAL(ctx) }); err != nil {
