@@ -86,12 +86,15 @@ uses the store first: restore refuses while serve holds it, or while any
 process (a sync, backfill, reconcile or run, an sqlite3 shell) has it open.
 
 It checks BACKUP (PRAGMA quick_check; a backup of a newer backstop is
-refused), copies it next to the store under a temporary name, and renames the
-copy into place once it is written and synced. Nothing is deleted: the store
-that was there is renamed to store.path.replaced-<time>, with its -wal and
--shm files (its WAL folded into it first when it is sound). Copying a backup
-over the store by hand is not the same: an old -wal left beside it would be
-replayed into the backup, which it does not belong to, and damage it.
+refused), copies it next to the store under a temporary name, with the
+store's file mode (and owner, when run as root), and renames the copy into
+place once it is written and synced, so that store.path always holds one
+whole store. Backstop processes that start meanwhile refuse to open the
+store until it is done. Nothing is deleted: the store that was there is kept
+as store.path.replaced-<time> (its WAL folded into it first when it is
+sound). Copying a backup over the store by hand is not the same: an old -wal
+left beside it would be replayed into the backup, which it does not belong
+to, and damage it.
 
 The store is then as it was when the backup was taken: what was received
 after it is not known, and deliveries still queued then are sent again (under
