@@ -346,7 +346,7 @@ func TestUpgradeFromFirstSchemaKeepsEveryRow(t *testing.T) {
 	added := map[string]map[string]bool{ // columns the migrations add
 		"outbox":         {"proxy_key": true, "failures": true, "claimed_until": true},
 		"reconcile_runs": {"heartbeat_at": true},
-		"job_runs":       {"heartbeat_at": true},
+		"job_runs":       {"heartbeat_at": true, "output": true},
 	}
 	for table, old := range before {
 		now := tableRows(t, db.r, table)
@@ -406,6 +406,10 @@ func TestUpgradeFromFirstSchemaKeepsEveryRow(t *testing.T) {
 		if b != before["job_runs"][i]["finished_at"] {
 			t.Errorf("job run %d: heartbeat %s, want its end %s", i+1, b, before["job_runs"][i]["finished_at"])
 		}
+	}
+	var outputs int
+	if err := db.r.GetContext(ctx, &outputs, `SELECT count(*) FROM job_runs WHERE output IS NOT NULL`); err != nil || outputs != 0 {
+		t.Errorf("job runs with an output after the upgrade: %d (%v), want none (0016: NULL for the runs before)", outputs, err)
 	}
 
 	// The upgraded store carries on where the old binary stopped.

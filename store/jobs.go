@@ -37,11 +37,14 @@ type JobRun struct {
 	// StartJobRun then closes every other run of it left "running",
 	// however recent its last heartbeat, rather than only stale ones.
 	Locked bool
+	// Output is what the run made that its counts do not tell (a backup
+	// job's file); empty otherwise.
+	Output string
 }
 
 // jobRunColumns are the columns of job_runs in the order jobRunRow lists them.
 const jobRunColumns = `id, job, kind, started_at, finished_at, status, pages, objects, new, updated,
-	missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error, heartbeat_at`
+	missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error, heartbeat_at, output`
 
 // jobRunRow is one row of job_runs.
 type jobRunRow struct {
@@ -64,11 +67,12 @@ type jobRunRow struct {
 	RateLimited int            `db:"rate_limited"`
 	Error       sql.NullString `db:"error"`
 	HeartbeatAt string         `db:"heartbeat_at"`
+	Output      sql.NullString `db:"output"`
 }
 
 func (row jobRunRow) jobRun() (JobRun, error) {
 	run := JobRun{
-		ID: row.ID, Job: row.Job, Kind: row.Kind, Status: row.Status, Error: row.Error.String,
+		ID: row.ID, Job: row.Job, Kind: row.Kind, Status: row.Status, Error: row.Error.String, Output: row.Output.String,
 		Counts: backstop.JobCounts{
 			Pages: row.Pages, Objects: row.Objects, New: row.New, Updated: row.Updated,
 			Missing: row.Missing, Behind: row.Behind, Reemitted: row.Reemitted,
@@ -118,11 +122,11 @@ func (db *DB) SaveJobRun(ctx context.Context, run JobRun) (int64, error) {
 	c := run.Counts
 	res, err := db.w.ExecContext(ctx, `INSERT INTO job_runs (job, kind, started_at, finished_at, status,
 		pages, objects, new, updated, missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error,
-		heartbeat_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		heartbeat_at, output)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		run.Job, run.Kind, backstop.CanonicalTime(run.StartedAt), backstop.CanonicalTime(run.FinishedAt), run.Status,
 		c.Pages, c.Objects, c.New, c.Updated, c.Missing, c.Behind, c.Reemitted, c.Suppressed, c.Pruned,
-		c.Requests, c.RateLimited, nullString(run.Error), backstop.CanonicalTime(run.FinishedAt))
+		c.Requests, c.RateLimited, nullString(run.Error), backstop.CanonicalTime(run.FinishedAt), nullString(run.Output))
 	if err != nil {
 		return 0, fmt.Errorf("save job run %s: %w", run.Job, err)
 	}
@@ -275,11 +279,11 @@ func (db *DB) FinishJobRun(ctx context.Context, run JobRun) error {
 	c := run.Counts
 	res, err := db.w.ExecContext(ctx, `UPDATE job_runs SET finished_at = ?, status = ?, pages = ?, objects = ?,
 		new = ?, updated = ?, missing = ?, behind = ?, reemitted = ?, suppressed = ?, pruned = ?, requests = ?,
-		rate_limited = ?, error = ?, heartbeat_at = ?
+		rate_limited = ?, error = ?, heartbeat_at = ?, output = ?
 		WHERE id = ? AND status IN ('running', 'abandoned')`,
 		backstop.CanonicalTime(run.FinishedAt), run.Status, c.Pages, c.Objects, c.New, c.Updated, c.Missing,
 		c.Behind, c.Reemitted, c.Suppressed, c.Pruned, c.Requests, c.RateLimited, nullString(run.Error),
-		backstop.CanonicalTime(now), run.ID)
+		backstop.CanonicalTime(now), nullString(run.Output), run.ID)
 	if err != nil {
 		return fmt.Errorf("finish job run %d (%s): %w", run.ID, run.Job, err)
 	}

@@ -31,7 +31,15 @@ const (
 	// JobMaintenance prunes processed events and job runs older than the
 	// retention.
 	JobMaintenance JobKind = "maintenance"
+	// JobBackup writes a consistent copy of the store into a directory
+	// (Job.Dir) and keeps the newest Job.Keep of the job's copies there.
+	// The store must be a Backuper.
+	JobBackup JobKind = "backup"
 )
+
+// DefaultBackupKeep is how many of its backups a backup job keeps when
+// Job.Keep is zero.
+const DefaultBackupKeep = 7
 
 // Job is one configured job. Exactly one of Cron and Every is set.
 type Job struct {
@@ -49,6 +57,13 @@ type Job struct {
 	Full     bool
 	// Emit makes a backfill emit its changes.
 	Emit bool
+	// Dir is the directory a backup job writes its copies into, each named
+	// after the job and the time it was taken: <Name>-20261201T041500Z.db.
+	Dir string
+	// Keep is how many of its copies in Dir a backup job keeps (the newest;
+	// older ones are deleted once a new one is written); zero means
+	// DefaultBackupKeep.
+	Keep int
 }
 
 // Schedule describes when j runs: "cron 0 3 * * *" or "every 1h0m0s".
@@ -110,6 +125,9 @@ type JobRun struct {
 	// no other run of the job is going on anywhere, so the store closes
 	// the job's runs left running by a killed process at once.
 	Locked bool
+	// Output is what the run made that its counts do not tell: the file a
+	// backup job wrote. Empty for the other kinds.
+	Output string
 }
 
 // JobStore keeps job runs and does the maintenance. The store adapter
@@ -146,6 +164,15 @@ type JobStore interface {
 	// PruneReconcileRuns deletes reconcile runs started before before,
 	// except each resource's last successful one.
 	PruneReconcileRuns(ctx context.Context, before time.Time) (int64, error)
+}
+
+// Backuper is a JobStore that writes consistent copies of itself (cmd's
+// adapter of store.DB is one). Backup jobs need it.
+type Backuper interface {
+	// BackupTo writes a consistent copy of the store to path, a new file in
+	// an existing directory, whole or not at all (an error wrapping
+	// fs.ErrExist when path exists), and returns the copy's size in bytes.
+	BackupTo(ctx context.Context, path string) (int64, error)
 }
 
 // DashboardPruner is a JobStore that also keeps the dashboard's samples and
@@ -382,6 +409,16 @@ func (s *Scheduler) check(j Job) error {
 	}
 	switch j.Kind {
 	case JobSync, JobReconcile, JobBackfill, JobMaintenance:
+	case JobBackup:
+		if j.Dir == "" {
+			return errors.New("a backup job needs a directory (dir)")
+		}
+		if j.Keep < 0 {
+			return fmt.Errorf("keep %d: want 1 or more", j.Keep)
+		}
+		if _, ok := s.opts.Store.(Backuper); !ok {
+			return errors.New("this store cannot write backups")
+		}
 	default:
 		return fmt.Errorf("unknown kind %q", j.Kind)
 	}
@@ -625,7 +662,11 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func()) (JobR
 	if started != nil {
 		started()
 	}
-	run.Counts, err = s.work(ctx, j)
+	if j.Kind == JobBackup {
+		run.Output, err = s.backup(ctx, j, &run.Counts, log)
+	} else {
+		run.Counts, err = s.work(ctx, j)
+	}
 	stopBeat()
 	run.FinishedAt = s.opts.Now()
 	run.Status = runStatus(ctx, err)

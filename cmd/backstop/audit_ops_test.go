@@ -117,7 +117,9 @@ func TestOpsSecondServeOnOneStoreWithoutRedisIsRefused(t *testing.T) {
 
 // Without a maintenance job nothing prunes processed_events, the delivery
 // log or job_runs, and the store grows for ever; serve used to say nothing
-// of it. It now warns at start, and does not when one is configured.
+// of it. It now warns at start, and does not when one is configured. A
+// backup job whose directory is missing is warned of at start too, not
+// only when its first run fails hours later.
 func TestOpsServeWarnsWithoutMaintenanceJob(t *testing.T) {
 	const warning = "no maintenance job in jobs"
 	e, p, _ := opsServe(t)
@@ -127,11 +129,15 @@ func TestOpsServeWarnsWithoutMaintenanceJob(t *testing.T) {
 	}
 	p.wait(45 * time.Second)
 
-	e.appendConfig("jobs:\n  - {name: prune, kind: maintenance, cron: \"30 4 * * *\"}\n")
+	e.appendConfig("jobs:\n  - {name: prune, kind: maintenance, cron: \"30 4 * * *\"}\n" +
+		"  - {name: nightly-backup, kind: backup, cron: \"15 4 * * *\", dir: no-such-backups}\n")
 	q := startProc(t, "serve-pruned", e.config, e.sim.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
 	q.waitCount("msg=serving", 1, 30*time.Second)
 	if q.count(warning) != 0 {
 		t.Fatalf("warned with a maintenance job configured:\n%s", q.output())
+	}
+	if q.count("backup job's directory") != 1 || q.count(filepath.Join(filepath.Dir(e.config), "no-such-backups")) == 0 {
+		t.Fatalf("no warning of the backup job's missing directory:\n%s", q.output())
 	}
 }
 

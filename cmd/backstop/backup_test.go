@@ -3,8 +3,10 @@ package main
 import (
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,8 +16,10 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
 )
 
 // backstop backup while serve takes webhooks, both the real binary: the
@@ -219,5 +223,105 @@ func TestServeNotReadyOnADamagedStore(t *testing.T) {
 		if code, body := readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "store_damaged") {
 			t.Errorf("/readyz after webhook %d: %d %s; want 503 store_damaged", i, code, body)
 		}
+	}
+}
+
+// A backup job (kind backup) run with backstop run writes a checked copy
+// of the store into its directory under the job's name and the time, says
+// where, stores the file with the run (backstop jobs --json), and keeps
+// the newest `keep` of its copies: older ones of the job and temporary
+// files that killed backups left a day ago go, every other file in the
+// directory stays. A directory that is missing fails the run (exit 1)
+// with a message naming it.
+func TestBackupJob(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 3, Objects: 30}})
+	dir := t.TempDir()
+	e.appendConfig(fmt.Sprintf(`jobs:
+  - {name: nightly-backup, kind: backup, cron: "15 4 * * *", dir: %q, keep: 2}
+  - {name: lost-backup, kind: backup, cron: "15 4 * * *", dir: %q}
+`, dir, filepath.Join(dir, "missing")))
+	if code, _, stderr := e.run(t.Context(), "sync"); code != exitOK {
+		t.Fatalf("sync: exit %d\n%s", code, stderr)
+	}
+	// Files the job must leave alone, and a temporary file of a backup
+	// killed two days ago, which it removes; one of a backup that may be
+	// going on now stays.
+	keepFiles := []string{"notes.txt", "other-20260101T000000Z.db", "nightly-backup-latest.db", ".backstop-backup-recent.db"}
+	for _, f := range append(keepFiles, ".backstop-backup-stale.db") {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-48 * time.Hour)
+	if err := os.Chtimes(filepath.Join(dir, ".backstop-backup-stale.db"), old, old); err != nil {
+		t.Fatal(err)
+	}
+
+	var written []string
+	for i := range 3 {
+		code, stdout, stderr := e.run(t.Context(), "run", "nightly-backup", "--json")
+		if code != exitOK {
+			t.Fatalf("run %d: exit %d\n%s%s", i, code, stdout, stderr)
+		}
+		var run struct {
+			Status string `json:"status"`
+			Output string `json:"output"`
+			Counts struct {
+				Pruned int `json:"pruned"`
+			} `json:"counts"`
+		}
+		if err := json.Unmarshal([]byte(stdout), &run); err != nil {
+			t.Fatalf("run %d: %v\n%s", i, err, stdout)
+		}
+		if run.Status != "ok" || filepath.Dir(run.Output) != dir || !strings.HasPrefix(filepath.Base(run.Output), "nightly-backup-") {
+			t.Fatalf("run %d: %+v, want ok and a file nightly-backup-… in %s", i, run, dir)
+		}
+		if want := max(i-1, 0); run.Counts.Pruned != want {
+			t.Errorf("run %d deleted %d older backups, want %d", i, run.Counts.Pruned, want)
+		}
+		info, err := store.ReadBackup(t.Context(), run.Output)
+		if err != nil || info.TakenAt.IsZero() {
+			t.Fatalf("run %d: backup %s: %+v, %v", i, run.Output, info, err)
+		}
+		written = append(written, run.Output)
+	}
+	for _, f := range written[1:] {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("newest backups: %v", err)
+		}
+	}
+	if _, err := os.Stat(written[0]); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("oldest backup %s still there (%v), want it deleted with keep: 2", written[0], err)
+	}
+	for _, f := range keepFiles {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("a file not the job's own backup was touched: %v", err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".backstop-backup-stale.db")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a killed backup's temporary file of two days ago is still there (%v)", err)
+	}
+	// The backup holds the synced mirror.
+	db, err := sql.Open("sqlite", written[2]+"?_pragma=query_only(1)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var contacts int
+	if err := db.QueryRow(`SELECT count(*) FROM contacts`).Scan(&contacts); err != nil || contacts == 0 {
+		t.Errorf("backup's contacts: %d (%v), want the synced ones", contacts, err)
+	}
+	db.Close()
+	if got := e.jobsJSON("nightly-backup"); got.LastRun == nil || got.LastRun.Output != written[2] {
+		t.Errorf("jobs --json: last run %+v, want output %s", got.LastRun, written[2])
+	}
+	code, stdout, _ := e.run(t.Context(), "run", "nightly-backup")
+	if code != exitOK || !strings.Contains(stdout, "backup ") || !strings.Contains(stdout, " 1 older backups") {
+		t.Errorf("run: exit %d\n%s", code, stdout)
+	}
+
+	code, stdout, stderr := e.run(t.Context(), "run", "lost-backup")
+	if code != exitFailure || !strings.Contains(stdout, "failed") ||
+		!strings.Contains(stderr, "backup directory "+filepath.Join(dir, "missing")) || !strings.Contains(stderr, "no such file or directory") {
+		t.Errorf("backup job into a missing directory: exit %d\n%s%s", code, stdout, stderr)
 	}
 }

@@ -60,7 +60,7 @@ type jobStore struct {
 // SaveJobRun stores run with store.DB.SaveJobRun.
 func (s jobStore) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, error) {
 	r := store.JobRun{Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
-		Status: string(run.Status), Counts: run.Counts}
+		Status: string(run.Status), Counts: run.Counts, Output: run.Output}
 	if run.Err != nil {
 		r.Error = run.Err.Error()
 	}
@@ -76,12 +76,19 @@ func (s jobStore) StartJobRun(ctx context.Context, run bsync.JobRun) (int64, err
 // FinishJobRun stores the end of run with store.DB.FinishJobRun.
 func (s jobStore) FinishJobRun(ctx context.Context, run bsync.JobRun) error {
 	r := store.JobRun{ID: run.ID, Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
-		Status: string(run.Status), Counts: run.Counts}
+		Status: string(run.Status), Counts: run.Counts, Output: run.Output}
 	if run.Err != nil {
 		r.Error = run.Err.Error()
 	}
 	s.metrics.observe(run)
 	return s.DB.FinishJobRun(ctx, r)
+}
+
+// BackupTo writes a backup of the store to path with store.DB.Backup, for
+// backup jobs (bsync.Backuper).
+func (s jobStore) BackupTo(ctx context.Context, path string) (int64, error) {
+	info, err := s.DB.Backup(ctx, path)
+	return info.Bytes, err
 }
 
 // schedulerJobs converts the configured jobs for the scheduler.
@@ -91,6 +98,7 @@ func schedulerJobs(jobs []config.Job) []bsync.Job {
 		out[i] = bsync.Job{
 			Name: j.Name, Kind: bsync.JobKind(j.Kind), Resources: j.Resources, Cron: j.Cron,
 			Every: j.Every.Std(), Lookback: j.Lookback.Std(), Full: j.Full, Emit: j.Emit,
+			Dir: j.Dir, Keep: j.Keep,
 		}
 	}
 	return out
@@ -176,6 +184,8 @@ type lastJobRun struct {
 	Status      string             `json:"status"`
 	Counts      backstop.JobCounts `json:"counts"`
 	Error       string             `json:"error,omitempty"`
+	// Output is the file a backup job's run wrote.
+	Output string `json:"output,omitempty"`
 }
 
 func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, error) {
@@ -192,7 +202,7 @@ func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, e
 		}
 		var after time.Time
 		if ok {
-			row.LastRun = &lastJobRun{StartedAt: last.StartedAt, Status: last.Status, Counts: last.Counts, Error: last.Error}
+			row.LastRun = &lastJobRun{StartedAt: last.StartedAt, Status: last.Status, Counts: last.Counts, Error: last.Error, Output: last.Output}
 			if last.Status == string(bsync.JobRunning) {
 				row.LastRun.HeartbeatAt = &last.HeartbeatAt
 			} else {

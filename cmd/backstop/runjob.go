@@ -26,7 +26,8 @@ for people who schedule with system cron instead of backstop serve.
 
 A sync, backfill or reconcile job shows its progress as those commands do:
 a bar per resource on a terminal, otherwise a progress line per resource
-every 5 seconds and a line when each ends.
+every 5 seconds and a line when each ends. A backup job prints the file it
+wrote and how many of its older backups it deleted.
 
 The run's result is ok, failed, interrupted (Ctrl-C or SIGTERM: a sync
 finishes its current page first, and what was committed is kept) or skipped
@@ -40,7 +41,7 @@ interrupted.`,
 		Args:    oneArg("the job's name in schedules.yaml (see backstop jobs)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			prog, maintenance, err := m.jobProgress(g, args[0])
+			prog, local, err := m.jobProgress(g, args[0])
 			if err != nil {
 				return err
 			}
@@ -49,7 +50,7 @@ interrupted.`,
 				logw = prog.out
 			}
 			open := m.openApp
-			if maintenance {
+			if local {
 				open = m.openMaintenanceApp
 			}
 			a, err := open(ctx, g, logw)
@@ -102,12 +103,12 @@ interrupted.`,
 
 // jobProgress returns the progress display of the configured job named
 // name when it reads the platform's feeds (sync, backfill, reconcile), or
-// nil: for a maintenance job, or a name not configured (RunJob then says
-// so). maintenance is true for a maintenance job, which needs no
-// platform (openMaintenanceApp). The configuration is read as local
+// nil: for a maintenance or backup job, or a name not configured (RunJob
+// then says so). local is true for a maintenance or backup job, which
+// needs no platform (openMaintenanceApp). The configuration is read as local
 // commands read it (the platform's address and key may be missing: the
 // app of a job that needs them says so); it fails as that does.
-func (m *Main) jobProgress(g *globals, name string) (_ *progress, maintenance bool, _ error) {
+func (m *Main) jobProgress(g *globals, name string) (_ *progress, local bool, _ error) {
 	cfg, err := m.loadConfig(g, true)
 	if err != nil {
 		return nil, false, err
@@ -123,7 +124,7 @@ func (m *Main) jobProgress(g *globals, name string) (_ *progress, maintenance bo
 				resources = backstop.Resources
 			}
 			return newProgress(m, j.Kind, resources), false, nil
-		case bsync.JobMaintenance:
+		case bsync.JobMaintenance, bsync.JobBackup:
 			return nil, true, nil
 		}
 		return nil, false, nil
@@ -131,7 +132,7 @@ func (m *Main) jobProgress(g *globals, name string) (_ *progress, maintenance bo
 	return nil, false, nil
 }
 
-// openMaintenanceApp opens what a maintenance job needs: the store, read
+// openMaintenanceApp opens what a maintenance or backup job needs: the store, read
 // as local commands read the configuration (it never calls the platform,
 // so source.api_key may be unset), and, with governor.redis, Redis for the
 // job's lock, so that it does not run beside serve's run of it. Redis
@@ -179,8 +180,9 @@ func printJobRun(w io.Writer, run bsync.JobRun, asJSON bool) error {
 			Status     string             `json:"status"`
 			Counts     backstop.JobCounts `json:"counts"`
 			Error      string             `json:"error,omitempty"`
+			Output     string             `json:"output,omitempty"`
 		}{ID: run.ID, Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
-			Status: string(run.Status), Counts: run.Counts}
+			Status: string(run.Status), Counts: run.Counts, Output: run.Output}
 		if run.Err != nil {
 			out.Error = run.Err.Error()
 		}
@@ -199,12 +201,17 @@ func printJobRun(w io.Writer, run bsync.JobRun, asJSON bool) error {
 	switch run.Kind {
 	case bsync.JobMaintenance:
 		fmt.Fprintf(tw, "pruned\t%d\n", c.Pruned)
+	case bsync.JobBackup:
+		if run.Output != "" {
+			fmt.Fprintf(tw, "backup\t%s\n", run.Output)
+		}
+		fmt.Fprintf(tw, "deleted\t%d older backups\n", c.Pruned)
 	case bsync.JobReconcile:
 		fmt.Fprintf(tw, "pages\t%d\nscanned\t%d\nmissing\t%d\nbehind\t%d\n", c.Pages, c.Objects, c.Missing, c.Behind)
 	default:
 		fmt.Fprintf(tw, "pages\t%d\nobjects\t%d\nnew\t%d\nupdated\t%d\n", c.Pages, c.Objects, c.New, c.Updated)
 	}
-	if run.Kind != bsync.JobMaintenance {
+	if run.Kind != bsync.JobMaintenance && run.Kind != bsync.JobBackup {
 		// Reconcile re-emits what was missed; sync and backfill emit what
 		// they read that is new or newer (one count, Reemitted, for both).
 		emitted := "emitted"

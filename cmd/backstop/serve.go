@@ -146,6 +146,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		log.Warn("the store's write lock is held by another process; webhooks wait for it", "error", err)
 	}
 	warnUnpruned(cfg, log)
+	warnBackupDirs(cfg, log)
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration: "+w.Key+" "+w.Msg, "file", w.File, "line", w.Line, "key", w.Key)
 	}
@@ -515,6 +516,22 @@ func warnUnpruned(cfg *config.Config, log *slog.Logger) {
 	}
 	log.Warn("no maintenance job in jobs: processed events, delivered deliveries, delivery attempts and job runs are never pruned and the store grows without end; " +
 		`add one, e.g. {name: prune, kind: maintenance, cron: "30 4 * * *"}`)
+}
+
+// warnBackupDirs warns, at serve's start rather than at the first run
+// hours later, of a backup job whose directory does not exist or is not
+// a directory.
+func warnBackupDirs(cfg *config.Config, log *slog.Logger) {
+	for _, j := range cfg.Jobs {
+		if j.Kind != config.KindBackup {
+			continue
+		}
+		if fi, err := os.Stat(j.Dir); err != nil {
+			log.Warn("backup job's directory: its runs will fail until it exists", "job", j.Name, "dir", j.Dir, "err", errors.Unwrap(err))
+		} else if !fi.IsDir() {
+			log.Warn("backup job's directory is not a directory: its runs will fail", "job", j.Name, "dir", j.Dir)
+		}
+	}
 }
 
 // servedVersion is the version part of versionString ("v1.2.3",

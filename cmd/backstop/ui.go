@@ -193,7 +193,7 @@ func (b *uiBackend) Jobs(ctx context.Context, runs int) ([]dashboard.Job, error)
 			ranSeen := false
 			for _, r := range stored {
 				v.Runs = append(v.Runs, dashboard.JobRun{StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
-					Status: r.Status, Counts: r.Counts, Error: r.Error})
+					Status: r.Status, Counts: r.Counts, Error: r.Error, Output: r.Output})
 				if !ranSeen && r.Status != string(bsync.JobSkipped) {
 					// The newest run that ran is still running (a
 					// scheduled one, say): the page shows it so.

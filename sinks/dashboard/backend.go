@@ -120,6 +120,8 @@ type JobRun struct {
 	Status string
 	Counts backstop.JobCounts
 	Error  string
+	// Output is the file a backup job's run wrote; empty otherwise.
+	Output string
 }
 
 // JobsLeader is where the scheduled jobs run. Without an election (Elected

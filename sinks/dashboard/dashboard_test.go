@@ -39,6 +39,8 @@ type fakeBackend struct {
 	attempts []delivery.Attempt
 	readAll  int
 	readLast []int
+	// jobs is what Jobs returns.
+	jobs []Job
 }
 
 func (f *fakeBackend) Deliveries(_ context.Context, flt DeliveryFilter) ([]delivery.Row, error) {
@@ -104,7 +106,11 @@ func (f *fakeBackend) Redirect(context.Context, delivery.Row, string) (delivery.
 	return delivery.Attempt{StatusCode: 200}, nil
 }
 
-func (f *fakeBackend) Jobs(context.Context, int) ([]Job, error) { return nil, nil }
+func (f *fakeBackend) Jobs(context.Context, int) ([]Job, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.jobs, nil
+}
 
 func (f *fakeBackend) RunJob(context.Context, string, func()) error { return nil }
 
@@ -967,5 +973,22 @@ func TestLogRowsReadOnlyTheirLastAttempts(t *testing.T) {
 	a = do(t, client(t), "GET", srv.URL+"/ui/deliveries/7", nil, h)
 	if got := numbers(a.body); len(got) != 25 || strings.Contains(a.body, "The last 10") {
 		t.Errorf("the delivery's page lists %d attempts, want all 25 and no note", len(got))
+	}
+}
+
+// The jobs page shows the file a backup job's run wrote beside its result.
+func TestJobsPageShowsBackupFile(t *testing.T) {
+	srv, fb, _ := serve(t)
+	const file = "/var/backups/backstop/nightly-backup-20261201T041500Z.db"
+	fb.mu.Lock()
+	fb.jobs = []Job{{Name: "nightly-backup", Kind: "backup", Schedule: "cron 15 4 * * *", NextRun: t0.Add(time.Hour),
+		Runs: []JobRun{{StartedAt: t0.Add(-time.Hour), FinishedAt: t0.Add(-time.Hour + time.Second), Status: "ok",
+			Counts: backstop.JobCounts{Pruned: 1}, Output: file}}}}
+	fb.mu.Unlock()
+	c := client(t)
+	signIn(t, c, srv.URL)
+	a := do(t, c, "GET", srv.URL+"/ui/jobs", nil, html)
+	if a.status != http.StatusOK || !strings.Contains(a.body, file) {
+		t.Fatalf("jobs page: %d, want the backup file %s on it:\n%s", a.status, file, a.body)
 	}
 }

@@ -200,20 +200,28 @@ const (
 	KindReconcile   = "reconcile"
 	KindBackfill    = "backfill"
 	KindMaintenance = "maintenance"
+	KindBackup      = "backup"
 )
 
 // Job is one scheduled run of the engine. Exactly one of Cron and Every is set.
 type Job struct {
 	Name string `yaml:"name"` // required, unique; letters, digits, '.', '_', '-'
-	Kind string `yaml:"kind"` // sync | reconcile | backfill | maintenance
+	Kind string `yaml:"kind"` // sync | reconcile | backfill | maintenance | backup
 	// Resources the job works on; empty means every resource. Maintenance
-	// jobs take none.
+	// and backup jobs take none.
 	Resources []backstop.Resource `yaml:"resources"`
 	Cron      string              `yaml:"cron"`     // 5-field cron expression (or @hourly, @daily, ...)
 	Every     Duration            `yaml:"every"`    // fixed interval, > 0
 	Lookback  Duration            `yaml:"lookback"` // reconcile window overlap, default 10m
 	Full      bool                `yaml:"full"`     // reconcile everything, not a window
 	Emit      bool                `yaml:"emit"`     // backfill emits events
+	// Dir is where a backup job writes its copies of the store (required
+	// for backup jobs, which alone take it); a relative one is relative to
+	// the configuration file's directory, as store.path is.
+	Dir string `yaml:"dir"`
+	// Keep is how many of its copies a backup job keeps in Dir; 0 (unset)
+	// means 7.
+	Keep int `yaml:"keep"`
 }
 
 // Dashboard configures the web dashboard.
@@ -413,6 +421,11 @@ func parse(file string, data []byte, lookupEnv func(string) (string, bool), loca
 		}
 	}
 	cfg.Store.Path = resolvePath(filepath.Dir(file), cfg.Store.Path)
+	for i := range cfg.Jobs {
+		if d := cfg.Jobs[i].Dir; d != "" && !filepath.IsAbs(d) {
+			cfg.Jobs[i].Dir = filepath.Join(filepath.Dir(file), d)
+		}
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -191,7 +191,7 @@ func TestParseErrors(t *testing.T) {
 		{"every below a second", base + "jobs:\n  - {name: a, kind: sync, every: 10ms}\n",
 			nil, `schedules.yaml:5: jobs[0].every: want 1s or more, got 10ms: a shorter interval only piles up skipped runs`, 5, "jobs[0].every"},
 		{"job kind", base + "jobs:\n  - {name: a, kind: mirror, every: 1h}\n",
-			nil, `schedules.yaml:5: jobs[0].kind: want one of sync, reconcile, backfill, maintenance, got "mirror"`, 5, "jobs[0].kind"},
+			nil, `schedules.yaml:5: jobs[0].kind: want one of sync, reconcile, backfill, maintenance, backup, got "mirror"`, 5, "jobs[0].kind"},
 		{"job kind missing", base + "jobs:\n  - {name: a, every: 1h}\n",
 			nil, `schedules.yaml:5: jobs[0].kind is required`, 5, "jobs[0].kind"},
 		{"job resource", base + "jobs:\n  - name: a\n    kind: sync\n    every: 1h\n    resources:\n      - contacts\n      - invoices\n",
@@ -200,6 +200,16 @@ func TestParseErrors(t *testing.T) {
 			nil, `schedules.yaml:5: jobs[0].resources[1]: chats is listed twice`, 5, "jobs[0].resources[1]"},
 		{"maintenance resources", base + "jobs:\n  - {name: a, kind: maintenance, every: 1h, resources: [chats]}\n",
 			nil, `schedules.yaml:5: jobs[0].resources: maintenance jobs take no resources`, 5, "jobs[0].resources"},
+		{"backup resources", base + "jobs:\n  - {name: a, kind: backup, every: 24h, dir: /tmp, resources: [chats]}\n",
+			nil, `schedules.yaml:5: jobs[0].resources: backup jobs take no resources`, 5, "jobs[0].resources"},
+		{"backup without dir", base + "jobs:\n  - {name: a, kind: backup, cron: \"15 4 * * *\"}\n",
+			nil, `schedules.yaml:5: jobs[0].dir is required for a backup job: the directory its copies of the store go to, e.g. /var/backups/backstop`, 5, "jobs[0].dir"},
+		{"backup keep 0", base + "jobs:\n  - name: a\n    kind: backup\n    every: 24h\n    dir: /tmp\n    keep: 0\n",
+			nil, `schedules.yaml:9: jobs[0].keep: want 1 or more, got 0: how many of its backups the job keeps (default 7)`, 9, "jobs[0].keep"},
+		{"dir on sync", base + "jobs:\n  - {name: s, kind: sync, every: 1h, dir: /tmp}\n",
+			nil, `schedules.yaml:5: jobs[0].dir: only for backup jobs; this one is a sync job`, 5, "jobs[0].dir"},
+		{"keep on maintenance", base + "jobs:\n  - {name: m, kind: maintenance, every: 1h, keep: 3}\n",
+			nil, `schedules.yaml:5: jobs[0].keep: only for backup jobs; this one is a maintenance job`, 5, "jobs[0].keep"},
 		{"emit on reconcile", base + "jobs:\n  - {name: r, kind: reconcile, every: 1m, emit: true}\n",
 			nil, `schedules.yaml:5: jobs[0].emit: only for backfill jobs; this one is a reconcile job`, 5, "jobs[0].emit"},
 		{"emit false on sync", base + "jobs:\n  - name: s\n    kind: sync\n    every: 1m\n    emit: false\n",
@@ -955,5 +965,24 @@ func TestTrustedProxies(t *testing.T) {
 	_, err = Parse("schedules.yaml", []byte(base+"intake:\n  trusted_proxies: [10.0.0.0/8, lb.internal]\n"), env(nil))
 	if want := `schedules.yaml:5: intake.trusted_proxies[1]: want an IP address or a CIDR range such as 10.0.0.0/8, got "lb.internal"`; err == nil || err.Error() != want {
 		t.Errorf("a host name: %v, want %s", err, want)
+	}
+}
+
+// A backup job's dir, like store.path, is relative to the configuration
+// file's directory; an absolute one is kept.
+func TestBackupDirRelativeToConfig(t *testing.T) {
+	cfg, err := Parse("/etc/backstop/schedules.yaml", []byte(`source: {base_url: "https://api.example.com", api_key: k}
+jobs:
+  - {name: b, kind: backup, cron: "15 4 * * *", dir: backups}
+  - {name: c, kind: backup, cron: "15 4 * * *", dir: /var/backups/backstop, keep: 3}
+`), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Jobs[0].Dir; got != "/etc/backstop/backups" {
+		t.Errorf("relative dir = %s, want /etc/backstop/backups", got)
+	}
+	if got := cfg.Jobs[1]; got.Dir != "/var/backups/backstop" || got.Keep != 3 {
+		t.Errorf("absolute dir = %s keep %d, want /var/backups/backstop keep 3", got.Dir, got.Keep)
 	}
 }

@@ -254,8 +254,16 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 	k := fmt.Sprintf("jobs[%d]", i)
 	p.add(c.name(k, j.Name, names))
 	p.add(c.required(k+".kind", j.Kind), c.oneOf(k+".kind", &j.Kind, false, jobKinds...))
-	if j.Kind == KindMaintenance && len(j.Resources) > 0 {
-		p.add(c.errorf(k+".resources", "maintenance jobs take no resources"))
+	if (j.Kind == KindMaintenance || j.Kind == KindBackup) && len(j.Resources) > 0 {
+		p.add(c.errorf(k+".resources", "%s jobs take no resources", j.Kind))
+	}
+	if j.Kind == KindBackup {
+		if j.Dir == "" {
+			p.add(c.errorf(k+".dir", "is required for a backup job: the directory its copies of the store go to, e.g. /var/backups/backstop"))
+		}
+		if j.Keep < 0 || j.Keep == 0 && c.isSet(k+".keep", false) {
+			p.add(c.errorf(k+".keep", "want 1 or more, got %d: how many of its backups the job keeps (default 7)", j.Keep))
+		}
 	}
 	// Keys of one kind are refused on the others, rather than ignored.
 	for _, o := range []struct {
@@ -266,6 +274,8 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 		{"lookback", KindReconcile, j.Lookback != 0},
 		{"full", KindReconcile, j.Full},
 		{"emit", KindBackfill, j.Emit},
+		{"dir", KindBackup, j.Dir != ""},
+		{"keep", KindBackup, j.Keep != 0},
 	} {
 		if j.Kind != o.kind && slices.Contains(jobKinds, j.Kind) && c.isSet(k+"."+o.key, o.set) {
 			p.add(c.errorf(k+"."+o.key, "only for %s jobs; this one is a %s job", o.kind, j.Kind))
@@ -303,7 +313,7 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 }
 
 // jobKinds are the values of jobs[].kind.
-var jobKinds = []string{KindSync, KindReconcile, KindBackfill, KindMaintenance}
+var jobKinds = []string{KindSync, KindReconcile, KindBackfill, KindMaintenance, KindBackup}
 
 // isSet reports whether key is written in the file; for a configuration
 // built in code, which has no file, it returns set.
