@@ -406,13 +406,13 @@ func parse(file string, data []byte, lookupEnv func(string) (string, bool), loca
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		return nil, syntaxError(file, err)
+		return nil, syntaxError(file, data, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
 		return nil, &Error{File: file, Line: extra.Line, Msg: "want one YAML document, found more"}
 	} else if !errors.Is(err, io.EOF) {
-		return nil, syntaxError(file, err)
+		return nil, syntaxError(file, data, err)
 	}
 	if doc.Kind == yaml.DocumentNode && len(doc.Content) > 0 {
 		d := decoder{meta: cfg.meta, lookupEnv: lookupEnv}
@@ -460,8 +460,29 @@ var parserProblems = map[string]bool{
 	"found undefined tag handle":             true,
 }
 
-// syntaxError turns a YAML parser error into an *Error with its line.
-func syntaxError(file string, err error) *Error {
+// syntaxError turns a YAML parser error on data into an *Error with its
+// line. When an unquoted ${VAR} in a flow collection ({ } or [ ]) caused it,
+// the message says to quote it, at the line of the ${VAR}.
+func syntaxError(file string, data []byte, err error) *Error {
+	e := &Error{File: file}
+	e.Line, e.Msg = yamlProblem(err)
+	if v, line, ok := unquotedVarCause(data, err); ok {
+		where := "{ } or [ ]"
+		switch {
+		case strings.HasSuffix(e.Msg, "'}'"):
+			where = "{ }"
+		case strings.HasSuffix(e.Msg, "']'"):
+			where = "[ ]"
+		}
+		e.Line = line
+		e.Msg += fmt.Sprintf("; a %s inside %s must be quoted: \"%s\"", v, where, v)
+	}
+	return e
+}
+
+// yamlProblem returns the 1-based line (0: unknown) and the message of a
+// YAML parser error.
+func yamlProblem(err error) (int, string) {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	line := 0
 	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
@@ -471,5 +492,62 @@ func syntaxError(file string, err error) *Error {
 	if parserProblems[msg] {
 		line++
 	}
-	return &Error{File: file, Line: line, Msg: msg}
+	return line, msg
+}
+
+// varRef matches a ${VAR} reference on one line.
+var varRef = regexp.MustCompile(`\$\{[^}\n]*\}`)
+
+// firstYAMLError returns the first error reading data as parse does (its
+// first document, then whether another follows), nil when there is none.
+func firstYAMLError(data []byte) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for range 2 {
+		var n yaml.Node
+		if err := dec.Decode(&n); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// unquotedVarCause reports whether err, the YAML syntax error of data, is
+// caused by an unquoted ${VAR}: inside { } or [ ] the { of ${ opens a
+// mapping. It returns that ${VAR} (the first one the parser fails on) and
+// its 1-based line. The cause is found by the parser itself rather than by
+// guessing at YAML's rules: the ${VAR}s are written over with text of the
+// same length without braces (harmless wherever a ${VAR} is not the
+// problem: in quotes, in a block value, in a comment), the last ones first;
+// the first ${VAR} whose overwriting changes the error is the cause. Any
+// other syntax error stays as it is, without a hint.
+func unquotedVarCause(data []byte, err error) (string, int, bool) {
+	refs := varRef.FindAllIndex(data, -1)
+	if len(refs) == 0 {
+		return "", 0, false
+	}
+	want := err.Error()
+	changed := func(from int) bool {
+		buf := bytes.Clone(data)
+		for _, r := range refs[from:] {
+			for i := r[0] + 1; i < r[1]; i++ {
+				buf[i] = '_'
+			}
+		}
+		e := firstYAMLError(buf)
+		return e == nil || e.Error() != want
+	}
+	if !changed(0) {
+		return "", 0, false
+	}
+	// Overwriting refs[from:] changes the error for every from up to the
+	// cause's index, and for none after it.
+	from := len(refs) - 1
+	for from > 0 && !changed(from) {
+		from--
+	}
+	r := refs[from]
+	return string(data[r[0]:r[1]]), 1 + bytes.Count(data[:r[0]], []byte("\n")), true
 }
