@@ -224,31 +224,68 @@ func sameGeneration(ctx context.Context, tx *sqlx.Tx, cur backstop.Cursor, gen i
 // reset=true, so the run stops instead of writing its position over the
 // reset.
 func (db *DB) EmitPageAt(ctx context.Context, gen int64, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) (_ []backstop.EmitResult, reset bool, _ error) {
-	out, reset, err := db.emitPageAt(ctx, gen, events, routes, cur)
+	_, out, reset, err := db.emitPageAt(ctx, gen, nil, events, routes, cur)
 	if err != nil {
 		return nil, false, fmt.Errorf("emit %s page: %w", cur.Resource, err)
 	}
 	return out, reset, nil
 }
 
+// ApplyEmitPageAt commits a page of a backfill that emits only part of
+// it: the objects of silent are written to the mirror without events, as
+// ApplyPage writes them (each only when newer), and events go through the
+// emit path as EmitPageAt's do, with the cursor, in one transaction; it
+// commits nothing and reports reset=true when the cursor was reset since
+// the run read it at gen. The ApplyResult counts silent's objects against
+// the mirror as it was.
+func (db *DB) ApplyEmitPageAt(ctx context.Context, gen int64, silent []backstop.Object, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) (_ backstop.ApplyResult, _ []backstop.EmitResult, reset bool, _ error) {
+	res, out, reset, err := db.emitPageAt(ctx, gen, silent, events, routes, cur)
+	if err != nil {
+		return backstop.ApplyResult{}, nil, false, fmt.Errorf("apply %s page: %w", cur.Resource, err)
+	}
+	return res, out, reset, nil
+}
+
+// OldestEventAt returns when the oldest processed event of r kept was
+// received (ok=false when none is kept): since when backstop has recorded
+// r's events, as far as the retention (30 days) lets it tell.
+func (db *DB) OldestEventAt(ctx context.Context, r backstop.Resource) (_ time.Time, ok bool, _ error) {
+	var at []string
+	// Through the received_at index, in order, to the first of r's.
+	if err := db.r.SelectContext(ctx, &at, `SELECT received_at FROM processed_events
+		WHERE resource = ? ORDER BY received_at LIMIT 1`, string(r)); err != nil {
+		return time.Time{}, false, fmt.Errorf("read the oldest %s event: %w", r, err)
+	}
+	if len(at) == 0 {
+		return time.Time{}, false, nil
+	}
+	t, err := backstop.ParseTime(at[0])
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("read the oldest %s event: %w", r, err)
+	}
+	return t, true, nil
+}
+
 // anyGeneration is the generation emitPageAt takes to commit whatever the
 // cursor's reset generation (EmitPage).
 const anyGeneration = -1
 
-// emitPageAt is EmitPageAt, and EmitPage with gen anyGeneration.
-func (db *DB) emitPageAt(ctx context.Context, gen int64, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, bool, error) {
+// emitPageAt is ApplyEmitPageAt, EmitPageAt with silent nil, and EmitPage
+// with gen anyGeneration.
+func (db *DB) emitPageAt(ctx context.Context, gen int64, silent []backstop.Object, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) (backstop.ApplyResult, []backstop.EmitResult, bool, error) {
+	var res backstop.ApplyResult
 	if err := checkCursor(cur); err != nil {
-		return nil, false, err
+		return res, nil, false, err
 	}
 	if err := checkRoutes(routes); err != nil {
-		return nil, false, err
+		return res, nil, false, err
 	}
 	now := db.now()
 	stamp := backstop.CanonicalTime(now)
 
 	tx, err := db.w.BeginTxx(ctx, nil)
 	if err != nil {
-		return nil, false, fmt.Errorf("begin: %w", err)
+		return res, nil, false, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback()
 
@@ -257,9 +294,14 @@ func (db *DB) emitPageAt(ctx context.Context, gen int64, events []backstop.Event
 	sctx := context.WithoutCancel(ctx)
 	if gen != anyGeneration {
 		if ok, err := sameGeneration(sctx, tx, cur, gen); err != nil {
-			return nil, false, err
+			return res, nil, false, err
 		} else if !ok {
-			return nil, true, nil
+			return res, nil, true, nil
+		}
+	}
+	if len(silent) > 0 {
+		if res, err = db.mirrorWriter(tx, now).apply(sctx, silent); err != nil {
+			return backstop.ApplyResult{}, nil, false, err
 		}
 	}
 	// The run compared the page with the mirror before this transaction;
@@ -267,18 +309,18 @@ func (db *DB) emitPageAt(ctx context.Context, gen int64, events []backstop.Event
 	// run's older one out (EmitSuperseded) instead of queueing it after.
 	out, err := db.emitNewerInTx(ctx, sctx, tx, now, stamp, events, routes)
 	if err != nil {
-		return nil, false, err
+		return backstop.ApplyResult{}, nil, false, err
 	}
 	row := newCursorRow(cur, now)
 	// saveCursor never moves the cursor back (saveCursorSQL).
 	if _, err := tx.StmtxContext(sctx, db.saveCursor).ExecContext(sctx,
 		row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt); err != nil {
-		return nil, false, fmt.Errorf("save cursor: %w", err)
+		return backstop.ApplyResult{}, nil, false, fmt.Errorf("save cursor: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, false, fmt.Errorf("commit %d events and cursor: %w", len(events), err)
+		return backstop.ApplyResult{}, nil, false, fmt.Errorf("commit %d events and cursor: %w", len(events), err)
 	}
-	return out, false, nil
+	return res, out, false, nil
 }
 
 // ResetCursor deletes the saved cursor of r and kind, so that the next

@@ -409,7 +409,7 @@ func (db *DB) PruneJobRuns(ctx context.Context, before time.Time) (int64, error)
 // events nor the cursor. It fails as Emit does, and on a cursor of an
 // unknown resource or kind.
 func (db *DB) EmitPage(ctx context.Context, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) ([]backstop.EmitResult, error) {
-	res, _, err := db.emitPageAt(ctx, anyGeneration, events, routes, cur)
+	_, res, _, err := db.emitPageAt(ctx, anyGeneration, nil, events, routes, cur)
 	if err != nil {
 		return nil, fmt.Errorf("emit %s page: %w", cur.Resource, err)
 	}

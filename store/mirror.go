@@ -175,36 +175,8 @@ func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backsto
 		}
 	}
 
-	mw := db.mirrorWriter(tx, now)
-	for _, g := range groupByResource(objs) {
-		t, err := tableFor(g.resource)
-		if err != nil {
-			return res, false, err
-		}
-		stored, err := storedVersions(ctx, tx, t, g.objs)
-		if err != nil {
-			return res, false, err
-		}
-		for _, o := range g.objs {
-			if err := checkObject(o); err != nil {
-				return res, false, err
-			}
-			v := backstop.CanonicalTime(o.UpdatedAt)
-			old, ok := stored[o.ID]
-			switch {
-			case !ok:
-				res.New++
-			case v > old:
-				res.Updated++
-			default:
-				res.Unchanged++
-				continue
-			}
-			if _, err := mw.write(ctx, o); err != nil {
-				return res, false, err
-			}
-			stored[o.ID] = v // a later copy in the same page compares with this one
-		}
+	if res, err = db.mirrorWriter(tx, now).apply(ctx, objs); err != nil {
+		return res, false, err
 	}
 
 	row := newCursorRow(cur, now)
@@ -233,6 +205,44 @@ type mirrorWriter struct {
 // mirrorWriter returns a mirrorWriter for tx that stamps synced_at with now.
 func (db *DB) mirrorWriter(tx *sqlx.Tx, now time.Time) *mirrorWriter {
 	return &mirrorWriter{db: db, tx: tx, synced: backstop.CanonicalTime(now)}
+}
+
+// apply writes each of objs that is new to the mirror or newer than its
+// stored version, and counts them against the mirror as it was: ApplyPage's
+// writes, without events.
+func (mw *mirrorWriter) apply(ctx context.Context, objs []backstop.Object) (backstop.ApplyResult, error) {
+	var res backstop.ApplyResult
+	for _, g := range groupByResource(objs) {
+		t, err := tableFor(g.resource)
+		if err != nil {
+			return res, err
+		}
+		stored, err := storedVersions(ctx, mw.tx, t, g.objs)
+		if err != nil {
+			return res, err
+		}
+		for _, o := range g.objs {
+			if err := checkObject(o); err != nil {
+				return res, err
+			}
+			v := backstop.CanonicalTime(o.UpdatedAt)
+			old, ok := stored[o.ID]
+			switch {
+			case !ok:
+				res.New++
+			case v > old:
+				res.Updated++
+			default:
+				res.Unchanged++
+				continue
+			}
+			if _, err := mw.write(ctx, o); err != nil {
+				return res, err
+			}
+			stored[o.ID] = v // a later copy in the same page compares with this one
+		}
+	}
+	return res, nil
 }
 
 // write upserts o when it is newer than the stored version (or not stored)

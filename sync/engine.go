@@ -445,6 +445,80 @@ func (e *Engine) BackfillEmit(ctx context.Context, r backstop.Resource, restart 
 	return st, em.stats, err
 }
 
+// QuietMargin is how far before its start (or before the oldest event of
+// the resource backstop keeps) a backfill that does not emit still emits
+// the versions it writes (see BackfillQuiet): enough for the platform's
+// clock being a little off ours and for webhooks still in flight.
+const QuietMargin = 10 * time.Minute
+
+// QuietPageStore is a PageStore that can commit a page partly without
+// events (store.DB is one): what BackfillQuiet needs.
+type QuietPageStore interface {
+	PageStore
+	// ApplyEmitPageAt writes silent's objects to the mirror without events
+	// (each only when newer) and emits events, saving cur, in one
+	// transaction; with gen other than unguarded, only while cur's cursor
+	// has not been reset since it was read at gen (reset=true otherwise,
+	// nothing committed). The ApplyResult counts silent's objects.
+	ApplyEmitPageAt(ctx context.Context, gen int64, silent []backstop.Object, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) (backstop.ApplyResult, []backstop.EmitResult, bool, error)
+	// OldestEventAt returns when the oldest processed event of r kept was
+	// received; ok is false when none is kept.
+	OldestEventAt(ctx context.Context, r backstop.Resource) (at time.Time, ok bool, err error)
+}
+
+// BackfillQuiet is the backfill that does not emit its history: Backfill
+// that writes without an event only the versions from before the run
+// started, and before the oldest event of r that backstop keeps, less
+// QuietMargin; a newer version (a change made while it runs, or one whose
+// webhook was lost while backstop was already recording r's events) is
+// emitted as SyncEmit would (OriginSync, through the dedup, so a version a
+// webhook already brought is suppressed). Written silently, such a
+// version would look unchanged to reconcile, and its event would never
+// reach the targets. Its checkpoint, resumption and hand-off are
+// Backfill's; the EmitStats count the versions it emitted. The engine's
+// Mirror must be a QuietPageStore.
+func (e *Engine) BackfillQuiet(ctx context.Context, r backstop.Resource, restart bool, routes []backstop.Route) (backstop.RunStats, EmitStats, error) {
+	em, err := e.emitter(r, routes, backstop.OriginSync)
+	if err == nil {
+		em.quiet, err = e.quietStore(r)
+	}
+	if err == nil {
+		em.silentBefore, err = e.quietSince(ctx, r, em.quiet)
+	}
+	if err != nil {
+		st, err := e.done(backstop.RunStats{Resource: r, Err: err}, err)
+		return st, EmitStats{}, err
+	}
+	st, err := e.done(e.backfill(ctx, r, restart, em))
+	return st, em.stats, err
+}
+
+// quietStore returns the Mirror as a QuietPageStore.
+func (e *Engine) quietStore(r backstop.Resource) (QuietPageStore, error) {
+	q, ok := e.Mirror.(QuietPageStore)
+	if !ok {
+		return nil, fmt.Errorf("backfill %s: the mirror %T cannot write a page partly without events", r, e.Mirror)
+	}
+	return q, nil
+}
+
+// quietSince returns the time before which BackfillQuiet writes versions
+// of r without events.
+func (e *Engine) quietSince(ctx context.Context, r backstop.Resource, q QuietPageStore) (time.Time, error) {
+	since := e.now()
+	oldest, ok, err := q.OldestEventAt(ctx, r)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("backfill %s: %w", r, err)
+	}
+	if ok && oldest.Before(since) {
+		since = oldest
+	}
+	since = since.Add(-QuietMargin)
+	e.logger().Info("backfill without emitting: versions updated since then are emitted all the same (origin sync), older ones written without events",
+		"resource", r, "since", since.UTC().Format(time.RFC3339))
+	return since, nil
+}
+
 func (e *Engine) emitter(r backstop.Resource, routes []backstop.Route, origin backstop.Origin) (*pageEmitter, error) {
 	ps, ok := e.Mirror.(PageStore)
 	if !ok {
@@ -484,6 +558,10 @@ type pageEmitter struct {
 	origin  backstop.Origin
 	now     func() time.Time
 	stats   EmitStats
+	// quiet, when set, commits the pages: the new and newer objects
+	// updated before silentBefore are written without events.
+	quiet        QuietPageStore
+	silentBefore time.Time
 }
 
 // commit emits the events of objs' new and changed objects and saves next,
@@ -502,8 +580,20 @@ func (em *pageEmitter) commit(ctx context.Context, gen int64, r backstop.Resourc
 	}
 	now := em.now()
 	events := make([]backstop.Event, 0, len(objs))
+	var silent []backstop.Object
 	for _, o := range objs {
 		v, ok := stored[o.ID]
+		if em.quiet != nil && o.UpdatedAt.Before(em.silentBefore) {
+			if !ok || v.Before(o.UpdatedAt) {
+				// Counted by the store against the mirror in its
+				// transaction.
+				silent = append(silent, o)
+				stored[o.ID] = o.UpdatedAt
+			} else {
+				res.Unchanged++
+			}
+			continue
+		}
 		switch {
 		case !ok:
 			res.New++
@@ -530,9 +620,16 @@ func (em *pageEmitter) commit(ctx context.Context, gen int64, r backstop.Resourc
 		})
 	}
 	var out []backstop.EmitResult
-	if em.guarded != nil && gen != unguarded {
+	switch {
+	case em.quiet != nil:
+		var sres backstop.ApplyResult
+		sres, out, reset, err = em.quiet.ApplyEmitPageAt(ctx, gen, silent, events, em.routes, next)
+		res.New += sres.New
+		res.Updated += sres.Updated
+		res.Unchanged += sres.Unchanged
+	case em.guarded != nil && gen != unguarded:
 		out, reset, err = em.guarded.EmitPageAt(ctx, gen, events, em.routes, next)
-	} else {
+	default:
 		out, err = em.store.EmitPage(ctx, events, em.routes, next)
 	}
 	if err != nil || reset {

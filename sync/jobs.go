@@ -808,7 +808,7 @@ func (s *Scheduler) work(ctx context.Context, j Job) (backstop.JobCounts, error)
 			if j.Emit {
 				st, em, err = e.BackfillEmit(ctx, r, false, s.opts.Routes)
 			} else {
-				st, err = e.Backfill(ctx, r, false)
+				st, em, err = e.BackfillQuiet(ctx, r, false, s.opts.Routes)
 			}
 			addRun(&c, st, em)
 		case JobReconcile:

@@ -33,7 +33,15 @@ than the stored version.
 
 With --emit it also emits, as sync does, the event of every object that is
 new to the mirror or newer than its mirrored version (origin backfill), to
-the targets whose events match; without it, a backfill fills the mirror only.
+the targets whose events match. Without it, the history is written without
+events: the versions from before the backfill started, and before the
+oldest event of the resource backstop keeps, less 10 minutes. A newer
+version (a change made while it runs, or one whose webhook the platform
+lost since backstop has been taking the resource's events) is emitted all
+the same, as sync would (origin sync, through the dedup, so one a webhook
+brought already is not sent again): written silently, it would look
+unchanged to reconcile, and its event would never reach the targets. The
+summary counts those as emitted.
 
 Without --emit, a backfill is refused (exit 2, nothing read) for a resource
 whose events some target subscribes to, unless it is that resource's first
@@ -42,8 +50,8 @@ resume): on a resource that is already syncing, the changes it wrote into
 the mirror would look unchanged to sync and reconcile and never reach the
 targets. Use --emit there; it emits only what is new or newer than the
 mirror, so what was already emitted is not sent again. --no-emit fills the
-mirror anyway, without events, for when the targets must not get them (the
-changes it writes then never reach them).
+mirror anyway, without events for its history, for when the targets must
+not get them (what it writes silently then never reaches them).
 
 RESOURCE is contacts, chats, messages or payments; all four by default.
 Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
@@ -62,16 +70,15 @@ Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
 					return nil, usagef("--emit and --no-emit exclude each other")
 				}
 				if !emit {
-					if noEmit {
-						return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
-							return a.engine.Backfill(ctx, r, restart)
-						}, nil
-					}
-					if err := checkSilentBackfill(ctx, a, resources, restart, routes); err != nil {
-						return nil, err
+					if !noEmit {
+						if err := checkSilentBackfill(ctx, a, resources, restart, routes); err != nil {
+							return nil, err
+						}
 					}
 					return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
-						return a.engine.Backfill(ctx, r, restart)
+						st, em, err := a.engine.BackfillQuiet(ctx, r, restart, routes)
+						emits.add(r, em)
+						return st, err
 					}, nil
 				}
 				return func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
@@ -85,7 +92,7 @@ Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as JSON")
 	cmd.Flags().BoolVar(&restart, "restart", false, "start from the beginning, whatever the checkpoint says")
 	cmd.Flags().BoolVar(&emit, "emit", false, "also emit the events of new and newer objects to the targets")
-	cmd.Flags().BoolVar(&noEmit, "no-emit", false, "fill the mirror without events even where targets subscribe (what it writes never reaches them)")
+	cmd.Flags().BoolVar(&noEmit, "no-emit", false, "fill the mirror without events for its history even where targets subscribe (what it writes silently never reaches them)")
 	return cmd
 }
 

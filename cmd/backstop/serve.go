@@ -781,6 +781,16 @@ func (s wakingStore) EmitPageAt(ctx context.Context, gen int64, events []backsto
 	return res, reset, err
 }
 
+// ApplyEmitPageAt is store.DB's, then, unless the page was refused
+// because its cursor was reset, wakes the targets it queued rows for.
+func (s wakingStore) ApplyEmitPageAt(ctx context.Context, gen int64, silent []backstop.Object, events []backstop.Event, routes []backstop.Route, cur backstop.Cursor) (backstop.ApplyResult, []backstop.EmitResult, bool, error) {
+	applied, res, reset, err := s.DB.ApplyEmitPageAt(ctx, gen, silent, events, routes, cur)
+	if err == nil && !reset {
+		backstop.QueuedTargets(events, res, routes, s.wake)
+	}
+	return applied, res, reset, err
+}
+
 // Emit is store.DB's, then wakes the targets it queued rows for.
 func (s wakingStore) Emit(ctx context.Context, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
 	res, err := s.DB.Emit(ctx, events, routes)
@@ -794,6 +804,7 @@ func (s wakingStore) Emit(ctx context.Context, events []backstop.Event, routes [
 var (
 	_ backstop.Mirror        = wakingStore{}
 	_ bsync.GuardedPageStore = wakingStore{}
+	_ bsync.QuietPageStore   = wakingStore{}
 	_ bsync.ChangedEmitter   = wakingStore{}
 )
 
