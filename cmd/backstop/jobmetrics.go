@@ -44,7 +44,7 @@ func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
 		}, []string{"job"}),
 		lastRun: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "backstop_job_last_run_timestamp_seconds",
-			Help: "When each job last finished, by status.",
+			Help: "When each job last finished, by status, in Unix seconds (0: no such run stored).",
 		}, []string{"job", "status"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "backstop_job_duration_seconds",
@@ -58,11 +58,15 @@ func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
 
 // seed exports every job of jobs before it runs in this process: its
 // counters at zero (so that increase() and absent() see them from the
-// start) and, from last (the runs stored before serve started, by this
-// process's predecessors or by backstop run), when it last finished with
-// each status, so that an alert on a nightly job's age does not go blind
-// for a day after each restart. Stored runs of jobs no longer configured
-// are left out.
+// start), when it last finished with each status of jobRunStatuses at
+// zero (so that an alert on the age of a job's last successful run,
+// time() - backstop_job_last_run_timestamp_seconds{status="ok"}, fires
+// for a job that never succeeded instead of finding no series) and, from
+// last (the runs stored before serve started, by this process's
+// predecessors or by backstop run), when it last finished with each
+// status, so that an alert on a nightly job's age does not go blind for a
+// day after each restart. Stored runs of jobs no longer configured are
+// left out.
 func (m *jobMetrics) seed(jobs []string, last []store.JobFinish) {
 	if m == nil {
 		return
@@ -72,6 +76,7 @@ func (m *jobMetrics) seed(jobs []string, last []store.JobFinish) {
 		configured[job] = true
 		for _, status := range jobRunStatuses {
 			m.runs.WithLabelValues(job, string(status))
+			m.lastRun.WithLabelValues(job, string(status))
 		}
 		for _, name := range jobCountNames {
 			m.objects.WithLabelValues(job, name)
