@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -24,7 +27,14 @@ func (m *Main) jobsCommand(g *globals) *cobra.Command {
 		Short: "List the configured jobs with their schedule, next run and last result",
 		Long: `jobs lists the jobs of schedules.yaml (jobs:) with their kind, schedule, the
 time of their next run (as backstop serve would schedule it), and their last
-stored run and its result. Runs are stored by backstop serve and backstop run.`,
+stored run and its result (with the start of its error when it failed or was
+interrupted; --json has the whole error). Runs are stored by backstop serve
+and backstop run.
+
+A job on an interval (every:) that has not yet run to its end (ok or failed)
+first runs an interval after serve starts, which this command cannot know:
+its next run reads "1m after serve starts" (for every: 1m), and is null in
+--json.`,
 		Example: "  backstop jobs\n  backstop jobs --json",
 		Args:    cobraArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -167,12 +177,17 @@ func jobLockPrefix(storeID string) string { return bsync.DefaultJobLockPrefix + 
 
 // jobRow is one line of `backstop jobs`.
 type jobRow struct {
-	Name      string      `json:"name"`
-	Kind      string      `json:"kind"`
-	Resources []string    `json:"resources,omitempty"`
-	Schedule  string      `json:"schedule"`
-	NextRun   time.Time   `json:"next_run"`
-	LastRun   *lastJobRun `json:"last_run"`
+	Name      string   `json:"name"`
+	Kind      string   `json:"kind"`
+	Resources []string `json:"resources,omitempty"`
+	Schedule  string   `json:"schedule"`
+	// NextRun is nil for a job on an interval that has not run to its end
+	// (ok or failed): serve runs it an interval (Every) after it starts,
+	// which only serve knows.
+	NextRun *time.Time  `json:"next_run"`
+	LastRun *lastJobRun `json:"last_run"`
+	// Every is the interval of a job on one (every:), for the table.
+	Every time.Duration `json:"-"`
 }
 
 // lastJobRun is the last stored run of a job. FinishedAt is nil while it
@@ -192,7 +207,7 @@ func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, e
 	jobs := s.Jobs()
 	rows := make([]jobRow, 0, len(jobs))
 	for _, j := range jobs {
-		row := jobRow{Name: j.Name, Kind: string(j.Kind), Schedule: j.Schedule()}
+		row := jobRow{Name: j.Name, Kind: string(j.Kind), Schedule: j.Schedule(), Every: j.Every}
 		for _, r := range j.Resources {
 			row.Resources = append(row.Resources, string(r))
 		}
@@ -210,9 +225,26 @@ func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, e
 			}
 			after = last.StartedAt
 		}
-		if row.NextRun, err = s.NextRun(j.Name, after); err != nil {
+		if j.Cron == "" {
+			// serve schedules an interval job from the start of its last
+			// run that ran to its end (bsync.JobHistory); without one,
+			// from its own start, which is not stored anywhere this
+			// command can read: Scheduler.NextRun would give now plus
+			// the interval, a time that moves with every call.
+			_, ran, err := db.LastJobStart(ctx, j.Name)
+			if err != nil {
+				return nil, err
+			}
+			if !ran {
+				rows = append(rows, row)
+				continue
+			}
+		}
+		next, err := s.NextRun(j.Name, after)
+		if err != nil {
 			return nil, fmt.Errorf("job %s: next run: %w", j.Name, err)
 		}
+		row.NextRun = &next
 		rows = append(rows, row)
 	}
 	return rows, nil
@@ -233,10 +265,52 @@ func printJobs(w io.Writer, rows []jobRow, asJSON bool) error {
 	for _, r := range rows {
 		lastAt, res := "never", "-"
 		if r.LastRun != nil {
-			lastAt, res = r.LastRun.StartedAt.Local().Format(time.DateTime), r.LastRun.Status
+			lastAt, res = r.LastRun.StartedAt.Local().Format(time.DateTime), resultCell(r.LastRun)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Kind, r.Schedule,
-			r.NextRun.Local().Format(time.DateTime), lastAt, res)
+		next := shortDuration(r.Every) + " after serve starts"
+		if r.NextRun != nil {
+			next = r.NextRun.Local().Format(time.DateTime)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Kind, r.Schedule, next, lastAt, res)
 	}
 	return tw.Flush()
+}
+
+// resultWidth is the most characters the RESULT column of backstop jobs
+// shows: a failed run's status and the start of its error.
+const resultWidth = 64
+
+// resultCell is the RESULT of run in the table: its status, and for a run
+// that ended with an error (failed, interrupted, abandoned) the start of
+// that error on one line, cut to resultWidth characters with "…". An error
+// that starts with the status ("abandoned: no heartbeat since …") is not
+// prefixed with it again.
+func resultCell(run *lastJobRun) string {
+	if run.Error == "" || run.Status == string(bsync.JobOK) || run.Status == string(bsync.JobRunning) {
+		return run.Status
+	}
+	msg := strings.Join(strings.FieldsFunc(run.Error, func(r rune) bool {
+		return unicode.IsSpace(r) || unicode.IsControl(r)
+	}), " ")
+	if !strings.HasPrefix(msg, run.Status+":") {
+		msg = run.Status + ": " + msg
+	}
+	if utf8.RuneCountInString(msg) <= resultWidth {
+		return msg
+	}
+	cut := []rune(msg)[:resultWidth-1]
+	return strings.TrimRight(string(cut), " ") + "…"
+}
+
+// shortDuration formats d as time.Duration does, without zero units at
+// its end: 1m, 1h, 1h30m rather than 1m0s, 1h0m0s, 1h30m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop/sources/sim"
+	"github.com/backstop-sync/backstop/store"
+)
+
+// jobsTableRow returns the header and the row of job name in the table of
+// `backstop jobs`.
+func jobsTableRow(t *testing.T, e *env, name string) (header, row string) {
+	t.Helper()
+	code, stdout, stderr := e.run(context.Background(), "jobs")
+	if code != exitOK {
+		t.Fatalf("jobs: exit %d\n%s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimRight(stdout, "\n"), "\n")
+	for _, l := range lines[1:] {
+		if strings.HasPrefix(l, name+" ") {
+			return lines[0], l
+		}
+	}
+	t.Fatalf("jobs lists no %s:\n%s", name, stdout)
+	return "", ""
+}
+
+// The table of `backstop jobs` showed only "failed" for a failed run; why
+// it failed was in --json only. RESULT now holds the start of the error,
+// on one line and cut to a width that keeps the table readable; --json
+// keeps the whole error.
+func TestJobsTableShowsWhyTheLastRunFailed(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.appendConfig(`jobs:
+  - {name: payments-hourly, kind: reconcile, resources: [payments], cron: "0 * * * *"}
+  - {name: crm-nightly, kind: sync, resources: [contacts], cron: "0 3 * * *"}
+  - {name: prune, kind: maintenance, cron: "30 4 * * *"}
+  - {name: short, kind: sync, resources: [chats], cron: "0 5 * * *"}
+  - {name: killed, kind: sync, resources: [messages], cron: "0 6 * * *"}
+`)
+	ctx := context.Background()
+	now := time.Now().Add(-time.Minute)
+	long := "reconcile: payments: platform unavailable: dial tcp 127.0.0.1:1: connect: connection refused\n" +
+		"\tafter 5 retries"
+	db := e.openStore()
+	for _, run := range []store.JobRun{
+		{Job: "payments-hourly", Kind: "reconcile", StartedAt: now, FinishedAt: now, Status: "failed", Error: long},
+		{Job: "crm-nightly", Kind: "sync", StartedAt: now, FinishedAt: now, Status: "interrupted", Error: "context canceled"},
+		{Job: "prune", Kind: "maintenance", StartedAt: now, FinishedAt: now, Status: "ok"},
+		{Job: "short", Kind: "sync", StartedAt: now, FinishedAt: now, Status: "failed", Error: "sync: chats: HTTP 401"},
+		// Made abandoned below: its error starts with its status already.
+		{Job: "killed", Kind: "sync", StartedAt: now, FinishedAt: now, Status: "failed",
+			Error: "abandoned: no heartbeat since 12:00 (killed)"},
+	} {
+		if _, err := db.SaveJobRun(ctx, run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	raw, err := sql.Open("sqlite", e.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.ExecContext(ctx, `UPDATE job_runs SET status = 'abandoned' WHERE job = 'killed'`); err != nil {
+		t.Fatal(err)
+	}
+	raw.Close()
+
+	header, row := jobsTableRow(t, e, "payments-hourly")
+	col := strings.Index(header, "RESULT")
+	if col < 0 || len(row) < col {
+		t.Fatalf("no RESULT column:\n%s\n%s", header, row)
+	}
+	res := row[col:]
+	const want = "failed: reconcile: payments: platform unavailable: dial tcp"
+	if !strings.HasPrefix(res, want) {
+		t.Errorf("RESULT of the failed run is %q, want it to start %q", res, want)
+	}
+	if n := len([]rune(res)); n > 64 || !strings.HasSuffix(res, "…") {
+		t.Errorf("RESULT %q: %d characters, want at most 64, cut with …", res, n)
+	}
+	if strings.ContainsAny(res, "\t\n") {
+		t.Errorf("RESULT %q spans more than one cell", res)
+	}
+	for name, want := range map[string]string{
+		"crm-nightly": "interrupted: context canceled",
+		"prune":       "ok",
+		"short":       "failed: sync: chats: HTTP 401",
+		"killed":      "abandoned: no heartbeat since 12:00 (killed)",
+	} {
+		header, row := jobsTableRow(t, e, name)
+		if col := strings.Index(header, "RESULT"); len(row) < col || row[col:] != want {
+			t.Errorf("%s: RESULT column of\n%s\n%s\nwant %q", name, header, row, want)
+		}
+	}
+
+	if got := e.jobsJSON("payments-hourly").LastRun; got == nil || got.Error != long || got.Status != "failed" {
+		t.Errorf("jobs --json: last run %+v, want status failed and the whole error", got)
+	}
+}
+
+// For a job on an interval that never ran, `backstop jobs` printed the
+// CLI's own time plus the interval as its next run (a time that moved
+// with every call), while serve runs it an interval after serve starts.
+// It now says so, and --json has next_run null; once the job has run to
+// its end its next run is a time again, from that run.
+func TestJobsNextRunOfANeverRunIntervalJob(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.appendConfig(`jobs:
+  - {name: often, kind: sync, resources: [contacts], every: 1m}
+  - {name: cut-short, kind: sync, resources: [chats], every: 1h30m}
+  - {name: ran, kind: sync, resources: [payments], every: 1h}
+  - {name: nightly, kind: maintenance, cron: "30 4 * * *"}
+`)
+	ctx := context.Background()
+	started := time.Now().Add(-10 * time.Minute).Truncate(time.Second)
+	db := e.openStore()
+	for _, run := range []store.JobRun{
+		// An interrupted run does not count: serve still starts the job
+		// an interval after its own start.
+		{Job: "cut-short", Kind: "sync", StartedAt: started, FinishedAt: started, Status: "interrupted", Error: "context canceled"},
+		{Job: "ran", Kind: "sync", StartedAt: started, FinishedAt: started, Status: "ok"},
+	} {
+		if _, err := db.SaveJobRun(ctx, run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+
+	code, stdout, stderr := e.run(ctx, "jobs", "--json")
+	if code != exitOK {
+		t.Fatalf("jobs --json: exit %d\n%s", code, stderr)
+	}
+	var rows []map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil {
+		t.Fatalf("jobs --json: %v\n%s", err, stdout)
+	}
+	next := map[string]string{}
+	for _, r := range rows {
+		var name string
+		json.Unmarshal(r["name"], &name)
+		raw, ok := r["next_run"]
+		if !ok {
+			t.Errorf("%s: no next_run in --json", name)
+		}
+		next[name] = string(raw)
+	}
+	for _, name := range []string{"often", "cut-short"} {
+		if next[name] != "null" {
+			t.Errorf("%s: next_run %s, want null (serve runs it an interval after it starts)", name, next[name])
+		}
+	}
+	var ranNext time.Time
+	if err := json.Unmarshal([]byte(next["ran"]), &ranNext); err != nil || !ranNext.Equal(started.Add(time.Hour)) {
+		t.Errorf("ran: next_run %s, want an hour after its last run, %v", next["ran"], started.Add(time.Hour))
+	}
+	if next["nightly"] == "null" || next["nightly"] == "" {
+		t.Errorf("nightly: next_run %s, want a time", next["nightly"])
+	}
+
+	for name, want := range map[string]string{
+		"often":     "1m after serve starts",
+		"cut-short": "1h30m after serve starts",
+		"ran":       started.Add(time.Hour).Local().Format(time.DateTime),
+	} {
+		header, row := jobsTableRow(t, e, name)
+		col := strings.Index(header, "NEXT RUN")
+		if col < 0 || len(row) < col || !strings.HasPrefix(row[col:], want+" ") {
+			t.Errorf("%s: NEXT RUN column of\n%s\n%s\nwant %q", name, header, row, want)
+		}
+	}
+}
