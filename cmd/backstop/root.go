@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
@@ -155,19 +156,38 @@ func (g *globals) newLogger(w io.Writer) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: level}
 	switch strings.ToLower(g.logFormat) {
 	case "text", "":
+		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.DurationValue(roundLogDuration(a.Value.Duration()))
+			}
+			return a
+		}
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
 		// Durations as people read them ("1.5s"), as the text format
 		// shows them, not JSON's default of integer nanoseconds.
 		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
 			if a.Value.Kind() == slog.KindDuration {
-				a.Value = slog.StringValue(a.Value.Duration().String())
+				a.Value = slog.StringValue(roundLogDuration(a.Value.Duration()).String())
 			}
 			return a
 		}
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usagef("--log-format %q: want text or json", g.logFormat)
+}
+
+// roundLogDuration rounds a duration a log line shows to the millisecond
+// (8.597s, not 8.597005569s), or, below a millisecond, to the microsecond,
+// so that a short one does not read as 0s.
+func roundLogDuration(d time.Duration) time.Duration {
+	switch abs := d.Abs(); {
+	case abs >= time.Millisecond:
+		return d.Round(time.Millisecond)
+	case abs >= time.Microsecond:
+		return d.Round(time.Microsecond)
+	}
+	return d
 }
 
 // isTerminal reports whether progress bars may be drawn on f: a terminal
