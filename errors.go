@@ -31,6 +31,10 @@ var (
 	// send it a second time even when the attempt succeeds. The error is an
 	// *InFlightError, which says until when.
 	ErrInFlight = errors.New("backstop: it is claimed for sending")
+	// ErrJobRunning: a run of the job is going on already (in this process
+	// or, recorded in the store or a lock, in another); the new run was
+	// skipped.
+	ErrJobRunning = errors.New("job is still running")
 )
 
 // InFlightError is the error of a Retry refused with ErrInFlight: Until is

@@ -145,6 +145,31 @@ func (db *DB) SaveJobRun(ctx context.Context, run JobRun) (int64, error) {
 // sharing this store. It is ReconcileStaleAfter.
 const JobRunStaleAfter = ReconcileStaleAfter
 
+// JobRunLiveWithin is how recent the last heartbeat of a running run of a
+// job must be for StartJobRun to take it for one going on in another
+// process, and refuse a new run of the job beside it: three heartbeats
+// (sync.DefaultJobHeartbeat, a minute). A run whose process was killed
+// holds its job up that long at most; it is closed as abandoned later
+// (JobRunStaleAfter).
+const JobRunLiveWithin = 3 * time.Minute
+
+// JobRunningError is StartJobRun's refusal of a run while another run of
+// the job goes on (it wraps backstop.ErrJobRunning): the run that does,
+// when it started and when it last beat.
+type JobRunningError struct {
+	Job                    string
+	ID                     int64
+	StartedAt, HeartbeatAt time.Time
+}
+
+func (e *JobRunningError) Error() string {
+	return fmt.Sprintf("%v: run %d, started %s, last heartbeat %s (if its process is gone, the job runs again once that is %s old)",
+		backstop.ErrJobRunning, e.ID, e.StartedAt.UTC().Format(time.RFC3339), e.HeartbeatAt.UTC().Format(time.RFC3339), JobRunLiveWithin)
+}
+
+// Unwrap makes errors.Is(err, backstop.ErrJobRunning) true.
+func (e *JobRunningError) Unwrap() error { return backstop.ErrJobRunning }
+
 // abandonJobRunsSQL closes the running job runs whose last heartbeat is
 // before the second parameter, of the job given as the third (all when it
 // is empty); the first is now.
@@ -189,10 +214,18 @@ func (db *DB) AbandonStaleJobRuns(ctx context.Context) (int64, error) {
 // JobRunHeartbeat and FinishJobRun take. In the same transaction it closes
 // the stale running runs of the job as AbandonStaleJobRuns does, so a run
 // killed with SIGKILL is closed by the next run of its job; a run.Locked
-// closes every running run of the job, at once. A zero StartedAt is
+// closes every running run of the job, at once. A run not Locked is
+// refused with a *JobRunningError while another run of the job has beaten
+// within JobRunLiveWithin: without a lock in Redis, this is what keeps two
+// processes on one store (serve's schedule and backstop run from cron, or
+// two cron runs) from running a job twice at once. A zero StartedAt is
 // stored as now. It fails on an empty job name.
 func (db *DB) StartJobRun(ctx context.Context, run JobRun) (int64, error) {
 	id, err := db.startJobRun(ctx, run)
+	var running *JobRunningError
+	if errors.As(err, &running) {
+		return 0, err
+	}
 	if err != nil {
 		return 0, fmt.Errorf("start job run %s: %w", run.Job, err)
 	}
@@ -216,8 +249,23 @@ func (db *DB) startJobRun(ctx context.Context, run JobRun) (int64, error) {
 		if _, err := tx.ExecContext(ctx, abandonUnlockedJobRunsSQL, backstop.CanonicalTime(now), run.Job); err != nil {
 			return 0, fmt.Errorf("abandon runs left running: %w", err)
 		}
-	} else if _, err := db.abandonStaleJobRuns(ctx, tx, run.Job); err != nil {
-		return 0, fmt.Errorf("abandon stale runs: %w", err)
+	} else {
+		if _, err := db.abandonStaleJobRuns(ctx, tx, run.Job); err != nil {
+			return 0, fmt.Errorf("abandon stale runs: %w", err)
+		}
+		var live []jobRunRow
+		if err := tx.SelectContext(ctx, &live, `SELECT `+jobRunColumns+` FROM job_runs
+			WHERE job = ? AND status = 'running' AND heartbeat_at >= ? ORDER BY id LIMIT 1`,
+			run.Job, backstop.CanonicalTime(now.Add(-JobRunLiveWithin))); err != nil {
+			return 0, fmt.Errorf("read runs going on: %w", err)
+		}
+		if len(live) > 0 {
+			other, err := live[0].jobRun()
+			if err != nil {
+				return 0, err
+			}
+			return 0, &JobRunningError{Job: run.Job, ID: other.ID, StartedAt: other.StartedAt, HeartbeatAt: other.HeartbeatAt}
+		}
 	}
 	// finished_at holds the last heartbeat while the run goes on (see
 	// migration 0012): never NULL, for binaries that read it as a string.

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -262,9 +263,10 @@ func TestLockedJobRunClosesRunsLeftRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Set(t0.Add(90 * time.Second)) // the killed run beat 90 s ago
-	unlocked, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
-	if err != nil {
-		t.Fatal(err)
+	// Without the lock, a run beating 90 s ago is taken for one going on.
+	var running *JobRunningError
+	if _, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"}); !errors.As(err, &running) || running.ID != killed {
+		t.Fatalf("a run without the lock beside one beating 90 s ago: %v, want refused naming run %d", err, killed)
 	}
 	status := func(id int64) JobRun {
 		t.Helper()
@@ -292,7 +294,7 @@ func TestLockedJobRunClosesRunsLeftRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []int64{killed, unlocked} {
+	for _, id := range []int64{killed} {
 		if r := status(id); r.Status != "abandoned" || !strings.Contains(r.Error, "lock was free") {
 			t.Errorf("run %d after a locked start: %+v, want abandoned, saying why", id, r)
 		}
@@ -305,10 +307,50 @@ func TestLockedJobRunClosesRunsLeftRunning(t *testing.T) {
 	}
 	// A run closed so whose process was in fact stopping still records
 	// its real result.
-	if err := db.FinishJobRun(ctx, JobRun{ID: unlocked, Job: "nightly", Status: "interrupted"}); err != nil {
+	if err := db.FinishJobRun(ctx, JobRun{ID: killed, Job: "nightly", Status: "interrupted"}); err != nil {
 		t.Fatal(err)
 	}
-	if r := status(unlocked); r.Status != "interrupted" {
+	if r := status(killed); r.Status != "interrupted" {
 		t.Errorf("finished after being closed: %+v", r)
+	}
+}
+
+// Without a lock in Redis, a run of a job is refused while another run of
+// it, in another process sharing the store, has beaten within
+// JobRunLiveWithin (two cron runs overlapping, or serve's schedule and a
+// run by hand): the refusal names the run going on. A run whose process
+// was killed holds the job up that long at most; other jobs are not held.
+func TestJobRunRefusedWhileAnotherGoesOn(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	first, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := func(at time.Duration) {
+		t.Helper()
+		clk.Set(t0.Add(at))
+		_, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
+		var running *JobRunningError
+		if !errors.As(err, &running) || !errors.Is(err, backstop.ErrJobRunning) || running.ID != first ||
+			!strings.Contains(err.Error(), fmt.Sprintf("run %d", first)) {
+			t.Fatalf("a second run at +%s: %v, want refused naming run %d", at, err, first)
+		}
+	}
+	refused(30 * time.Second)
+	if _, err := db.StartJobRun(ctx, JobRun{Job: "hourly", Kind: "reconcile"}); err != nil {
+		t.Fatalf("another job held up: %v", err)
+	}
+	// It beats at +2m, so it is still going on at +4m.
+	clk.Set(t0.Add(2 * time.Minute))
+	if err := db.JobRunHeartbeat(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	refused(4 * time.Minute)
+	// No heartbeat for more than JobRunLiveWithin: its process is gone.
+	clk.Set(t0.Add(2*time.Minute + JobRunLiveWithin + time.Second))
+	next, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
+	if err != nil || next == first {
+		t.Fatalf("a run after the first stopped beating: %d, %v", next, err)
 	}
 }

@@ -209,8 +209,10 @@ type JobHistory interface {
 var (
 	// ErrUnknownJob: no job of that name is configured.
 	ErrUnknownJob = errors.New("sync: unknown job")
-	// ErrJobRunning: the job is running already; the run was skipped.
-	ErrJobRunning = errors.New("sync: job is still running")
+	// ErrJobRunning: the job is running already; the run was skipped. It
+	// is backstop.ErrJobRunning, which the store returns for a run going
+	// on in another process.
+	ErrJobRunning = backstop.ErrJobRunning
 	// ErrInvalidJob: a job's definition cannot be scheduled.
 	ErrInvalidJob = errors.New("sync: invalid job")
 )
@@ -650,6 +652,14 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func()) (JobR
 	// full disk), the run still runs, and is stored in one go when it
 	// ends, as a run that did not start is.
 	id, err := s.opts.Store.StartJobRun(context.WithoutCancel(ctx), run)
+	if errors.Is(err, ErrJobRunning) {
+		// Going on in another process sharing the store (no lock in
+		// Redis to tell): skipped, as here.
+		err = fmt.Errorf("job %s: %w in another process", j.Name, err)
+		run.ID = s.skipBecause(ctx, st, err)
+		run.Status, run.FinishedAt, run.Err = JobSkipped, run.StartedAt, err
+		return run, err
+	}
 	stored := err == nil
 	stopBeat := func() {}
 	if stored {
@@ -749,12 +759,21 @@ func onlyCanceled(err error) bool {
 // skip counts, logs and stores a skipped run of st's job, and returns the
 // stored run's id (0 when it could not be stored).
 func (s *Scheduler) skip(ctx context.Context, st *jobState) int64 {
+	return s.skipBecause(ctx, st, nil)
+}
+
+// skipBecause is skip that logs why, when why is not nil.
+func (s *Scheduler) skipBecause(ctx context.Context, st *jobState, why error) int64 {
 	n := st.skipped.Add(1)
 	level := slog.LevelWarn
 	if st.skippedRun.Add(1) > 1 {
 		level = slog.LevelDebug
 	}
-	s.log.Log(ctx, level, "job still running: run skipped", "job", st.job.Name, "kind", st.job.Kind, "skipped", n)
+	attrs := []any{"job", st.job.Name, "kind", st.job.Kind, "skipped", n}
+	if why != nil {
+		attrs = append(attrs, "err", why)
+	}
+	s.log.Log(ctx, level, "job still running: run skipped", attrs...)
 	now := s.opts.Now()
 	run := JobRun{Job: st.job.Name, Kind: st.job.Kind, StartedAt: now, FinishedAt: now, Status: JobSkipped}
 	id, err := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)

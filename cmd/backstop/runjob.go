@@ -34,8 +34,8 @@ finishes its current page first, and what was committed is kept) or skipped
 (the job was running already), as backstop jobs and the dashboard show it.
 
 Exit codes: 0 the run succeeded, or was skipped because the job was running
-already (here or, with governor.redis, in another process: under system cron
-that is not a failure); 1 it failed; 2 unknown job or bad configuration; 130
+already (here, in another process on the same store, or with governor.redis
+anywhere: under system cron that is not a failure); 1 it failed; 2 unknown job or bad configuration; 130
 interrupted.`,
 		Example: "  backstop run crm-nightly\n  backstop run payments-hourly --json",
 		Args:    oneArg("the job's name in schedules.yaml (see backstop jobs)"),

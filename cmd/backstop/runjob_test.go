@@ -73,3 +73,65 @@ func TestRunJobInterruptedIsStoredAsInterrupted(t *testing.T) {
 		t.Fatalf("next run: exit %d\n%s", code, stderr)
 	}
 }
+
+// Two runs of one job overlapping without Redis (a slow cron run still
+// going when the next one starts, or serve's schedule and a run by hand):
+// both used to run in full. The second now sees the first's run going on
+// in the store, is skipped (exit 0, as with Redis) and says which run
+// holds the job.
+func TestRunJobOverlappingWithoutRedisIsSkipped(t *testing.T) {
+	e := newEnv(t, envOpts{
+		sim:       sim.Options{Seed: 14, Objects: 1500, Limit: 60, Window: time.Second},
+		perMinute: 3600, window: "1s", pageSize: 10,
+	})
+	e.withJobs()
+	cmd := exec.Command(binPath, "--config", e.config, "--log-level", "debug", "run", "crm-nightly")
+	cmd.Env = e.environ(e.sim.APIKey())
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	lines := make(chan string, 1024)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	waitLines(t, lines, "page committed", 1, time.Minute)
+
+	code, stdout, errOut := e.run(context.Background(), "run", "crm-nightly")
+	if code != exitOK || !strings.Contains(stdout, "skipped") ||
+		!strings.Contains(errOut, "in another process") || !strings.Contains(errOut, "run 1,") {
+		t.Errorf("a second run while the first goes on: exit %d\n%s%s\nwant skipped, naming run 1", code, stdout, errOut)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for range lines {
+	}
+	cmd.Wait()
+	db := e.openStore()
+	defer db.Close()
+	runs, err := db.JobRuns(context.Background(), "crm-nightly", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	statuses := map[string]int{}
+	for _, r := range runs {
+		statuses[r.Status]++
+	}
+	if statuses["skipped"] != 1 || statuses["interrupted"] != 1 || len(runs) != 2 {
+		t.Errorf("stored runs %v, want the first interrupted and the second skipped", statuses)
+	}
+}
