@@ -197,7 +197,7 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 	}
 	switch {
 	case ok && cur.Done && !restart:
-		e.logger().Info("backfill already finished; --restart reads everything again", "resource", r,
+		e.logger().Info("backfill already finished; `backstop backfill "+string(r)+" --restart` reads everything again", "resource", r,
 			"finished_at", cur.UpdatedAt, "position", cur.Position)
 		// A run killed between its last page and the hand-off left the
 		// sync cursor behind: hand it over now, as that run would have.

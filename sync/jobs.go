@@ -695,9 +695,19 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func()) (JobR
 	if serr != nil {
 		err = errors.Join(err, fmt.Errorf("job %s: store run: %w", j.Name, serr))
 	}
-	log.Info("job finished", "status", run.Status, "duration", run.FinishedAt.Sub(run.StartedAt).Round(time.Millisecond).String(),
-		"pages", run.Counts.Pages, "objects", run.Counts.Objects, "reemitted", run.Counts.Reemitted,
-		"suppressed", run.Counts.Suppressed, "pruned", run.Counts.Pruned)
+	// Counts.Reemitted holds a sync's or a backfill's emitted events too
+	// (JobCounts has one field for both): the log names them as run does.
+	emitted := "emitted"
+	if j.Kind == JobReconcile {
+		emitted = "reemitted"
+	}
+	attrs := []any{"status", run.Status, "duration", run.FinishedAt.Sub(run.StartedAt).Round(time.Millisecond).String(),
+		"pages", run.Counts.Pages, "objects", run.Counts.Objects, emitted, run.Counts.Reemitted,
+		"suppressed", run.Counts.Suppressed, "pruned", run.Counts.Pruned}
+	if run.Output != "" {
+		attrs = append(attrs, "output", run.Output)
+	}
+	log.Info("job finished", attrs...)
 	return run, err
 }
 

@@ -37,6 +37,11 @@ type progress struct {
 	// it has ended. Both nil when none runs.
 	stop, ticked chan struct{}
 
+	// order, when set, is the order a job runs its resources in, one
+	// after another (sequential): one not begun yet says it is queued
+	// behind the one going on rather than waiting for its first page.
+	order []backstop.Resource
+
 	mu    stdsync.Mutex
 	state map[backstop.Resource]*resourceProgress
 }
@@ -178,11 +183,37 @@ func (p *progress) logIdle(log *slog.Logger, now time.Time) {
 		}
 		rp.lastLog = now
 		if rp.lastPage.IsZero() {
-			log.Info(p.op+" progress", "resource", r, "pages", 0, "waiting", "for its first page", "elapsed", round(now.Sub(p.started)))
+			waiting := "for its first page"
+			if ahead := p.runningAhead(r); ahead != "" {
+				waiting = "queued after " + string(ahead) + " (the job runs its resources one after another)"
+			}
+			log.Info(p.op+" progress", "resource", r, "pages", 0, "waiting", waiting, "elapsed", round(now.Sub(p.started)))
 			continue
 		}
 		log.Info(p.op+" progress", append(slices.Clone(rp.counts.attrs), "since_last_page", round(now.Sub(rp.lastPage)))...)
 	}
+}
+
+// sequential makes p show a job's resources as run in order, one after
+// another.
+func (p *progress) sequential(order []backstop.Resource) *progress {
+	p.order = order
+	return p
+}
+
+// runningAhead returns, when p's resources run one after another, the
+// first resource before r in their order that has not ended (the one
+// going on); empty otherwise. p.mu is held.
+func (p *progress) runningAhead(r backstop.Resource) backstop.Resource {
+	for _, o := range p.order {
+		if o == r {
+			return ""
+		}
+		if rp := p.state[o]; rp != nil && !rp.ended {
+			return o
+		}
+	}
+	return ""
 }
 
 // stopTicker ends start's ticker, if any, and waits for it.

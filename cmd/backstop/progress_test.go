@@ -135,3 +135,25 @@ func TestProgressLinesWhileWaiting(t *testing.T) {
 		t.Errorf("%d finished lines, want 1:\n%s", n, stderr)
 	}
 }
+
+// A job runs its resources one after another: while the first is read,
+// the ones after it said they were "waiting for its first page", which
+// reads like a stalled platform. They now say they are queued after the
+// one going on.
+func TestRunJobSaysWhichResourcesAreQueued(t *testing.T) {
+	// Two requests a second: the 3 contacts pages take over a second.
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 5, Objects: 30, Limit: 2, Window: time.Second}, pageSize: 10})
+	e.appendConfig("jobs:\n  - {name: two-sync, kind: sync, resources: [contacts, payments], every: 1h}\n")
+	t.Setenv("BACKSTOP_PROGRESS_INTERVAL", "100ms")
+	code, _, stderr := e.run(context.Background(), "run", "two-sync")
+	if code != exitOK {
+		t.Fatalf("run: exit %d\n%s", code, stderr)
+	}
+	if n := countLines(stderr, "sync progress", "resource=payments", "queued after contacts"); n < 1 {
+		t.Errorf("no line saying payments is queued after contacts:\n%s", stderr)
+	}
+	before, _, _ := strings.Cut(stderr, `msg="sync finished" resource=contacts`)
+	if n := countLines(before, "resource=payments", "for its first page"); n != 0 {
+		t.Errorf("payments said it waited for its first page while queued behind contacts:\n%s", stderr)
+	}
+}

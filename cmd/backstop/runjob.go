@@ -123,7 +123,9 @@ func (m *Main) jobProgress(g *globals, name string) (_ *progress, local bool, _ 
 			if len(resources) == 0 {
 				resources = backstop.Resources
 			}
-			return newProgress(m, j.Kind, resources), false, nil
+			// The scheduler runs a job's resources in order (bsync
+			// Scheduler.work).
+			return newProgress(m, j.Kind, resources).sequential(resources), false, nil
 		case bsync.JobMaintenance, bsync.JobBackup:
 			return nil, true, nil
 		}
