@@ -251,10 +251,20 @@ func (db *DB) ApplyEmitPageAt(ctx context.Context, gen int64, silent []backstop.
 // r's events, as far as the retention (30 days) lets it tell.
 func (db *DB) OldestEventAt(ctx context.Context, r backstop.Resource) (_ time.Time, ok bool, _ error) {
 	var at []string
-	// Through the received_at index, in order, to the first of r's.
-	if err := db.r.SelectContext(ctx, &at, `SELECT received_at FROM processed_events
-		WHERE resource = ? ORDER BY received_at LIMIT 1`, string(r)); err != nil {
+	// Whether r has any event, through the dedup_key index ("r:id:time"),
+	// before reading the received_at index in order to r's first: that
+	// read would go through every event of the other resources when r
+	// has none.
+	var some []int
+	if err := db.r.SelectContext(ctx, &some, `SELECT 1 FROM processed_events
+		WHERE dedup_key >= ? AND dedup_key < ? LIMIT 1`, string(r)+":", string(r)+";"); err != nil {
 		return time.Time{}, false, fmt.Errorf("read the oldest %s event: %w", r, err)
+	}
+	if len(some) > 0 {
+		if err := db.r.SelectContext(ctx, &at, `SELECT received_at FROM processed_events
+			WHERE resource = ? ORDER BY received_at LIMIT 1`, string(r)); err != nil {
+			return time.Time{}, false, fmt.Errorf("read the oldest %s event: %w", r, err)
+		}
 	}
 	if len(at) == 0 {
 		return time.Time{}, false, nil

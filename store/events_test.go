@@ -747,3 +747,31 @@ func BenchmarkEmit(b *testing.B) {
 	fmt.Printf("BENCH store-emit events=%d batch_per_s=%.0f single_per_s=%.0f ratio=%.2f\n",
 		events, n/batched.Seconds(), n/single.Seconds(), single.Seconds()/batched.Seconds())
 }
+
+// OldestEventAt tells since when the store has recorded a resource's
+// events: the oldest received_at among them, whatever the other
+// resources hold; none for a resource without events.
+func TestOldestEventAt(t *testing.T) {
+	db, clk := openTest(t)
+	ctx := context.Background()
+	clk.Set(t0.Add(time.Hour))
+	emit(t, db, nil, event(t, "evt_c1", "contact.created", backstop.OriginWebhook, backstop.Contacts, "ct_1", "2024-05-01T09:00:00Z"))
+	clk.Set(t0.Add(2 * time.Hour))
+	emit(t, db, nil, payment(t, "evt_p1", "pay_1", "2024-05-01T09:00:00Z"))
+	clk.Set(t0.Add(3 * time.Hour))
+	emit(t, db, nil, payment(t, "evt_p2", "pay_2", "2024-05-01T09:30:00Z"))
+	for _, c := range []struct {
+		r    backstop.Resource
+		want time.Time
+		ok   bool
+	}{
+		{backstop.Contacts, t0.Add(time.Hour), true},
+		{backstop.Payments, t0.Add(2 * time.Hour), true},
+		{backstop.Chats, time.Time{}, false},
+	} {
+		got, ok, err := db.OldestEventAt(ctx, c.r)
+		if err != nil || ok != c.ok || !got.Equal(c.want) {
+			t.Errorf("OldestEventAt(%s) = %v, %v, %v; want %v, %v", c.r, got, ok, err, c.want, c.ok)
+		}
+	}
+}

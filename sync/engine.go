@@ -483,7 +483,9 @@ func (e *Engine) BackfillQuiet(ctx context.Context, r backstop.Resource, restart
 		em.quiet, err = e.quietStore(r)
 	}
 	if err == nil {
-		em.silentBefore, err = e.quietSince(ctx, r, em.quiet)
+		// Found at the first page: a finished backfill, which reads
+		// nothing, does not look for the oldest event.
+		em.quietSince = func(ctx context.Context) (time.Time, error) { return e.quietSince(ctx, r, em.quiet) }
 	}
 	if err != nil {
 		st, err := e.done(backstop.RunStats{Resource: r, Err: err}, err)
@@ -560,7 +562,9 @@ type pageEmitter struct {
 	stats   EmitStats
 	// quiet, when set, commits the pages: the new and newer objects
 	// updated before silentBefore are written without events.
+	// quietSince finds silentBefore, at the first page.
 	quiet        QuietPageStore
+	quietSince   func(context.Context) (time.Time, error)
 	silentBefore time.Time
 }
 
@@ -577,6 +581,11 @@ func (em *pageEmitter) commit(ctx context.Context, gen int64, r backstop.Resourc
 	stored, err := em.store.Versions(ctx, r, ids)
 	if err != nil {
 		return res, false, err
+	}
+	if em.quiet != nil && em.silentBefore.IsZero() {
+		if em.silentBefore, err = em.quietSince(ctx); err != nil {
+			return res, false, err
+		}
 	}
 	now := em.now()
 	events := make([]backstop.Event, 0, len(objs))
