@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -64,28 +65,39 @@ type TargetState = backstop.TargetState
 
 // Statements of the dispatcher's hot path: every claim and every attempt.
 const (
+	// claimSelectSQL reads a target's due rows in queue order: queued,
+	// next_attempt_at come, and not claimed (claimed_until NULL, or past:
+	// a claim its process left). The rows claimed and not yet recorded
+	// (a few batches at the head of the queue) are passed over in
+	// outbox_due itself, which holds claimed_until (migration 0017), so
+	// that only the rows taken are read from the table.
 	claimSelectSQL = `SELECT ` + outboxColumns + ` FROM outbox
-		WHERE target = ? AND (status = 'pending' OR status = 'retrying') AND next_attempt_at <= ?
-		ORDER BY next_attempt_at, id LIMIT ?`
+		WHERE target = ?1 AND (status = 'pending' OR status = 'retrying') AND next_attempt_at <= ?2
+		AND (claimed_until IS NULL OR claimed_until <= ?2)
+		ORDER BY next_attempt_at, id LIMIT ?3`
 	// claimLeaseSQL leases the rows claimSelectSQL read, by id (a JSON
-	// array), rather than running the selection again. OR FAIL, here and
-	// in the other UPDATEs of many rows, spares SQLite a statement journal
-	// (a copy of every page the statement changes, so that a failure could
-	// undo it alone): the caller rolls the whole transaction back on any
-	// error anyway.
-	claimLeaseSQL    = `UPDATE OR FAIL outbox SET next_attempt_at = ?1, claimed_until = ?1 WHERE id IN (SELECT value FROM json_each(?2))`
+	// array), rather than running the selection again: it sets their
+	// claimed_until alone, so that they keep their place in the queue
+	// (next_attempt_at). OR FAIL, here and in the other UPDATEs of many
+	// rows, spares SQLite a statement journal (a copy of every page the
+	// statement changes, so that a failure could undo it alone): the
+	// caller rolls the whole transaction back on any error anyway.
+	claimLeaseSQL    = `UPDATE OR FAIL outbox SET claimed_until = ?1 WHERE id IN (SELECT value FROM json_each(?2))`
 	insertAttemptSQL = `INSERT INTO delivery_attempts
 		(delivery_id, target, url, attempt, status_code, error, body, request_id, duration_ms, at, redirect)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	// recordOutcomeSQL applies an outcome; with a lease (?8 not NULL) only
 	// to a delivery that still holds it (see Outcome.Lease). The claim
 	// ends with it (claimed_until cleared), unless the outcome keeps the
-	// row under the lease (a 429's: the dispatcher sends it again itself
-	// once the pause ends).
-	recordOutcomeSQL = `UPDATE outbox SET status = ?1, attempts = ?2, next_attempt_at = ?3,
+	// row under the lease (a 429's, whose next attempt is the lease's end:
+	// the dispatcher sends it again itself once the pause ends), which
+	// leaves the row in its place in the queue too (next_attempt_at as it
+	// was).
+	recordOutcomeSQL = `UPDATE outbox SET status = ?1, attempts = ?2,
+		next_attempt_at = CASE WHEN ?3 = ?8 THEN next_attempt_at ELSE ?3 END,
 		last_status = ?4, last_error = ?5, updated_at = ?6, failures = ?9,
 		claimed_until = CASE WHEN ?3 = ?8 THEN claimed_until END WHERE id = ?7
-		AND (?8 IS NULL OR (next_attempt_at = ?8 AND (status = 'pending' OR status = 'retrying')))`
+		AND (?8 IS NULL OR (claimed_until = ?8 AND (status = 'pending' OR status = 'retrying')))`
 	deliveryExistsSQL = `SELECT count(*) FROM outbox WHERE id = ?`
 	// lastAttemptSQL is the largest attempt id in use, after which
 	// recordMany allots the ids of the attempts it logs.
@@ -115,6 +127,20 @@ type deliveryStmts struct {
 	mu     sync.Mutex
 	closed bool
 	chunks map[int]chunkStmts
+
+	// dispatchMu guards releaseDispatch, which releases the dispatch
+	// claim once the DB claimed deliveries (see startDispatch);
+	// dispatching is set once it holds it, for the claims after the first.
+	dispatchMu      sync.Mutex
+	releaseDispatch func() error
+	dispatching     atomic.Bool
+}
+
+// isClosed reports whether close ran.
+func (st *deliveryStmts) isClosed() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.closed
 }
 
 // chunkStmts record recordChunk attempts or fewer (a power of two) in two
@@ -171,23 +197,37 @@ func (st *deliveryStmts) close() {
 		}
 	}
 	st.mu.Lock()
-	defer st.mu.Unlock()
 	st.closed = true
 	for _, c := range st.chunks {
 		c.outcomes.Close()
 		c.inserts.Close()
 	}
 	st.chunks = nil
+	st.mu.Unlock()
+	st.dispatchMu.Lock()
+	defer st.dispatchMu.Unlock()
+	if st.releaseDispatch != nil {
+		st.releaseDispatch()
+		st.releaseDispatch = nil
+	}
 }
 
 // ClaimDue returns up to limit rows of target that are due at now (status
-// pending or retrying, next_attempt_at not after now), oldest first by
-// next_attempt_at then id, and in the same transaction leases them: their
-// next_attempt_at moves to now+lease, so that no other claim returns them
-// before the lease ends and, should the process die mid-attempt, they are
-// due again after it (at-least-once). The rows returned show their values
-// before the claim. A target's pause or disabled state is not consulted:
-// that is the dispatcher's decision.
+// pending or retrying, next_attempt_at not after now, and not claimed:
+// claimed_until unset or not after now), oldest first by next_attempt_at
+// then id, and in the same transaction leases them: their claimed_until
+// is set to now+lease, so that no other claim returns them before the
+// lease ends and, should the process die mid-attempt, they are due again
+// after it (at-least-once), in their own place in the queue: a claim does
+// not move next_attempt_at. The rows returned show their values before
+// the claim. A target's pause or disabled state is not consulted: that is
+// the dispatcher's decision.
+//
+// Only a dispatcher claims. The first claim of a DB makes it one of the
+// store's dispatchers (see startDispatch), until it is closed: when it is
+// the only one, the claims still held in the store were left by a process
+// that is gone, and it ends them first, so that their rows are due again
+// at once rather than when their lease would have ended.
 func (db *DB) ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]OutboxRow, error) {
 	if limit <= 0 || lease <= 0 {
 		return nil, fmt.Errorf("claim due deliveries of %s: limit %d and lease %v must be positive", target, limit, lease)
@@ -196,11 +236,85 @@ func (db *DB) ClaimDue(ctx context.Context, target string, now time.Time, limit 
 	if err != nil {
 		return nil, fmt.Errorf("claim due deliveries of %s: %w", target, err)
 	}
+	if err := db.startDispatch(ctx, st); err != nil {
+		return nil, fmt.Errorf("claim due deliveries of %s: %w", target, err)
+	}
 	rows, err := db.claimDue(ctx, st, target, now, limit, lease)
 	if err != nil {
 		return nil, fmt.Errorf("claim due deliveries of %s: %w", target, err)
 	}
 	return rows, nil
+}
+
+// dispatchClaimName is the claim (see Claim and ClaimShared) every DB that
+// claims deliveries holds, shared, from before its first claim until it is
+// closed: several serves sharing the store (governor.redis) dispatch at
+// once, each holding it, and it ends with its process, however that dies.
+const dispatchClaimName = "dispatch"
+
+// startDispatch makes db one of the store's dispatchers, once: it holds
+// the dispatch claim shared from then on (st.close releases it). Before,
+// when it can take that claim alone (no other process dispatches from the
+// store), every claim of a delivery still in the store is stale, left by
+// a process that died mid-claim (SIGKILL, a crash, a power cut), and it
+// ends them all (releaseStaleClaims): their rows are due again at once, in
+// their place in the queue, instead of after their lease. Should another
+// dispatcher start meanwhile, it finds the claim taken, and does not end
+// the claims this one is about to make.
+func (db *DB) startDispatch(ctx context.Context, st *deliveryStmts) error {
+	if st.dispatching.Load() {
+		return nil
+	}
+	st.dispatchMu.Lock()
+	defer st.dispatchMu.Unlock()
+	if st.releaseDispatch != nil {
+		return nil
+	}
+	if st.isClosed() {
+		return errors.New("store is closed")
+	}
+	alone, err := Claim(ctx, db.path, dispatchClaimName)
+	switch {
+	case err == nil:
+		_, err = db.releaseStaleClaims(ctx)
+		err = errors.Join(err, alone())
+		if err != nil {
+			return fmt.Errorf("end the claims a stopped process left: %w", err)
+		}
+	case !errors.Is(err, ErrClaimed):
+		return err
+	}
+	release, err := ClaimShared(ctx, db.path, dispatchClaimName)
+	if err != nil {
+		return err
+	}
+	st.releaseDispatch = release
+	st.dispatching.Store(true)
+	return nil
+}
+
+// releaseStaleClaims ends the claim of every queued delivery (all of them
+// stale: no other dispatcher holds the store, see startDispatch) and
+// returns how many it ended. The claimed rows are found in outbox_due
+// alone on a reader, so the store's writer is held only for the few rows
+// found.
+func (db *DB) releaseStaleClaims(ctx context.Context) (int64, error) {
+	var ids []int64
+	if err := db.r.SelectContext(ctx, &ids, `SELECT id FROM outbox INDEXED BY outbox_due
+		WHERE (status = 'pending' OR status = 'retrying') AND claimed_until IS NOT NULL`); err != nil {
+		return 0, err
+	}
+	var total int64
+	for start := 0; start < len(ids); start += pruneChunk {
+		n, err := db.execCount(ctx, `UPDATE OR FAIL outbox SET claimed_until = NULL
+			WHERE id IN (SELECT value FROM json_each(?)) AND claimed_until IS NOT NULL`,
+			jsonIDs(ids[start:min(start+pruneChunk, len(ids))]))
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
 }
 
 func (db *DB) claimDue(ctx context.Context, st *deliveryStmts, target string, now time.Time, limit int, lease time.Duration) ([]OutboxRow, error) {
@@ -288,51 +402,25 @@ func scanOutbox(rows *sql.Rows, limit int) ([]OutboxRow, error) {
 	return out, rows.Err()
 }
 
-// Release makes the rows ids, claimed by ClaimDue but not attempted, due
-// again at due (due[i] for ids[i]: the NextAttemptAt each had when it was
-// claimed) instead of when their lease ends (the dispatcher stopped, their
-// target was paused or disabled, before it sent them), so that each takes
-// its place in the queue again, ahead of the rows queued since, rather
-// than behind them. A zero due[i] makes the row due at now. lease is the
-// end of the lease the claim gave them (its now+lease): only rows that
-// still hold it are released, so that a row claimed again since (its lease
-// ran out), retried or attempted is left alone, as are rows no longer
-// queued (pending or retrying). It returns how many rows it released.
+// Release ends the claim of the rows ids, claimed by ClaimDue but not
+// attempted (the dispatcher stopped, their target was paused or
+// disabled, before it sent them), so that each is due again at once in its
+// place in the queue, ahead of the rows queued since, rather than when its
+// lease ends: a claim leaves next_attempt_at as it was, so there is no due
+// time to restore, and due, the NextAttemptAt each row had when it was
+// claimed, is not used (it may be nil). lease is the end of the lease the
+// claim gave them (its now+lease): only rows that still hold it are
+// released, so that a row claimed again since (its lease ran out),
+// retried or attempted is left alone, as are rows no longer queued
+// (pending or retrying). It returns how many rows it released.
 func (db *DB) Release(ctx context.Context, ids []int64, due []time.Time, lease, now time.Time) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	if len(due) != len(ids) {
-		return 0, fmt.Errorf("release %d claimed deliveries: %d due times", len(ids), len(due))
-	}
-	// [[id,"due"],…]: one statement, prepared once, whatever the number.
-	b := make([]byte, 0, 2+len(ids)*48)
-	b = append(b, '[')
-	for i, id := range ids {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		at := due[i]
-		if at.IsZero() {
-			at = now
-		}
-		b = append(b, '[')
-		b = strconv.AppendInt(b, id, 10)
-		b = append(b, ',')
-		b = strconv.AppendQuote(b, backstop.CanonicalTime(at))
-		b = append(b, ']')
-	}
-	b = append(b, ']')
-	res, err := db.w.ExecContext(ctx, `UPDATE OR FAIL outbox SET next_attempt_at = json_extract(r.value, '$[1]'),
-		claimed_until = NULL
-		FROM json_each(?) AS r
-		WHERE outbox.id = json_extract(r.value, '$[0]') AND outbox.next_attempt_at = ?
-		AND (outbox.status = 'pending' OR outbox.status = 'retrying')`,
-		string(b), backstop.CanonicalTime(lease))
-	if err != nil {
-		return 0, fmt.Errorf("release %d claimed deliveries: %w", len(ids), err)
-	}
-	n, err := res.RowsAffected()
+	n, err := db.execCount(ctx, `UPDATE OR FAIL outbox SET claimed_until = NULL
+		WHERE id IN (SELECT value FROM json_each(?)) AND claimed_until = ?
+		AND (status = 'pending' OR status = 'retrying')`,
+		jsonIDs(ids), backstop.CanonicalTime(lease))
 	if err != nil {
 		return 0, fmt.Errorf("release %d claimed deliveries: %w", len(ids), err)
 	}
@@ -348,14 +436,19 @@ type AttemptOutcome struct {
 
 // RecordAttempt logs attempt a and, in the same transaction, applies its
 // outcome to the delivery a.DeliveryID: status out.Status, attempts
-// a.Attempt, failures out.Failures (0 to a.Attempt), next attempt out.NextAttemptAt for a retrying delivery (none
-// otherwise), the last status code and the last error (a.Error, or the
-// first MaxAttemptBody bytes of the body when a.Error is empty), updated at
-// a.At. A redirect (a.Redirect) is logged only; out is ignored and the
-// delivery is left as it was, as it is when out.Lease is set and the
-// delivery no longer holds that lease. A zero a.At means the store's clock.
-// It returns the attempt's id, and an error wrapping backstop.ErrNotFound
-// when there is no such delivery.
+// a.Attempt, failures out.Failures
+// (0 to a.Attempt), next attempt out.NextAttemptAt for a retrying delivery
+// (none otherwise), the last status code and the last error (a.Error, or
+// the first MaxAttemptBody bytes of the body when a.Error is empty),
+// updated at a.At. With out.Lease set, the outcome applies only while the
+// delivery still holds that lease, and a retrying outcome whose
+// NextAttemptAt is out.Lease (a 429's, which the dispatcher sends again
+// itself once its target's pause ends) keeps the delivery claimed and in
+// its place in the queue (its next_attempt_at as it was): should the
+// process die, it is due again, first, when the claim ends. The claim of
+// any other outcome ends with it. A redirect (a.Redirect) is logged only;
+// out is ignored and the delivery is left as it was. A zero a.At means the store's clock. It returns the attempt's id, and an
+// error wrapping backstop.ErrNotFound when there is no such delivery.
 func (db *DB) RecordAttempt(ctx context.Context, a Attempt, out Outcome) (int64, error) {
 	ids, err := db.RecordAttempts(ctx, []AttemptOutcome{{Attempt: a, Outcome: out}})
 	if err != nil {
@@ -644,11 +737,13 @@ func (st *deliveryStmts) chunk(ctx context.Context, w *sqlx.DB, n int) (chunkStm
 	if c, ok := st.chunks[n]; ok {
 		return c, nil
 	}
+	// As recordOutcomeSQL, one row of VALUES per attempt.
 	outcomes, err := w.PreparexContext(ctx, `UPDATE OR FAIL outbox SET status = v.column2, attempts = v.column3,
-		next_attempt_at = v.column4, last_status = v.column5, last_error = v.column6, updated_at = v.column7,
+		next_attempt_at = CASE WHEN v.column4 = v.column8 THEN outbox.next_attempt_at ELSE v.column4 END,
+		last_status = v.column5, last_error = v.column6, updated_at = v.column7,
 		failures = v.column9, claimed_until = CASE WHEN v.column4 = v.column8 THEN outbox.claimed_until END
 		FROM (VALUES `+rowsOf(n, 9)+`) AS v WHERE outbox.id = v.column1
-		AND (v.column8 IS NULL OR (outbox.next_attempt_at = v.column8
+		AND (v.column8 IS NULL OR (outbox.claimed_until = v.column8
 			AND (outbox.status = 'pending' OR outbox.status = 'retrying')))`)
 	if err != nil {
 		return chunkStmts{}, fmt.Errorf("prepare outcomes of %d attempts: %w", n, err)
@@ -964,8 +1059,9 @@ func (db *DB) Delivery(ctx context.Context, id int64) (row OutboxRow, ok bool, e
 // failures counted from zero again (the whole retry schedule is theirs
 // again); their attempts go on counting, so that the attempt log and
 // X-Delivery-Attempt number every attempt once, and the last status and
-// error are kept.
-const requeueSQL = `UPDATE outbox SET status = 'pending', failures = 0, next_attempt_at = ?, updated_at = ?`
+// error are kept. A claim left on a row (its lease over, see
+// notInFlightSQL) ends: it would otherwise be the token of a late outcome.
+const requeueSQL = `UPDATE outbox SET status = 'pending', failures = 0, next_attempt_at = ?, updated_at = ?, claimed_until = NULL`
 
 // notInFlightSQL is requeueSQL's condition that the delivery's attempt is
 // not claimed for sending (see backstop.ErrInFlight); its parameter is now.

@@ -158,8 +158,8 @@ func TestStuckStoreGivesRecordsUpWithinTheirRoom(t *testing.T) {
 		t.Fatalf("Run did not return within %v of the last answer: the records outlived their room", limit)
 	}
 	for _, id := range ids {
-		if r := sq.row(t, id); r.Status != StatusPending || r.Attempts != 0 || !r.NextAttemptAt.After(time.Now()) {
-			t.Errorf("row %d = %s, %d attempts, next at %v: want pending, unattempted and leased", id, r.Status, r.Attempts, r.NextAttemptAt)
+		if r := sq.row(t, id); r.Status != StatusPending || r.Attempts != 0 || !r.ClaimedUntil.After(time.Now()) {
+			t.Errorf("row %d = %s, %d attempts, claimed until %v: want pending, unattempted and leased", id, r.Status, r.Attempts, r.ClaimedUntil)
 		}
 	}
 	if n := strings.Count(logs.String(), `msg="record attempt"`); n != rows {

@@ -85,7 +85,9 @@ type Options struct {
 	// still take to be answered (default DefaultStopGrace): no new attempt
 	// starts, and those answered in time are recorded, so that a restart
 	// does not send them again. Attempts still waiting after it are cut
-	// short; their rows are sent again once their lease ends.
+	// short; their rows are sent again once their lease ends (at once
+	// when a dispatcher next starts alone on the store), in their place in
+	// the queue.
 	StopGrace time.Duration
 }
 
@@ -349,7 +351,9 @@ func New(q Queue, targets []Target, opts Options) (*Dispatcher, error) {
 // the attempts in flight to be answered (for Options.StopGrace at most)
 // and for the records of those answered to commit, and returns nil.
 // Attempts cut short after the grace are not recorded: their rows are due
-// again when their lease ends. Rows claimed but not sent are released.
+// again when their lease ends, or at once when a dispatcher next starts
+// alone on the store, in their place in the queue. Rows claimed but not
+// sent are released.
 // Run may be called once.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
@@ -591,10 +595,11 @@ func (d *Dispatcher) claimLimit(w *worker) int {
 	return int(min(max(n, 1), time.Duration(d.batch)))
 }
 
-// release makes c's rows, claimed but not sent, due again at the time each
-// was due when claimed rather than when their lease ends, so that they keep
-// their place in the queue (a row a 429 answered goes before the rows
-// queued during its pause); rows c no longer holds are left alone.
+// release ends the claim of c's rows, claimed but not sent, so that they
+// are due again at once rather than when their lease ends, in their place
+// in the queue, which a claim does not move (a row a 429 answered goes
+// before the rows queued during its pause); rows c no longer holds are
+// left alone.
 func (d *Dispatcher) release(ctx context.Context, w *worker, c claim) {
 	if len(c.rows) == 0 {
 		return
@@ -1025,9 +1030,11 @@ func (d *Dispatcher) deliver(ctx context.Context, w *worker, row Row, lease, sen
 		d.stopTarget(ctx, w, a, dec, now)
 	}
 	if dec.Pause > 0 {
-		// The row stays claimed (due when the lease ends, should the
-		// process die) and is sent again from memory; released with the
-		// rest if the pause outlasts the claim.
+		// The row stays claimed, in its place in the queue (due first
+		// when the claim ends, should the process die: its record keeps
+		// its NextAttemptAt, as the Lease it gives as NextAttemptAt says
+		// to), and is sent again from memory; released with the rest if
+		// the pause outlasts the claim.
 		recorded := make(chan struct{})
 		d.handOver(handedOver{w: w, row: row, a: a, dec: dec, now: now, by: recordBy, recorded: recorded,
 			out: Outcome{Status: dec.Status, NextAttemptAt: lease, Failures: dec.Failures, Lease: lease}})

@@ -806,7 +806,7 @@ func TestStopReleasesUnsentRows(t *testing.T) {
 	<-arrived
 	// The batch after the first is claimed ahead while the first is sent.
 	q.waitFor(t, 10*time.Second, "the claim ahead", func() bool {
-		return q.row(t, ids[3]).NextAttemptAt.After(time.Now().Add(time.Minute))
+		return q.row(t, ids[3]).ClaimedUntil.After(time.Now().Add(time.Minute))
 	})
 	stopped := time.Now()
 	cancel()
@@ -819,7 +819,7 @@ func TestStopReleasesUnsentRows(t *testing.T) {
 		if r.Attempts != 0 || r.Status != StatusPending {
 			t.Errorf("row %d = %+v, want pending and unattempted", id, r)
 		}
-		if r.NextAttemptAt.After(stopped.Add(time.Minute)) {
+		if r.ClaimedUntil.After(stopped.Add(time.Minute)) {
 			leased++
 		}
 	}
@@ -1394,11 +1394,11 @@ func TestStopLetsAttemptsInFlightFinish(t *testing.T) {
 			switch {
 			case tc.delivered && (r.Status != StatusDelivered || len(q.attemptsOf(t, first)) != 1):
 				t.Errorf("row in flight = %s with %d attempts, want delivered with 1", r.Status, len(q.attemptsOf(t, first)))
-			case !tc.delivered && (r.Status != StatusPending || len(q.attemptsOf(t, first)) != 0 || !r.NextAttemptAt.After(time.Now())):
-				t.Errorf("row cut short = %s with %d attempts, next at %v: want pending, unrecorded and leased", r.Status, len(q.attemptsOf(t, first)), r.NextAttemptAt)
+			case !tc.delivered && (r.Status != StatusPending || len(q.attemptsOf(t, first)) != 0 || !r.ClaimedUntil.After(time.Now())):
+				t.Errorf("row cut short = %s with %d attempts, claimed until %v: want pending, unrecorded and leased", r.Status, len(q.attemptsOf(t, first)), r.ClaimedUntil)
 			}
-			if r := q.row(t, second); r.Status != StatusPending || r.Attempts != 0 || r.NextAttemptAt.After(time.Now()) {
-				t.Errorf("row not sent = %s, %d attempts, next at %v: want pending and released", r.Status, r.Attempts, r.NextAttemptAt)
+			if r := q.row(t, second); r.Status != StatusPending || r.Attempts != 0 || r.NextAttemptAt.After(time.Now()) || !r.ClaimedUntil.IsZero() {
+				t.Errorf("row not sent = %s, %d attempts, next at %v, claimed until %v: want pending and released", r.Status, r.Attempts, r.NextAttemptAt, r.ClaimedUntil)
 			}
 			if n := len(rec.all()); n != 1 {
 				t.Errorf("%d requests reached the target, want 1", n)

@@ -20,23 +20,28 @@ const (
 // safe for concurrent use.
 type Queue interface {
 	// ClaimDue returns up to limit rows of target whose status is pending
-	// or retrying and whose NextAttemptAt is at or before now, oldest due
-	// first, and moves their NextAttemptAt to now+lease, so that a row
-	// whose attempt is never recorded (the process died) is due again
-	// after the lease.
+	// or retrying, whose NextAttemptAt is at or before now and that no
+	// claim holds (none, or one whose lease ended), oldest due first, and
+	// claims them until now+lease (their ClaimedUntil), leaving their
+	// NextAttemptAt as it was: a row whose attempt is never recorded (the
+	// process died) is due again after the lease, in its place in the
+	// queue. The rows returned show their values before the claim.
 	ClaimDue(ctx context.Context, target string, now time.Time, limit int, lease time.Duration) ([]Row, error)
 	// RecordAttempts stores each item's attempt, in order and all or
 	// none, and returns their ids in the same order. Unless an attempt is
 	// a Redirect, it also sets its row's status and NextAttemptAt from the
 	// item's Outcome, its attempt count to Attempt.Attempt, its failure
-	// count to Outcome.Failures, and its last
-	// status and error from the attempt. A redirect attempt leaves the row
-	// unchanged, as does an outcome whose Lease the row no longer holds.
+	// count to Outcome.Failures, and its last status and error from the
+	// attempt, and ends its claim; but a retrying Outcome whose
+	// NextAttemptAt is its Lease (a 429's) keeps the row claimed and its
+	// NextAttemptAt as it was (its place in the queue). A redirect attempt
+	// leaves the row unchanged, as does an outcome whose Lease the row no
+	// longer holds.
 	RecordAttempts(ctx context.Context, items []AttemptRecord) ([]int64, error)
-	// Release makes rows, claimed but not attempted, due again at the
-	// NextAttemptAt each had when it was claimed (now when that is zero)
-	// instead of when their lease ends, so that they keep their place in
-	// the queue ahead of the rows queued since. lease is the end of the
+	// Release ends the claim of rows, claimed but not attempted, so that
+	// they are due again at once, in their place in the queue (the
+	// NextAttemptAt each had when it was claimed) ahead of the rows queued
+	// since, rather than when their lease ends. lease is the end of the
 	// lease their claim gave them (its now+lease): rows that no longer
 	// hold it (claimed again, retried, attempted) are left alone, as are
 	// rows no longer pending or retrying.
