@@ -92,12 +92,17 @@ const (
 	// row under the lease (a 429's, whose next attempt is the lease's end:
 	// the dispatcher sends it again itself once the pause ends), which
 	// leaves the row in its place in the queue too (next_attempt_at as it
-	// was).
-	recordOutcomeSQL = `UPDATE outbox SET status = ?1, attempts = ?2,
+	// was). The attempt count never goes back: a redirect may have taken a
+	// number past an earlier attempt's (see ReserveAttempt).
+	recordOutcomeSQL = `UPDATE outbox SET status = ?1, attempts = max(attempts, ?2),
 		next_attempt_at = CASE WHEN ?3 = ?8 THEN next_attempt_at ELSE ?3 END,
 		last_status = ?4, last_error = ?5, updated_at = ?6, failures = ?9,
 		claimed_until = CASE WHEN ?3 = ?8 THEN claimed_until END WHERE id = ?7
 		AND (?8 IS NULL OR (claimed_until = ?8 AND (status = 'pending' OR status = 'retrying')))`
+	// recordRedirectSQL moves a delivery's attempt count past a redirect's
+	// number (?2), changing nothing else; it is how a redirect finds its
+	// delivery.
+	recordRedirectSQL = `UPDATE outbox SET attempts = max(attempts, ?2) WHERE id = ?1`
 	deliveryExistsSQL = `SELECT count(*) FROM outbox WHERE id = ?`
 	// lastAttemptSQL is the largest attempt id in use, after which
 	// recordMany allots the ids of the attempts it logs.
@@ -436,7 +441,7 @@ type AttemptOutcome struct {
 
 // RecordAttempt logs attempt a and, in the same transaction, applies its
 // outcome to the delivery a.DeliveryID: status out.Status, attempts
-// a.Attempt, failures out.Failures
+// a.Attempt (or more: the count never goes back), failures out.Failures
 // (0 to a.Attempt), next attempt out.NextAttemptAt for a retrying delivery
 // (none otherwise), the last status code and the last error (a.Error, or
 // the first MaxAttemptBody bytes of the body when a.Error is empty),
@@ -446,8 +451,10 @@ type AttemptOutcome struct {
 // itself once its target's pause ends) keeps the delivery claimed and in
 // its place in the queue (its next_attempt_at as it was): should the
 // process die, it is due again, first, when the claim ends. The claim of
-// any other outcome ends with it. A redirect (a.Redirect) is logged only;
-// out is ignored and the delivery is left as it was. A zero a.At means the store's clock. It returns the attempt's id, and an
+// any other outcome ends with it. A redirect (a.Redirect) is logged, out
+// is ignored, and the delivery is left as it was but for its attempt
+// count, which moves up to a.Attempt if it is below (see ReserveAttempt).
+// A zero a.At means the store's clock. It returns the attempt's id, and an
 // error wrapping backstop.ErrNotFound when there is no such delivery.
 func (db *DB) RecordAttempt(ctx context.Context, a Attempt, out Outcome) (int64, error) {
 	ids, err := db.RecordAttempts(ctx, []AttemptOutcome{{Attempt: a, Outcome: out}})
@@ -738,7 +745,7 @@ func (st *deliveryStmts) chunk(ctx context.Context, w *sqlx.DB, n int) (chunkStm
 		return c, nil
 	}
 	// As recordOutcomeSQL, one row of VALUES per attempt.
-	outcomes, err := w.PreparexContext(ctx, `UPDATE OR FAIL outbox SET status = v.column2, attempts = v.column3,
+	outcomes, err := w.PreparexContext(ctx, `UPDATE OR FAIL outbox SET status = v.column2, attempts = max(outbox.attempts, v.column3),
 		next_attempt_at = CASE WHEN v.column4 = v.column8 THEN outbox.next_attempt_at ELSE v.column4 END,
 		last_status = v.column5, last_error = v.column6, updated_at = v.column7,
 		failures = v.column9, claimed_until = CASE WHEN v.column4 = v.column8 THEN outbox.claimed_until END
@@ -775,11 +782,15 @@ func rowsOf(n, cols int) string {
 func recordOne(ctx context.Context, tx *sqlx.Tx, outcome, insert *sqlx.Stmt, it AttemptOutcome, args attemptArgs) (int64, error) {
 	a, out := it.Attempt, it.Outcome
 	if a.Redirect {
-		var n int
-		if err := tx.GetContext(ctx, &n, deliveryExistsSQL, a.DeliveryID); err != nil {
+		// Its number is the delivery's now (see ReserveAttempt): the next
+		// attempt gets the one after it.
+		res, err := tx.ExecContext(ctx, recordRedirectSQL, a.DeliveryID, a.Attempt)
+		if err != nil {
 			return 0, err
 		}
-		if n == 0 {
+		if n, err := res.RowsAffected(); err != nil {
+			return 0, err
+		} else if n == 0 {
 			return 0, fmt.Errorf("no such delivery: %w", backstop.ErrNotFound)
 		}
 	} else {
@@ -1117,6 +1128,37 @@ func (db *DB) RetryDelivery(ctx context.Context, id int64, now time.Time) error 
 		return fmt.Errorf("retry delivery %d: %w", id, &backstop.InFlightError{Until: until})
 	}
 	return nil
+}
+
+// ReserveAttempt takes the next attempt number of the delivery id for a
+// redirect (a manual send to another URL) and returns it: the delivery's
+// attempt count moves up by one, and nothing else of it changes (its
+// status, failures and next attempt stay as they were: the retry schedule
+// counts failures, not attempts), so that the next attempt, a redirect's
+// or its target's, gets the number after it. It fails, changing nothing,
+// with an error wrapping backstop.ErrNotFound when there is no such
+// delivery, and with one wrapping backstop.ErrInFlight (a
+// *backstop.InFlightError) while the delivery is claimed for sending at
+// now: the attempt in flight, or held through a 429's pause, already has
+// the next number.
+func (db *DB) ReserveAttempt(ctx context.Context, id int64, now time.Time) (int, error) {
+	var n int
+	err := db.w.GetContext(ctx, &n, `UPDATE outbox SET attempts = attempts + 1 WHERE id = ?`+notInFlightSQL+` RETURNING attempts`,
+		id, backstop.CanonicalTime(now))
+	if err == nil {
+		return n, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("take an attempt number of delivery %d: %w", id, err)
+	}
+	until, ok, err := db.inFlight(ctx, id, now)
+	if err != nil {
+		return 0, fmt.Errorf("take an attempt number of delivery %d: %w", id, err)
+	}
+	if !ok {
+		until = now // the claim ended just now
+	}
+	return 0, fmt.Errorf("take an attempt number of delivery %d: %w", id, &backstop.InFlightError{Until: until})
 }
 
 // RetryDead puts every dead letter of target back in its queue as

@@ -1118,17 +1118,31 @@ func later(a, b time.Time) time.Time {
 // Redirect sends row once, now, to rawURL instead of its target's URL,
 // through the SSRF guard with the AllowPrivate setting of the row's
 // target, and records it as a Redirect attempt, which leaves the
-// delivery's status unchanged. It returns the recorded attempt. A non-2xx
-// answer or a transport failure is not an error: the Attempt says what
-// happened. It returns an error when the row's target is unknown, when the
-// URL is refused (the refusal is still recorded, and wraps ErrRefused), when
-// ctx is cancelled before an answer, or when the attempt cannot be recorded.
-// An attempt cut short by ctx's deadline is recorded as a timeout, and is
-// no error either.
+// delivery's status, failures and next attempt unchanged. It returns the
+// recorded attempt. A non-2xx answer or a transport failure is not an
+// error: the Attempt says what happened. It returns an error when the
+// row's target is unknown, when the URL is refused (the refusal is still
+// recorded, and wraps ErrRefused), when ctx is cancelled before an answer,
+// or when the attempt cannot be recorded. An attempt cut short by ctx's
+// deadline is recorded as a timeout, and is no error either.
+//
+// The redirect is an attempt of the delivery with a number of its own:
+// the next one, which the delivery's attempt count moves to, so that the
+// next attempt (another redirect, or its target's) gets the one after it.
+// When the queue is an AttemptReserver the number is taken from it before
+// anything is sent; else it is row.Attempts+1. While the row is claimed
+// for sending (its attempt in flight has the next number) the redirect is
+// refused with an error wrapping backstop.ErrInFlight (a
+// *backstop.InFlightError that says until when), and nothing is sent or
+// recorded.
 func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Attempt, error) {
 	w, ok := d.byName[row.Target]
 	if !ok {
 		return Attempt{}, fmt.Errorf("delivery: redirect %d: unknown target %q", row.ID, row.Target)
+	}
+	number, err := d.redirectNumber(ctx, row)
+	if err != nil {
+		return Attempt{}, fmt.Errorf("delivery: redirect %d: %w", row.ID, err)
 	}
 	var (
 		a       Attempt
@@ -1136,11 +1150,11 @@ func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Atte
 	)
 	if err := checkURL(rawURL, w.t.AllowPrivate); err != nil {
 		refused = err
-		a = Attempt{DeliveryID: row.ID, Target: row.Target, URL: backstop.RedactURL(rawURL), Attempt: row.Attempts + 1,
+		a = Attempt{DeliveryID: row.ID, Target: row.Target, URL: backstop.RedactURL(rawURL), Attempt: number,
 			Error: err.Error(), RequestID: d.requestIDs.next(), At: d.now(), Redirect: true}
 	} else {
 		var err error
-		a, _, err = d.send(ctx, w, row, rawURL, row.Attempts+1, true, time.Time{})
+		a, _, err = d.send(ctx, w, row, rawURL, number, true, time.Time{})
 		if err != nil && errors.Is(ctx.Err(), context.Canceled) {
 			return a, fmt.Errorf("delivery: redirect %d: %w", row.ID, ctx.Err())
 		}
@@ -1161,6 +1175,22 @@ func (d *Dispatcher) Redirect(ctx context.Context, row Row, rawURL string) (Atte
 		return a, fmt.Errorf("delivery: redirect %d: %w", row.ID, refused)
 	}
 	return a, nil
+}
+
+// redirectNumber returns the attempt number of a redirect of row (see
+// Redirect).
+func (d *Dispatcher) redirectNumber(ctx context.Context, row Row) (int, error) {
+	now := d.now()
+	if r, ok := d.q.(AttemptReserver); ok {
+		rctx, cancel := context.WithTimeout(ctx, recordTimeout)
+		defer cancel()
+		return r.ReserveAttempt(rctx, row.ID, now)
+	}
+	// The row as the caller read it: its claim then.
+	if (row.Status == StatusPending || row.Status == StatusRetrying) && row.ClaimedUntil.After(now) {
+		return 0, &backstop.InFlightError{Until: row.ClaimedUntil}
+	}
+	return row.Attempts + 1, nil
 }
 
 // send POSTs row to rawURL once with w's target settings and client. It

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -520,8 +521,18 @@ func TestRedirectSendsOnceAndLeavesDeliveryUnchanged(t *testing.T) {
 	if !a.Redirect || a.StatusCode != 200 || a.Body != "got it" || a.ID == 0 || a.URL != inspector.srv.URL+"/inspect" {
 		t.Errorf("redirect attempt = %+v", a)
 	}
-	if after := q.row(t, id); !reflect.DeepEqual(after, before) {
-		t.Errorf("row changed by a redirect:\n%+v\nwas\n%+v", after, before)
+	// The redirect took the next attempt number, which the row's count
+	// moved to; nothing else of the row changed.
+	if a.Attempt != before.Attempts+1 {
+		t.Errorf("redirect numbered %d, want %d", a.Attempt, before.Attempts+1)
+	}
+	want := before
+	want.Attempts++
+	if after := q.row(t, id); !reflect.DeepEqual(after, want) {
+		t.Errorf("row changed by a redirect:\n%+v\nwant\n%+v", after, want)
+	}
+	if hits := inspector.all(); len(hits) != 1 || hits[0].header.Get(HeaderDeliveryAttempt) != strconv.Itoa(a.Attempt) {
+		t.Errorf("inspector got %d requests, want one numbered %d", len(hits), a.Attempt)
 	}
 	if hits := inspector.all(); len(hits) != 1 || hits[0].header.Get(HeaderEventID) != "evt_1" ||
 		string(hits[0].body) != string(before.Payload) {
@@ -558,18 +569,24 @@ func TestRedirectToRefusedURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	row := q.row(t, id)
-	for _, u := range []string{"http://127.0.0.1:" + port, "http://[::1]:" + port, "http://[::ffff:127.0.0.1]:" + port,
+	urls := []string{"http://127.0.0.1:" + port, "http://[::1]:" + port, "http://[::ffff:127.0.0.1]:" + port,
 		"http://169.254.169.254", "http://10.0.0.1", "http://100.64.0.1", "http://[fc00::1]", "http://0.0.0.0:" + port,
-		"http://2130706433:" + port, "file:///etc/passwd", "http://localhost:" + port} {
+		"http://2130706433:" + port, "file:///etc/passwd", "http://localhost:" + port}
+	for i, u := range urls {
 		a, err := d.Redirect(context.Background(), row, u)
 		if !errors.Is(err, ErrRefused) {
 			t.Errorf("Redirect to %s: %v, want a refusal", u, err)
 		}
-		if !a.Redirect || a.ID == 0 || !strings.HasPrefix(a.Error, "refused: ") {
-			t.Errorf("Redirect to %s: attempt %+v, want a recorded refusal", u, a)
+		// Logged as an attempt, so numbered as one: after the five and
+		// the refusals before it.
+		if !a.Redirect || a.ID == 0 || !strings.HasPrefix(a.Error, "refused: ") || a.Attempt != 6+i {
+			t.Errorf("Redirect to %s: attempt %+v, want a recorded refusal numbered %d", u, a, 6+i)
 		}
 	}
-	if after := q.row(t, id); !reflect.DeepEqual(after, row) {
+	// Only its attempt count moved, past the refusals.
+	want := row
+	want.Attempts += len(urls)
+	if after := q.row(t, id); !reflect.DeepEqual(after, want) {
 		t.Errorf("dead letter changed by refused redirects: %+v", after)
 	}
 	if n := len(rec.all()); n != 0 {

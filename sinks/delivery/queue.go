@@ -30,13 +30,14 @@ type Queue interface {
 	// RecordAttempts stores each item's attempt, in order and all or
 	// none, and returns their ids in the same order. Unless an attempt is
 	// a Redirect, it also sets its row's status and NextAttemptAt from the
-	// item's Outcome, its attempt count to Attempt.Attempt, its failure
-	// count to Outcome.Failures, and its last status and error from the
-	// attempt, and ends its claim; but a retrying Outcome whose
-	// NextAttemptAt is its Lease (a 429's) keeps the row claimed and its
-	// NextAttemptAt as it was (its place in the queue). A redirect attempt
-	// leaves the row unchanged, as does an outcome whose Lease the row no
-	// longer holds.
+	// item's Outcome, its attempt count to Attempt.Attempt (never lower
+	// than it was), its failure count to Outcome.Failures, and its last
+	// status and error from the attempt, and ends its claim; but a
+	// retrying Outcome whose NextAttemptAt is its Lease (a 429's) keeps
+	// the row claimed and its NextAttemptAt as it was (its place in the
+	// queue). A redirect attempt leaves the row unchanged but for its
+	// attempt count, raised to Attempt.Attempt if lower; an outcome
+	// whose Lease the row no longer holds leaves it unchanged.
 	RecordAttempts(ctx context.Context, items []AttemptRecord) ([]int64, error)
 	// Release ends the claim of rows, claimed but not attempted, so that
 	// they are due again at once, in their place in the queue (the
@@ -58,6 +59,19 @@ type Queue interface {
 	// depthEvery), so it must not cost more as the delivered history
 	// grows.
 	TargetQueue(ctx context.Context, name string, counts bool) (TargetState, error)
+}
+
+// AttemptReserver is what a Queue also implements to number redirects
+// safely: Redirect takes its attempt number from it before sending.
+type AttemptReserver interface {
+	// ReserveAttempt takes the next attempt number of row id (its attempt
+	// count moves up by one, nothing else of the row changes) and returns
+	// it, so that no other attempt of the row gets it. It fails with an
+	// error wrapping backstop.ErrInFlight while the row is claimed for
+	// sending at now (its attempt in flight already has the next number),
+	// and with one wrapping backstop.ErrNotFound when there is no such
+	// row.
+	ReserveAttempt(ctx context.Context, id int64, now time.Time) (int, error)
 }
 
 // Row is one queued delivery: one event for one target.

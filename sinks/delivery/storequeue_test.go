@@ -32,7 +32,10 @@ type storeQueue struct {
 	changed   chan struct{}  // closed and replaced on every change
 }
 
-var _ Queue = (*storeQueue)(nil)
+var (
+	_ Queue           = (*storeQueue)(nil)
+	_ AttemptReserver = (*storeQueue)(nil)
+)
 
 // newStoreQueue opens a fresh store for the test and closes it at its end
 // (after the dispatcher's cleanup, which was registered later).
@@ -97,6 +100,13 @@ func (q *storeQueue) Release(ctx context.Context, rows []Row, lease, now time.Ti
 	}
 	_, err := q.db.Release(ctx, ids, due, lease, now)
 	return err
+}
+
+// ReserveAttempt is the store's, as cmd/backstop's adapter gives it (see
+// AttemptReserver).
+func (q *storeQueue) ReserveAttempt(ctx context.Context, id int64, now time.Time) (int, error) {
+	defer q.notify()
+	return q.db.ReserveAttempt(ctx, id, now)
 }
 
 func (q *storeQueue) PauseTarget(ctx context.Context, name string, until time.Time) error {
