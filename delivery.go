@@ -61,9 +61,9 @@ type DeliveryAttempt struct {
 	Target     string
 	// URL is the URL sent to, redacted (RedactURL).
 	URL string
-	// Attempt is the 1-based attempt number sent in X-Delivery-Attempt. A
-	// redirect logs the delivery's current count + 1 but does not change
-	// the delivery.
+	// Attempt is the 1-based attempt number sent in X-Delivery-Attempt,
+	// one per attempt of the delivery: a redirect takes the delivery's
+	// next number, which its count moves to, and changes nothing else.
 	Attempt int
 	// StatusCode is the HTTP status of the answer; 0 when nothing answered
 	// (timeout, connection error, refused by the SSRF guard; Error says
@@ -98,7 +98,8 @@ type DeliveryOutcome struct {
 	// claim (the lease ran out), a retry or a release has changed it, or it
 	// is no longer pending or retrying, the attempt is logged but the
 	// delivery is left as it is, so that a late outcome never overwrites a
-	// newer one.
+	// newer one. A retrying outcome whose NextAttemptAt equals Lease (a
+	// 429's) keeps the delivery claimed, in its place in the queue.
 	Lease time.Time
 }
 

@@ -24,10 +24,11 @@ var (
 	ErrUnavailable = errors.New("backstop: platform unavailable")
 	// ErrRateLimited: the platform kept answering 429 beyond the retry budget.
 	ErrRateLimited = errors.New("backstop: rate limited")
-	// ErrInFlight: a Retry of a delivery claimed for sending, refused: its
-	// attempt is in flight, or it waits in memory for a free slot or for a
-	// 429's pause to end, and the attempt's outcome is recorded when it ends
-	// (delivered, or queued for its next attempt). Requeueing it then would
+	// ErrInFlight: a Retry or a Redirect of a delivery claimed for
+	// sending, refused: its attempt is in flight, or it waits in memory for
+	// a free slot or for a 429's pause to end, and the attempt's outcome is
+	// recorded when it ends (delivered, or queued for its next attempt); a
+	// redirect would take that attempt's number. Requeueing it then would
 	// send it a second time even when the attempt succeeds. The error is an
 	// *InFlightError, which says until when.
 	ErrInFlight = errors.New("backstop: it is claimed for sending")

@@ -584,8 +584,8 @@ func (t targetsNow) pausedPast(r store.OutboxRow) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	until := t.states[r.Target].PausedUntil
-	// A row answered 429 is held under its claim until the pause ends (its
-	// own time is the claim's end), then sent first.
+	// A row answered 429 is held under its claim until the pause ends,
+	// keeping its own time (its place in the queue), then sent first.
 	return until, until.After(t.now) && (until.After(r.NextAttemptAt) || r.LastStatus == 429)
 }
 
@@ -752,7 +752,10 @@ func (m *Main) deliveriesRedirectCommand(g *globals) *cobra.Command {
 		Long: `redirect sends the delivery's payload once to URL, signed as for its target,
 through the same SSRF guard (private and loopback addresses are refused unless
 the target has allow_private). The attempt is logged with the delivery's
-attempts, marked as a redirect; the delivery's own status does not change.`,
+attempts, marked as a redirect, under the delivery's next attempt number
+(X-Delivery-Attempt; the delivery's count moves past it, so each attempt
+has its own number); the delivery's status, failures and next attempt do
+not change. It is refused while the delivery is claimed for sending.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 2 {
 				return usagef("%s: want the delivery's id and the URL to send it to, e.g. %s 42 https://inspector.example.com/in (got %d arguments)",
@@ -792,6 +795,12 @@ attempts, marked as a redirect; the delivery's own status does not change.`,
 				return usageError{err}
 			}
 			a, err := d.Redirect(cmd.Context(), row, args[1])
+			if fl := (*backstop.InFlightError)(nil); errors.As(err, &fl) {
+				return fmt.Errorf("delivery %d is claimed for sending to %s (its attempt is in flight, or waits for a free slot "+
+					"or for a 429's pause to end), so nothing was sent: the attempt in flight has the number a redirect would take. "+
+					"Redirect it once that attempt is recorded (it is claimed until %s at the latest). See it with: backstop deliveries show %d",
+					id, row.Target, fl.Until.Local().Format(time.RFC3339), id)
+			}
 			if err != nil {
 				return err
 			}

@@ -15,7 +15,10 @@ import (
 // itself, which RecordAttempts commits in one transaction each.
 type deliveryQueue struct{ db deliveryStore }
 
-var _ delivery.Queue = deliveryQueue{}
+var (
+	_ delivery.Queue           = deliveryQueue{}
+	_ delivery.AttemptReserver = deliveryQueue{}
+)
 
 // deliveryStore is what deliveryQueue needs of the store: *store.DB.
 type deliveryStore interface {
@@ -25,6 +28,7 @@ type deliveryStore interface {
 	PauseTarget(ctx context.Context, name string, until time.Time) error
 	DisableTarget(ctx context.Context, name, reason string, now time.Time) error
 	TargetQueue(ctx context.Context, name string, counts bool) (store.TargetState, error)
+	ReserveAttempt(ctx context.Context, id int64, now time.Time) (int, error)
 }
 
 // newDeliveryQueue returns a queue over db for a dispatcher.
@@ -63,6 +67,12 @@ func (q deliveryQueue) DisableTarget(ctx context.Context, name, reason string, n
 
 func (q deliveryQueue) TargetQueue(ctx context.Context, name string, counts bool) (delivery.TargetState, error) {
 	return q.db.TargetQueue(ctx, name, counts)
+}
+
+// ReserveAttempt gives a redirect of row id its own attempt number
+// (delivery.AttemptReserver).
+func (q deliveryQueue) ReserveAttempt(ctx context.Context, id int64, now time.Time) (int, error) {
+	return q.db.ReserveAttempt(ctx, id, now)
 }
 
 // deliveryTargets converts the configured targets for the dispatcher.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	stdsync "sync"
 	"testing"
@@ -95,6 +96,27 @@ dashboard:
 	if code != http.StatusConflict || !strings.Contains(body, "claimed for sending to recorder") {
 		t.Errorf("dashboard Retry while the attempt is in flight: %d %s; want 409, saying why", code, body)
 	}
+	// A redirect would take the number of the attempt in flight: refused
+	// too, sending nothing.
+	inspector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got["inspector"]++
+		mu.Unlock()
+	}))
+	defer inspector.Close()
+	code, stdout, stderr = e.run(ctx, "deliveries", "redirect", fmt.Sprint(id), inspector.URL)
+	if code == exitOK || !strings.Contains(stderr, "claimed for sending to recorder") {
+		t.Errorf("CLI redirect while the attempt is in flight: exit %d\n%s%s\nwant refused, saying why", code, stdout, stderr)
+	}
+	code, body = dashboardPost(t, addr, fmt.Sprintf("/ui/deliveries/%d/redirect", id), url.Values{"url": {inspector.URL}})
+	if code != http.StatusConflict || !strings.Contains(body, "claimed for sending to recorder") {
+		t.Errorf("dashboard Redirect while the attempt is in flight: %d %s; want 409, saying why", code, body)
+	}
+	mu.Lock()
+	if got["inspector"] != 0 {
+		t.Errorf("a refused redirect reached the inspector %d times", got["inspector"])
+	}
+	mu.Unlock()
 	let()
 
 	// A delivery queued after it is delivered after it: had a retry

@@ -225,7 +225,7 @@ func (d *Dashboard) view(r *http.Request, row delivery.Row, targets []Target, al
 // nextAttempt says when the queued delivery row is attempted next, as
 // deliveries list does: its own time, the end of its target's pause when
 // that is later (a row answered 429 is held under its claim until the
-// pause ends, its own time the claim's end), now while a dispatcher has
+// pause ends, keeping its own time), now while a dispatcher has
 // it claimed, or not at all (zero, and why) while its target is disabled
 // or not in the configuration.
 func nextAttempt(row delivery.Row, targets []Target, now time.Time) (time.Time, string) {
@@ -388,7 +388,14 @@ func (d *Dashboard) redirect(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), redirectTimeout)
 	defer cancel()
 	a, err := d.opts.Backend.Redirect(ctx, row, raw)
+	fl := (*backstop.InFlightError)(nil)
 	switch {
+	case errors.As(err, &fl):
+		d.log.Info("dashboard: redirect refused, claimed for sending", "delivery", row.ID, "until", fl.Until)
+		d.answer(w, r, http.StatusConflict, fmt.Sprintf("Delivery %d is claimed for sending to %s (its attempt is in flight, "+
+			"or waits for a free slot or for a 429's pause to end); nothing was sent, as the attempt in flight has the number "+
+			"a redirect would take. Redirect it once that attempt is recorded (it is claimed until %s at the latest).",
+			row.ID, row.Target, fl.Until.UTC().Format(time.RFC3339)), back)
 	case errors.Is(err, delivery.ErrRefused):
 		reason := a.Error
 		if reason == "" {

@@ -309,10 +309,18 @@ func (r *batcher) logOutcome(w *worker, row Row, a Attempt, dec Decision) {
 			"reason", reason, "delivery", row.ID, "event_id", row.EventID, "status", a.StatusCode)
 	}
 	if dec.Status == StatusDeadLetter {
-		attemptLog(w.logger, row, a, dec).Warn("dead-lettered", "reason", dec.Reason, "err", a.Error)
+		attemptLog(w.logger, row, a, dec).Warn("dead-lettered", withErr([]any{"reason", dec.Reason}, a.Error)...)
 		return
 	}
 	if w.logger.Enabled(r.ctx, slog.LevelDebug) {
-		attemptLog(w.logger, row, a, dec).Debug("will retry", "reason", dec.Reason, "next_attempt_at", dec.NextAttemptAt, "err", a.Error)
+		attemptLog(w.logger, row, a, dec).Debug("will retry", withErr([]any{"reason", dec.Reason, "next_attempt_at", dec.NextAttemptAt}, a.Error)...)
 	}
+}
+
+// withErr adds err to a log line's attributes when there is one.
+func withErr(attrs []any, err string) []any {
+	if err != "" {
+		attrs = append(attrs, "err", err)
+	}
+	return attrs
 }

@@ -103,7 +103,7 @@ func Next(schedule []time.Duration, attempt, failures int, status int, answer ht
 
 // pauseReason is the Reason of a 429 that pauses the target for pause.
 func pauseReason(pause time.Duration) string {
-	return fmt.Sprintf("HTTP 429, paused for %v", pause)
+	return fmt.Sprintf("HTTP 429, paused for %v", pause.Round(time.Millisecond))
 }
 
 // httpReason is the Reason of an answer with status: "HTTP 200". Every
