@@ -289,8 +289,25 @@ func (db *DB) startJobRun(ctx context.Context, run JobRun) (int64, error) {
 // as abandoned while it went on) is left alone and an error says so; it
 // returns ErrNotFound when there is no run id.
 func (db *DB) JobRunHeartbeat(ctx context.Context, id int64) error {
-	res, err := db.w.ExecContext(ctx, `UPDATE job_runs SET heartbeat_at = ?1, finished_at = ?1 WHERE id = ?2 AND status = 'running'`,
-		backstop.CanonicalTime(db.now()), id)
+	return db.beat(ctx, id, `UPDATE job_runs SET heartbeat_at = ?1, finished_at = ?1 WHERE id = ?2 AND status = 'running'`)
+}
+
+// JobRunProgress is JobRunHeartbeat that also stores the run's counts so
+// far, so that a run killed midway is closed as abandoned with what it
+// had done, and backstop jobs shows it while it goes on.
+func (db *DB) JobRunProgress(ctx context.Context, id int64, c backstop.JobCounts) error {
+	return db.beat(ctx, id, `UPDATE job_runs SET heartbeat_at = ?1, finished_at = ?1, pages = ?3, objects = ?4,
+		new = ?5, updated = ?6, missing = ?7, behind = ?8, reemitted = ?9, suppressed = ?10, pruned = ?11,
+		requests = ?12, rate_limited = ?13
+		WHERE id = ?2 AND status = 'running'`,
+		c.Pages, c.Objects, c.New, c.Updated, c.Missing, c.Behind, c.Reemitted, c.Suppressed, c.Pruned,
+		c.Requests, c.RateLimited)
+}
+
+// beat runs a heartbeat update of run id (parameters ?1 now, ?2 id, then
+// args) and says why when the run is not running.
+func (db *DB) beat(ctx context.Context, id int64, update string, args ...any) error {
+	res, err := db.w.ExecContext(ctx, update, append([]any{backstop.CanonicalTime(db.now()), id}, args...)...)
 	if err != nil {
 		return fmt.Errorf("job run %d heartbeat: %w", id, err)
 	}

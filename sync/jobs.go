@@ -662,9 +662,10 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func()) (JobR
 	}
 	stored := err == nil
 	stopBeat := func() {}
+	live := &runProgress{}
 	if stored {
 		run.ID = id
-		stopBeat = s.heartbeat(ctx, id, log)
+		stopBeat = s.heartbeat(ctx, id, log, live)
 		log.Info("job started", "run", id)
 	} else {
 		log.Error("job started, but its start could not be stored: it is stored when it ends", "err", err)
@@ -675,7 +676,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func()) (JobR
 	if j.Kind == JobBackup {
 		run.Output, err = s.backup(ctx, j, &run.Counts, log)
 	} else {
-		run.Counts, err = s.work(ctx, j)
+		run.Counts, err = s.work(ctx, j, live)
 	}
 	stopBeat()
 	run.FinishedAt = s.opts.Now()
@@ -713,7 +714,11 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func()) (JobR
 
 // heartbeat beats the run id every Heartbeat until stop is called (or ctx
 // ends); a failed beat is logged once.
-func (s *Scheduler) heartbeat(ctx context.Context, id int64, log *slog.Logger) (stop func()) {
+func (s *Scheduler) heartbeat(ctx context.Context, id int64, log *slog.Logger, live *runProgress) (stop func()) {
+	beat := s.opts.Store.JobRunHeartbeat
+	if ps, ok := s.opts.Store.(JobProgressStore); ok {
+		beat = func(ctx context.Context, id int64) error { return ps.JobRunProgress(ctx, id, live.snapshot()) }
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -727,7 +732,7 @@ func (s *Scheduler) heartbeat(ctx context.Context, id int64, log *slog.Logger) (
 				return
 			case <-t.C:
 			}
-			if err := s.opts.Store.JobRunHeartbeat(ctx, id); err != nil && ctx.Err() == nil && !warned {
+			if err := beat(ctx, id); err != nil && ctx.Err() == nil && !warned {
 				warned = true
 				log.Warn("job run heartbeat", "run", id, "err", err)
 			}
@@ -795,9 +800,9 @@ func (s *Scheduler) skipBecause(ctx context.Context, st *jobState, why error) in
 
 // work does j's work over its resources. A failing resource does not stop
 // the others (except on cancellation); the errors are joined.
-func (s *Scheduler) work(ctx context.Context, j Job) (backstop.JobCounts, error) {
+func (s *Scheduler) work(ctx context.Context, j Job, live *runProgress) (backstop.JobCounts, error) {
 	var c backstop.JobCounts
-	e := s.opts.Engine
+	e := live.engine(s.opts.Engine)
 	if j.Kind == JobMaintenance {
 		return c, s.maintain(ctx, &c)
 	}
@@ -852,11 +857,93 @@ func (s *Scheduler) work(ctx context.Context, j Job) (backstop.JobCounts, error)
 			c.Requests += rep.Requests
 			c.RateLimited += rep.RateLimited
 		}
+		live.finished(c)
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return c, errors.Join(errs...)
+}
+
+// JobProgressStore is a JobStore that stores a running run's counts so far
+// with its heartbeat (store.DB is one). With it, a run killed midway is
+// closed as abandoned with what it had done, and backstop jobs shows a
+// running run's counts.
+type JobProgressStore interface {
+	// JobRunProgress is JobRunHeartbeat that also stores c as the run's
+	// counts.
+	JobRunProgress(ctx context.Context, id int64, c backstop.JobCounts) error
+}
+
+// runProgress is a job run's counts as it goes: those of its finished
+// resources and, from its pages, the one going on. Its heartbeat stores
+// them (JobProgressStore).
+type runProgress struct {
+	mu      stdsync.Mutex
+	done    backstop.JobCounts // the finished resources'
+	current backstop.JobCounts // the resource going on, as of its last page
+}
+
+// engine returns e, or a copy of it whose page callbacks also record the
+// run's progress into p (e's own callbacks, the CLI's progress, still
+// run first).
+func (p *runProgress) engine(e *Engine) *Engine {
+	if p == nil {
+		return e
+	}
+	cp := *e
+	onPage, onReconcilePage := e.OnPage, e.OnReconcilePage
+	cp.OnPage = func(st backstop.RunStats) {
+		if onPage != nil {
+			onPage(st)
+		}
+		p.page(backstop.JobCounts{Pages: st.Pages, Objects: st.Objects, New: st.New, Updated: st.Updated,
+			Requests: st.Requests, RateLimited: st.RateLimited})
+	}
+	cp.OnReconcilePage = func(rep ReconcileReport) {
+		if onReconcilePage != nil {
+			onReconcilePage(rep)
+		}
+		p.page(backstop.JobCounts{Pages: rep.Pages, Objects: rep.Scanned, Missing: rep.Missing, Behind: rep.Behind,
+			Reemitted: rep.Reemitted, Suppressed: rep.Suppressed, Requests: rep.Requests, RateLimited: rep.RateLimited})
+	}
+	return &cp
+}
+
+// page records the totals so far of the resource going on.
+func (p *runProgress) page(c backstop.JobCounts) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.current = c
+}
+
+// finished records the totals of the resources finished so far.
+func (p *runProgress) finished(c backstop.JobCounts) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done, p.current = c, backstop.JobCounts{}
+}
+
+// snapshot returns the run's counts so far.
+func (p *runProgress) snapshot() backstop.JobCounts {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c, x := p.done, p.current
+	c.Pages += x.Pages
+	c.Objects += x.Objects
+	c.New += x.New
+	c.Updated += x.Updated
+	c.Missing += x.Missing
+	c.Behind += x.Behind
+	c.Reemitted += x.Reemitted
+	c.Suppressed += x.Suppressed
+	c.Pruned += x.Pruned
+	c.Requests += x.Requests
+	c.RateLimited += x.RateLimited
+	return c
 }
 
 // maintain closes the reconcile and job runs left running by a process

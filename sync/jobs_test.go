@@ -648,3 +648,50 @@ func TestRunJobNotifySaysWhenTheRunStarts(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A running job run's heartbeat stores its counts so far, page by page:
+// backstop jobs shows them while it goes on, and a run killed midway is
+// closed as abandoned with what it had done instead of nothing.
+func TestJobRunHeartbeatStoresCountsSoFar(t *testing.T) {
+	w := newWorld(t, 60)
+	release := make(chan struct{})
+	var lists atomic.Int32
+	src := funcSource{ListFunc: func(ctx context.Context, req backstop.ListRequest) (backstop.Page, error) {
+		if lists.Add(1) > 3 { // three pages, then the platform hangs
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return backstop.Page{}, ctx.Err()
+			}
+		}
+		return w.engine.Source.List(ctx, req)
+	}}
+	s, err := bsync.NewScheduler([]bsync.Job{{
+		Name: "nightly", Kind: bsync.JobSync, Resources: []backstop.Resource{backstop.Contacts}, Cron: "0 3 * * *",
+	}}, bsync.SchedulerOptions{Engine: &bsync.Engine{Source: src, Mirror: w.db, PageSize: 10}, Store: jobStore{w.db},
+		Heartbeat: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.RunJob(t.Context(), "nightly")
+		done <- err
+	}()
+	waitFor(t, "the running run's counts of its three pages stored", func() bool {
+		run, ok, err := w.db.LastJobRun(t.Context(), "nightly")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok && run.Status == "running" && run.Counts.Pages == 3 && run.Counts.Objects == 30 && run.Counts.New == 30
+	})
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	run, _, err := w.db.LastJobRun(t.Context(), "nightly")
+	if err != nil || run.Status != "ok" || run.Counts.Objects != 60 {
+		t.Errorf("finished run %+v (%v), want ok with its 60 objects", run, err)
+	}
+}
