@@ -41,6 +41,11 @@ func (s *Scheduler) backup(ctx context.Context, j Job, c *backstop.JobCounts, lo
 		return "", fmt.Errorf("backup directory %s: not a directory", j.Dir)
 	}
 	now := s.opts.Now().UTC()
+	// Before writing: a disk that killed backups filled must get its
+	// room back for this one.
+	if err := removeStaleTemps(j.Dir, now); err != nil {
+		log.Warn("removing temporary files of killed backups", "dir", j.Dir, "err", err)
+	}
 	base := j.Name + "-" + now.Format(backupStamp)
 	var path string
 	var size int64
@@ -66,7 +71,7 @@ func (s *Scheduler) backup(ctx context.Context, j Job, c *backstop.JobCounts, lo
 	if keep == 0 {
 		keep = DefaultBackupKeep
 	}
-	deleted, err := pruneBackups(j.Dir, j.Name, keep, now)
+	deleted, err := pruneBackups(j.Dir, j.Name, keep, path)
 	c.Pruned += int64(len(deleted))
 	for _, f := range deleted {
 		log.Info("old backup deleted", "file", f)
@@ -77,11 +82,36 @@ func (s *Scheduler) backup(ctx context.Context, j Job, c *backstop.JobCounts, lo
 	return path, nil
 }
 
+// removeStaleTemps removes, in dir, the temporary files of backups that
+// never finished (store.Backup's .backstop-backup-*.db, and SQLite's
+// -journal beside one), last written a day or more before now.
+func removeStaleTemps(dir string, now time.Time) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasPrefix(name, ".backstop-backup-") ||
+			!(strings.HasSuffix(name, ".db") || strings.HasSuffix(name, ".db-journal")) {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && now.Sub(fi.ModTime()) >= staleBackupTemp {
+			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // pruneBackups deletes, in dir, the backups of the job named job (the
-// files <job>-<time>.db and <job>-<time>-<n>.db) but the newest keep, and
-// the temporary files of backups that never finished, last written a day
-// or more before now. It returns the backups it deleted.
-func pruneBackups(dir, job string, keep int, now time.Time) ([]string, error) {
+// files <job>-<time>.db and <job>-<time>-<n>.db) but the newest keep by
+// the time in their names, never written, the one just written (should a
+// clock stepped back make older copies look newer). It returns the
+// backups it deleted.
+func pruneBackups(dir, job string, keep int, written string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -107,15 +137,8 @@ func pruneBackups(dir, job string, keep int, now time.Time) ([]string, error) {
 			if m[2] != "" {
 				fmt.Sscan(m[2], &n)
 			}
-			backups = append(backups, backup{name, m[1], n})
-			continue
-		}
-		// Backup's temporary file: .backstop-backup-*.db (store.Backup).
-		if strings.HasPrefix(name, ".backstop-backup-") && strings.HasSuffix(name, ".db") {
-			if fi, err := e.Info(); err == nil && now.Sub(fi.ModTime()) >= staleBackupTemp {
-				if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					errs = append(errs, err)
-				}
+			if filepath.Join(dir, name) != written {
+				backups = append(backups, backup{name, m[1], n})
 			}
 		}
 	}
@@ -126,7 +149,8 @@ func pruneBackups(dir, job string, keep int, now time.Time) ([]string, error) {
 		return a.n - b.n
 	})
 	var deleted []string
-	for _, b := range backups[:max(len(backups)-keep, 0)] {
+	// The one written counts toward keep.
+	for _, b := range backups[:max(len(backups)-(keep-1), 0)] {
 		path := filepath.Join(dir, b.name)
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"io"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -22,32 +23,9 @@ func TestRunJobInterruptedIsStoredAsInterrupted(t *testing.T) {
 		perMinute: 3600, window: "1s", pageSize: 10,
 	})
 	e.withJobs()
-	cmd := exec.Command(binPath, "--config", e.config, "--log-level", "debug", "run", "crm-nightly")
-	cmd.Env = e.environ(e.sim.APIKey())
 	var stdout bytes.Buffer
-	cmd.Stdout = &stdout
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	lines := make(chan string, 1024)
+	cmd, lines := startRunJob(t, e, &stdout)
 	var tail []string
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
 	waitLines(t, lines, "page committed", 3, time.Minute)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -85,29 +63,7 @@ func TestRunJobOverlappingWithoutRedisIsSkipped(t *testing.T) {
 		perMinute: 3600, window: "1s", pageSize: 10,
 	})
 	e.withJobs()
-	cmd := exec.Command(binPath, "--config", e.config, "--log-level", "debug", "run", "crm-nightly")
-	cmd.Env = e.environ(e.sim.APIKey())
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	lines := make(chan string, 1024)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
+	cmd, lines := startRunJob(t, e, nil)
 	waitLines(t, lines, "page committed", 1, time.Minute)
 
 	code, stdout, errOut := e.run(context.Background(), "run", "crm-nightly")
@@ -134,4 +90,36 @@ func TestRunJobOverlappingWithoutRedisIsSkipped(t *testing.T) {
 	if statuses["skipped"] != 1 || statuses["interrupted"] != 1 || len(runs) != 2 {
 		t.Errorf("stored runs %v, want the first interrupted and the second skipped", statuses)
 	}
+}
+
+// startRunJob starts `backstop run crm-nightly` (debug logs) on e's
+// configuration, its stdout into stdout (when not nil), and returns it
+// with its stderr's lines; it is killed at cleanup if still running.
+func startRunJob(t *testing.T, e *env, stdout io.Writer) (*exec.Cmd, chan string) {
+	t.Helper()
+	cmd := exec.Command(binPath, "--config", e.config, "--log-level", "debug", "run", "crm-nightly")
+	cmd.Env = e.environ(e.sim.APIKey())
+	cmd.Stdout = stdout
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	lines := make(chan string, 1024)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	return cmd, lines
 }
