@@ -5,6 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	stdsync "sync"
+	"syscall"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -40,11 +45,16 @@ type JobRun struct {
 	// Output is what the run made that its counts do not tell (a backup
 	// job's file); empty otherwise.
 	Output string
+	// Owner is the process that started a run stored by StartJobRun,
+	// which stores it (whatever is given): "host/pid/start/space" (see
+	// processOwner). It is empty for a run stored in one go (SaveJobRun)
+	// and for runs started by older binaries.
+	Owner string
 }
 
 // jobRunColumns are the columns of job_runs in the order jobRunRow lists them.
 const jobRunColumns = `id, job, kind, started_at, finished_at, status, pages, objects, new, updated,
-	missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error, heartbeat_at, output`
+	missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error, heartbeat_at, output, owner`
 
 // jobRunRow is one row of job_runs.
 type jobRunRow struct {
@@ -68,11 +78,13 @@ type jobRunRow struct {
 	Error       sql.NullString `db:"error"`
 	HeartbeatAt string         `db:"heartbeat_at"`
 	Output      sql.NullString `db:"output"`
+	Owner       sql.NullString `db:"owner"`
 }
 
 func (row jobRunRow) jobRun() (JobRun, error) {
 	run := JobRun{
 		ID: row.ID, Job: row.Job, Kind: row.Kind, Status: row.Status, Error: row.Error.String, Output: row.Output.String,
+		Owner: row.Owner.String,
 		Counts: backstop.JobCounts{
 			Pages: row.Pages, Objects: row.Objects, New: row.New, Updated: row.Updated,
 			Missing: row.Missing, Behind: row.Behind, Reemitted: row.Reemitted,
@@ -149,7 +161,8 @@ const JobRunStaleAfter = ReconcileStaleAfter
 // job must be for StartJobRun to take it for one going on in another
 // process, and refuse a new run of the job beside it: three heartbeats
 // (sync.DefaultJobHeartbeat, a minute). A run whose process was killed
-// holds its job up that long at most; it is closed as abandoned later
+// holds its job up that long at most (not at all when that process ran on
+// this host, see StartJobRun); it is closed as abandoned later
 // (JobRunStaleAfter).
 const JobRunLiveWithin = 3 * time.Minute
 
@@ -169,6 +182,12 @@ func (e *JobRunningError) Error() string {
 
 // Unwrap makes errors.Is(err, backstop.ErrJobRunning) true.
 func (e *JobRunningError) Unwrap() error { return backstop.ErrJobRunning }
+
+// HeldUntil returns when the run going on stops holding its job up should
+// it not beat again (its process killed on another host): from then on
+// StartJobRun starts a new run of the job. The scheduler tries a skipped
+// run again then.
+func (e *JobRunningError) HeldUntil() time.Time { return e.HeartbeatAt.Add(JobRunLiveWithin) }
 
 // abandonJobRunsSQL closes the running job runs whose last heartbeat is
 // before the second parameter, of the job given as the third (all when it
@@ -210,16 +229,20 @@ func (db *DB) AbandonStaleJobRuns(ctx context.Context) (int64, error) {
 }
 
 // StartJobRun records the start of run (Job, Kind, StartedAt) with status
-// "running" and its first heartbeat, and returns its id, which
-// JobRunHeartbeat and FinishJobRun take. In the same transaction it closes
-// the stale running runs of the job as AbandonStaleJobRuns does, so a run
-// killed with SIGKILL is closed by the next run of its job; a run.Locked
-// closes every running run of the job, at once. A run not Locked is
-// refused with a *JobRunningError while another run of the job has beaten
-// within JobRunLiveWithin: without a lock in Redis, this is what keeps two
+// "running", its first heartbeat and this process as its owner
+// (JobRun.Owner), and returns its id, which JobRunHeartbeat and
+// FinishJobRun take. In the same transaction it closes the stale running
+// runs of the job as AbandonStaleJobRuns does, so a run killed with
+// SIGKILL is closed by the next run of its job; a run.Locked closes every
+// running run of the job, at once. A run not Locked is refused with a
+// *JobRunningError while another run of the job has beaten within
+// JobRunLiveWithin: without a lock in Redis, this is what keeps two
 // processes on one store (serve's schedule and backstop run from cron, or
-// two cron runs) from running a job twice at once. A zero StartedAt is
-// stored as now. It fails on an empty job name.
+// two cron runs) from running a job twice at once. A running run whose
+// owner ran on this host and is gone (a serve killed and restarted at
+// once) neither refuses the new run nor waits for that: it is closed as
+// abandoned. A zero StartedAt is stored as now. It fails on an empty job
+// name.
 func (db *DB) StartJobRun(ctx context.Context, run JobRun) (int64, error) {
 	id, err := db.startJobRun(ctx, run)
 	var running *JobRunningError
@@ -231,6 +254,12 @@ func (db *DB) StartJobRun(ctx context.Context, run JobRun) (int64, error) {
 	}
 	return id, nil
 }
+
+// abandonGoneJobRunSQL closes the running run ?2, whose process is gone
+// (ownerGone), saying which process that was (?3).
+const abandonGoneJobRunSQL = `UPDATE job_runs SET status = 'abandoned', finished_at = ?1,
+		error = 'abandoned: its process (' || ?3 || ') is gone; last heartbeat ' || heartbeat_at
+	WHERE id = ?2 AND status = 'running'`
 
 func (db *DB) startJobRun(ctx context.Context, run JobRun) (int64, error) {
 	if run.Job == "" {
@@ -253,24 +282,23 @@ func (db *DB) startJobRun(ctx context.Context, run JobRun) (int64, error) {
 		if _, err := db.abandonStaleJobRuns(ctx, tx, run.Job); err != nil {
 			return 0, fmt.Errorf("abandon stale runs: %w", err)
 		}
-		var live []jobRunRow
-		if err := tx.SelectContext(ctx, &live, `SELECT `+jobRunColumns+` FROM job_runs
-			WHERE job = ? AND status = 'running' AND heartbeat_at >= ? ORDER BY id LIMIT 1`,
-			run.Job, backstop.CanonicalTime(now.Add(-JobRunLiveWithin))); err != nil {
-			return 0, fmt.Errorf("read runs going on: %w", err)
+		refused, err := db.checkRunningJobRuns(ctx, tx, run.Job, now)
+		if err != nil {
+			return 0, err
 		}
-		if len(live) > 0 {
-			other, err := live[0].jobRun()
-			if err != nil {
-				return 0, err
+		if refused != nil {
+			// The runs found gone are closed all the same.
+			if err := tx.Commit(); err != nil {
+				return 0, fmt.Errorf("commit: %w", err)
 			}
-			return 0, &JobRunningError{Job: run.Job, ID: other.ID, StartedAt: other.StartedAt, HeartbeatAt: other.HeartbeatAt}
+			return 0, refused
 		}
 	}
 	// finished_at holds the last heartbeat while the run goes on (see
 	// migration 0012): never NULL, for binaries that read it as a string.
-	res, err := tx.ExecContext(ctx, `INSERT INTO job_runs (job, kind, started_at, finished_at, status, heartbeat_at)
-		VALUES (?1, ?2, ?3, ?4, 'running', ?4)`, run.Job, run.Kind, backstop.CanonicalTime(run.StartedAt), backstop.CanonicalTime(now))
+	res, err := tx.ExecContext(ctx, `INSERT INTO job_runs (job, kind, started_at, finished_at, status, heartbeat_at, owner)
+		VALUES (?1, ?2, ?3, ?4, 'running', ?4, ?5)`, run.Job, run.Kind, backstop.CanonicalTime(run.StartedAt),
+		backstop.CanonicalTime(now), nullString(processOwner().String()))
 	if err != nil {
 		return 0, err
 	}
@@ -282,6 +310,146 @@ func (db *DB) startJobRun(ctx context.Context, run JobRun) (int64, error) {
 		return 0, fmt.Errorf("commit: %w", err)
 	}
 	return id, nil
+}
+
+// checkRunningJobRuns closes, through tx, the running runs of job whose
+// process is gone (ownerGone), and returns the refusal of a new run when
+// another one has beaten within JobRunLiveWithin of now (nil when none).
+func (db *DB) checkRunningJobRuns(ctx context.Context, tx *sqlx.Tx, job string, now time.Time) (*JobRunningError, error) {
+	var rows []jobRunRow
+	if err := tx.SelectContext(ctx, &rows, `SELECT `+jobRunColumns+` FROM job_runs
+		WHERE job = ? AND status = 'running' ORDER BY id`, job); err != nil {
+		return nil, fmt.Errorf("read runs going on: %w", err)
+	}
+	var refused *JobRunningError
+	for _, row := range rows {
+		other, err := row.jobRun()
+		if err != nil {
+			return nil, err
+		}
+		if owner, gone := ownerGone(other.Owner); gone {
+			if _, err := tx.ExecContext(ctx, abandonGoneJobRunSQL, backstop.CanonicalTime(now), other.ID,
+				fmt.Sprintf("pid %d on host %s", owner.pid, owner.host)); err != nil {
+				return nil, fmt.Errorf("abandon run %d: %w", other.ID, err)
+			}
+			continue
+		}
+		if refused == nil && !other.HeartbeatAt.Before(now.Add(-JobRunLiveWithin)) {
+			refused = &JobRunningError{Job: job, ID: other.ID, StartedAt: other.StartedAt, HeartbeatAt: other.HeartbeatAt}
+		}
+	}
+	return refused, nil
+}
+
+// runOwner is the process that started a job run (JobRun.Owner).
+type runOwner struct {
+	host string
+	pid  int
+	// start is when the process started, in clock ticks after the boot
+	// (field 22 of /proc/PID/stat): a pid used again later by another
+	// process is not taken for it. Empty when unknown (no /proc).
+	start string
+	// space is the boot (/proc/sys/kernel/random/boot_id) and the pid
+	// namespace (/proc/self/ns/pid) the pid and start belong to: two
+	// containers on one host may share a host name but not their pids,
+	// and a start time means nothing after a reboot. Empty when unknown.
+	space string
+}
+
+// String returns the owner as stored: "host/pid/start/space".
+func (o runOwner) String() string {
+	return o.host + "/" + strconv.Itoa(o.pid) + "/" + o.start + "/" + o.space
+}
+
+// parseOwner reads a stored owner; ok=false when s is not one (empty, for
+// a run of an older binary).
+func parseOwner(s string) (o runOwner, ok bool) {
+	// Host names hold no '/', and neither do the other parts.
+	parts := strings.Split(s, "/")
+	if len(parts) != 4 {
+		return o, false
+	}
+	pid, err := strconv.Atoi(parts[1])
+	if err != nil || pid <= 0 {
+		return o, false
+	}
+	return runOwner{host: parts[0], pid: pid, start: parts[2], space: parts[3]}, true
+}
+
+// processOwner returns this process as the owner of the runs it starts.
+var processOwner = stdsync.OnceValue(func() runOwner {
+	host, _ := os.Hostname()
+	o := runOwner{host: host, pid: os.Getpid()}
+	start, err := procStart(o.pid)
+	if err != nil {
+		return o
+	}
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return o
+	}
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return o
+	}
+	// "pid:[4026531836]": the inode number tells namespaces apart.
+	ns = strings.TrimSuffix(strings.TrimPrefix(ns, "pid:["), "]")
+	o.start, o.space = start, strings.TrimSpace(string(boot))+":"+ns
+	return o
+})
+
+// procStart returns when process pid started, in clock ticks after the
+// boot: field 22 of /proc/PID/stat.
+func procStart(pid int) (string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", err
+	}
+	// The second field, the command's name in parentheses, may hold
+	// spaces and parentheses itself: the fields after it start after the
+	// last ')', with the third.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return "", fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 22-2 {
+		return "", fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)+2)
+	}
+	return fields[22-3], nil
+}
+
+// ownerGone reports whether the process that owns a run (its stored
+// Owner) is known to be gone: it ran on this host, in this boot and pid
+// namespace, and its pid is now free or another process's (another start
+// time). A run of another host, of an older binary (no owner), or of a
+// process this one cannot see, is never taken for gone: its heartbeat
+// tells (JobRunLiveWithin).
+func ownerGone(stored string) (runOwner, bool) {
+	o, ok := parseOwner(stored)
+	me := processOwner()
+	if !ok || me.start == "" || me.space == "" || o.start == "" || o.host != me.host || o.space != me.space {
+		return o, false
+	}
+	if o.pid == me.pid {
+		return o, o.start != me.start
+	}
+	start, err := procStart(o.pid)
+	switch {
+	case err == nil:
+		return o, start != o.start
+	case !errors.Is(err, os.ErrNotExist):
+		return o, false
+	}
+	// No /proc/PID: the pid is free, unless /proc hides other users'
+	// processes (mounted with hidepid): ask the kernel.
+	p, err := os.FindProcess(o.pid)
+	if err != nil {
+		return o, false
+	}
+	defer p.Release()
+	return o, errors.Is(p.Signal(syscall.Signal(0)), os.ErrProcessDone)
 }
 
 // JobRunHeartbeat records that run id is still going, so that it is not

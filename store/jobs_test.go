@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -352,5 +353,106 @@ func TestJobRunRefusedWhileAnotherGoesOn(t *testing.T) {
 	next, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
 	if err != nil || next == first {
 		t.Fatalf("a run after the first stopped beating: %d, %v", next, err)
+	}
+}
+
+// A run left running by a process that is gone from this host (a serve
+// killed with SIGKILL and restarted at once) does not hold its job up for
+// JobRunLiveWithin after its last heartbeat: the next run of the job
+// closes it as abandoned, saying which process it was, and starts. A run
+// whose process lives, or that this process cannot tell about (another
+// host, another pid namespace or boot, an older binary that stored no
+// owner), still does.
+func TestJobRunOfAGoneProcessDoesNotHoldItsJob(t *testing.T) {
+	me := processOwner()
+	if me.start == "" || me.space == "" {
+		t.Skip("no /proc: a process's owner is not known")
+	}
+	// A pid that was a process of this host a moment ago and is free now.
+	child := exec.Command("true")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := child.Process.Pid
+	owner := func(host string, pid int, start, space string) string {
+		return runOwner{host: host, pid: pid, start: start, space: space}.String()
+	}
+	for _, c := range []struct {
+		name  string
+		owner any // the owner stored for the first run: nil stores none
+		gone  bool
+	}{
+		{"exited child", owner(me.host, dead, "12345", me.space), true},
+		{"this pid started at another time", owner(me.host, me.pid, me.start+"0", me.space), true},
+		{"this process", me.String(), false},
+		{"another host", owner(me.host+"-other", dead, "12345", me.space), false},
+		{"another pid namespace", owner(me.host, dead, "12345", me.space+"0"), false},
+		{"an older binary", nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db, clk := openTest(t)
+			ctx := context.Background()
+			first, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if runs, err := db.JobRuns(ctx, "nightly", 0); err != nil || len(runs) != 1 || runs[0].Owner != me.String() {
+				t.Fatalf("a started run: %+v (%v), want owned by %s", runs, err, me)
+			}
+			if _, err := db.w.ExecContext(ctx, `UPDATE job_runs SET owner = ? WHERE id = ?`, c.owner, first); err != nil {
+				t.Fatal(err)
+			}
+			clk.Set(t0.Add(30 * time.Second)) // its heartbeat is fresh
+			next, err := db.StartJobRun(ctx, JobRun{Job: "nightly", Kind: "sync"})
+			runs, lerr := db.JobRuns(ctx, "nightly", 0)
+			if lerr != nil {
+				t.Fatal(lerr)
+			}
+			byID := map[int64]JobRun{}
+			for _, r := range runs {
+				byID[r.ID] = r
+			}
+			if !c.gone {
+				var running *JobRunningError
+				if !errors.As(err, &running) || running.ID != first {
+					t.Fatalf("beside a run beating 30 s ago: %v, want refused naming run %d", err, first)
+				}
+				if r := byID[first]; r.Status != "running" {
+					t.Errorf("the first run is %s, want still running", r.Status)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("beside a run of a process gone: %v, want started", err)
+			}
+			o, _ := parseOwner(fmt.Sprint(c.owner))
+			want := fmt.Sprintf("abandoned: its process (pid %d on host %s) is gone", o.pid, o.host)
+			if r := byID[first]; r.Status != "abandoned" || !strings.Contains(r.Error, want) ||
+				!r.FinishedAt.Equal(t0.Add(30*time.Second)) {
+				t.Errorf("the run of a process gone: %+v, want abandoned at once, saying %q", r, want)
+			}
+			if r := byID[next]; r.Status != "running" || r.Owner != me.String() {
+				t.Errorf("the new run: %+v, want running, owned by this process", r)
+			}
+		})
+	}
+}
+
+// An owner is stored and read back as it is, and what is not one is not
+// taken for one.
+func TestRunOwnerRoundTrip(t *testing.T) {
+	o := runOwner{host: "web-1", pid: 4242, start: "987654", space: "3687ee31-b3b1-4999-9f28-7f7178b945f2:4026531836"}
+	if got, ok := parseOwner(o.String()); !ok || got != o {
+		t.Errorf("parseOwner(%q) = %+v, %v", o.String(), got, ok)
+	}
+	for _, s := range []string{"", "web-1", "web-1/x/1/2", "web-1/0/1/2", "web-1/12/1"} {
+		if _, ok := parseOwner(s); ok {
+			t.Errorf("parseOwner(%q) is an owner", s)
+		}
+	}
+	if me := processOwner(); me.start != "" {
+		if start, err := procStart(me.pid); err != nil || start != me.start {
+			t.Errorf("procStart(self) = %q, %v; want %q", start, err, me.start)
+		}
 	}
 }

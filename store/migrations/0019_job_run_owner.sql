@@ -1,0 +1,15 @@
+-- 0019: a running job run names the process that runs it.
+--
+-- owner: the process that started the run (store.StartJobRun), as
+-- host/pid/start/space: its host name, its pid, when it started (clock
+-- ticks after the boot, from /proc/PID/stat, so that a pid used again by
+-- another process is not taken for it) and the boot and pid namespace
+-- those belong to. A run left 'running' by a process killed on this host
+-- (SIGKILL, a crash) used to hold its job up for three minutes after its
+-- last heartbeat, so that a serve restarted at once skipped its jobs, and
+-- a job on an interval waited a whole interval; the next run of the job
+-- now sees that the process is gone and closes the run as 'abandoned' at
+-- once. NULL for runs stored in one go (skipped) and for runs started by
+-- older binaries, which keep the heartbeat's rule, as runs of other hosts
+-- do.
+ALTER TABLE job_runs ADD COLUMN owner TEXT;
