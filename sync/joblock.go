@@ -65,7 +65,9 @@ func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Contex
 		return nil, nil, fmt.Errorf("sync: lock job %s: %w", job, err)
 	}
 	if n != 1 {
-		return nil, nil, fmt.Errorf("job %s: %w in another process", job, ErrJobRunning)
+		// Held at most TTL more unless its holder renews it: a process
+		// that died frees it by then.
+		return nil, nil, &jobLockedError{job: job, until: time.Now().Add(l.ttl)}
 	}
 	rctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
@@ -127,3 +129,20 @@ func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFun
 		}
 	}
 }
+
+// jobLockedError is LockJob's refusal while another process holds the
+// job's lock; it wraps ErrJobRunning.
+type jobLockedError struct {
+	job   string
+	until time.Time
+}
+
+func (e *jobLockedError) Error() string {
+	return fmt.Sprintf("job %s: %v in another process", e.job, ErrJobRunning)
+}
+
+func (e *jobLockedError) Unwrap() error { return ErrJobRunning }
+
+// HeldUntil implements heldElsewhere: the lock expires by then unless
+// its holder renews it, so the scheduler tries a skipped run again then.
+func (e *jobLockedError) HeldUntil() time.Time { return e.until }

@@ -263,7 +263,10 @@ type SchedulerOptions struct {
 // Scheduler runs configured jobs under one gocron scheduler, each never
 // overlapping with itself: a scheduled run that comes while the job is
 // still running (scheduled or through RunJob) is skipped, logged, counted
-// and stored as a skipped run. It is safe for concurrent use.
+// and stored as a skipped run. A scheduled run skipped because the job
+// runs in another process is tried again once that run would stop holding
+// the job were its process gone, unless a run of the job ran to its end
+// meanwhile (see scheduled). It is safe for concurrent use.
 type Scheduler struct {
 	opts  SchedulerOptions
 	log   *slog.Logger
@@ -273,6 +276,7 @@ type Scheduler struct {
 
 	mu       stdsync.Mutex
 	started  bool
+	stopped  bool               // Stop was called: no more retries are armed
 	campaign context.CancelFunc // stops the elector's campaign
 	campDone chan struct{}
 }
@@ -292,6 +296,16 @@ type jobState struct {
 	// longer than its interval would otherwise log every tick).
 	skippedRun atomic.Int64
 	handle     gocron.Job
+
+	// The try again of a scheduled run skipped because the job ran in
+	// another process (retryLater), under the Scheduler's mu: retry is
+	// its timer, nil when none is pending; firedAt is when it fired (zero
+	// when it has not), which tells scheduled that the run gocron starts
+	// is that try; since is the job's last start (JobHistory) when the run
+	// was skipped.
+	retry   *time.Timer
+	firedAt time.Time
+	since   time.Time
 }
 
 // NewScheduler validates jobs and registers them with a new gocron
@@ -469,6 +483,17 @@ func (s *Scheduler) Start() {
 // be started again. The error says when runs were still going at the
 // timeout.
 func (s *Scheduler) Stop() error {
+	// No skipped run is tried again after Stop: the pending ones are
+	// dropped, and a run that ends during the shutdown arms none.
+	s.mu.Lock()
+	s.stopped = true
+	for _, st := range s.state {
+		if st.retry != nil {
+			st.retry.Stop()
+			st.retry = nil
+		}
+	}
+	s.mu.Unlock()
 	err := s.cron.Shutdown()
 	s.mu.Lock()
 	cancel, done := s.campaign, s.campDone
@@ -563,6 +588,94 @@ func (s *Scheduler) RunJob(ctx context.Context, job string) (JobRun, error) {
 	return s.RunJobNotify(ctx, job, nil)
 }
 
+// heldElsewhere is a refusal of a run because its job runs in another
+// process (it wraps ErrJobRunning) that tells until when that run holds
+// the job should its process be gone (killed, crashed: it stops beating,
+// or renewing its lock): store.JobRunningError, and RedisJobLocks'
+// refusal.
+type heldElsewhere interface {
+	error
+	HeldUntil() time.Time
+}
+
+// retrySlack is how long after HeldUntil a skipped run is tried again: a
+// margin for the clocks of the processes that share the store.
+const retrySlack = time.Second
+
+// retryFresh is how long after its timer fired a run is taken for the try
+// again (rather than for a tick of the schedule): gocron starts it at once,
+// unless it refused it (this process not the leader), and then the next
+// tick is a tick.
+const retryFresh = 10 * time.Second
+
+// retryLater arms the try again of a scheduled run of st's job skipped at
+// a time the job's last start was since (JobHistory), because another
+// process ran the job: a little after until, when that run stops holding
+// the job unless its process lives. So a job whose run was left by a
+// process that died elsewhere (another host, an older binary: the store
+// cannot tell it is gone) runs minutes later, not an interval later. A
+// retry pending already is replaced; none is armed once Stop was called.
+func (s *Scheduler) retryLater(st *jobState, until, since time.Time) {
+	wait := max(until.Sub(s.opts.Now()), 0) + retrySlack
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return
+	}
+	if st.retry != nil {
+		st.retry.Stop()
+	}
+	st.since = since
+	var t *time.Timer
+	t = time.AfterFunc(wait, func() {
+		s.mu.Lock()
+		if s.stopped || st.retry != t {
+			s.mu.Unlock()
+			return
+		}
+		st.retry = nil
+		if st.running.Load() {
+			s.mu.Unlock()
+			return // the job runs here now
+		}
+		st.firedAt = time.Now()
+		s.mu.Unlock()
+		// Through gocron, so that the elector is asked, and Stop waits
+		// for the run as for a scheduled one.
+		if err := st.handle.RunNow(); err != nil {
+			s.log.Debug("job: try again of a skipped run not started", "job", st.job.Name, "err", err)
+		}
+	})
+	st.retry = t
+	s.log.Debug("job: a skipped run is tried again once the other process's run stops holding it",
+		"job", st.job.Name, "at", s.opts.Now().Add(wait).Round(time.Second))
+}
+
+// takeRetry reports whether the scheduled run starting now is the try
+// again of a skipped run (its timer fired moments ago), and the job's
+// last start when the run was skipped.
+func (s *Scheduler) takeRetry(st *jobState) (retry bool, since time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fired := st.firedAt
+	st.firedAt = time.Time{}
+	return !fired.IsZero() && time.Since(fired) < retryFresh, st.since
+}
+
+// lastStart returns the job's last start that ran to its end
+// (JobHistory), zero when none or unknown.
+func (s *Scheduler) lastStart(job string) time.Time {
+	h, ok := s.opts.Store.(JobHistory)
+	if !ok {
+		return time.Time{}
+	}
+	last, _, err := h.LastJobStart(context.Background(), job)
+	if err != nil {
+		return time.Time{}
+	}
+	return last
+}
+
 // RunJobNotify is RunJob that also calls started, when not nil, once the
 // run is past its guards (the job was not running here, its lock is held)
 // and stored as running (or, should storing its start fail, as it begins
@@ -575,19 +688,37 @@ func (s *Scheduler) RunJobNotify(ctx context.Context, job string, started func()
 	if !ok {
 		return JobRun{Job: job}, fmt.Errorf("%w %q", ErrUnknownJob, job)
 	}
-	return s.run(ctx, st, started)
+	return s.run(ctx, st, started, false)
 }
 
 // scheduled is gocron's task for one job. With an Elector that can lose
 // its leadership mid-run (Leadership), the run is cancelled when it does, so
 // that it does not go on beside the new leader's.
+//
+// A run skipped because another process ran the job is tried again once
+// that run would stop holding the job were its process gone
+// (retryLater). The try does not run when a run of the job ran to its
+// end meanwhile (that process's, most often); refused again, it is not
+// stored as one more skipped run, only tried again later.
 func (s *Scheduler) scheduled(ctx context.Context, st *jobState) {
+	retry, since := s.takeRetry(st)
+	if retry {
+		if last := s.lastStart(st.job.Name); !last.Equal(since) {
+			s.log.Debug("job: the skipped run is not tried again: the job ran to its end meanwhile", "job", st.job.Name)
+			return
+		}
+	} else {
+		since = s.lastStart(st.job.Name)
+	}
 	if e, ok := s.opts.Elector.(Leadership); ok {
 		var stop context.CancelFunc
 		ctx, stop = whileLeader(ctx, e.Lost())
 		defer stop()
 	}
-	run, err := s.run(ctx, st, nil)
+	run, err := s.run(ctx, st, nil, retry)
+	if held := heldElsewhere(nil); errors.As(err, &held) {
+		s.retryLater(st, held.HeldUntil(), since)
+	}
 	switch {
 	case err == nil, errors.Is(err, ErrJobRunning):
 	case errors.Is(context.Cause(ctx), ErrNotLeader):
@@ -616,12 +747,22 @@ func whileLeader(ctx context.Context, lost <-chan struct{}) (_ context.Context, 
 }
 
 // run runs st's job once under its guard and stores the run; started,
-// when not nil, is called as its work begins (see RunJobNotify).
-func (s *Scheduler) run(ctx context.Context, st *jobState, started func()) (JobRun, error) {
+// when not nil, is called as its work begins (see RunJobNotify). A retry
+// (the try again of a skipped run, see scheduled) that is refused is not
+// stored, nor logged above debug.
+func (s *Scheduler) run(ctx context.Context, st *jobState, started func(), retry bool) (JobRun, error) {
 	j := st.job
 	run := JobRun{Job: j.Name, Kind: j.Kind, StartedAt: s.opts.Now()}
+	skip := func(why error) int64 {
+		if retry {
+			s.log.Debug("job still running: the try again of a skipped run is given up or tried again later",
+				"job", j.Name, "kind", j.Kind, "err", why)
+			return 0
+		}
+		return s.skipBecause(ctx, st, why)
+	}
 	if !st.running.CompareAndSwap(false, true) {
-		run.ID = s.skip(ctx, st)
+		run.ID = skip(nil)
 		run.Status, run.FinishedAt, run.Err = JobSkipped, run.StartedAt, ErrJobRunning
 		return run, fmt.Errorf("job %s: %w", j.Name, ErrJobRunning)
 	}
@@ -631,7 +772,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func()) (JobR
 	if s.opts.Locker != nil {
 		lctx, release, err := s.opts.Locker.LockJob(ctx, j.Name)
 		if errors.Is(err, ErrJobRunning) {
-			run.ID = s.skip(ctx, st)
+			run.ID = skip(nil)
 			run.Status, run.FinishedAt, run.Err = JobSkipped, run.StartedAt, err
 			return run, err
 		}
@@ -656,7 +797,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func()) (JobR
 		// Going on in another process sharing the store (no lock in
 		// Redis to tell): skipped, as here.
 		err = fmt.Errorf("job %s: %w in another process", j.Name, err)
-		run.ID = s.skipBecause(ctx, st, err)
+		run.ID = skip(err)
 		run.Status, run.FinishedAt, run.Err = JobSkipped, run.StartedAt, err
 		return run, err
 	}
