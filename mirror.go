@@ -28,6 +28,12 @@ type Cursor struct {
 	// Done is set on a backfill checkpoint whose backfill reached the end.
 	Done      bool
 	UpdatedAt time.Time
+	// StartedAt is, for a backfill checkpoint, when the backfill that began
+	// it started: a run that resumes the checkpoint keeps it, and page
+	// commits never change it once saved (only a reset of the checkpoint
+	// does). It is zero when unknown (a checkpoint saved by a backstop
+	// older than it) and on a sync cursor.
+	StartedAt time.Time
 }
 
 // ApplyResult counts what one page did to the mirror.

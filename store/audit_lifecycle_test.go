@@ -347,6 +347,7 @@ func TestUpgradeFromFirstSchemaKeepsEveryRow(t *testing.T) {
 		"outbox":         {"proxy_key": true, "failures": true, "claimed_until": true},
 		"reconcile_runs": {"heartbeat_at": true},
 		"job_runs":       {"heartbeat_at": true, "output": true, "owner": true},
+		"cursors":        {"started_at": true},
 	}
 	for table, old := range before {
 		now := tableRows(t, db.r, table)
@@ -410,6 +411,10 @@ func TestUpgradeFromFirstSchemaKeepsEveryRow(t *testing.T) {
 	var outputs int
 	if err := db.r.GetContext(ctx, &outputs, `SELECT count(*) FROM job_runs WHERE output IS NOT NULL`); err != nil || outputs != 0 {
 		t.Errorf("job runs with an output after the upgrade: %d (%v), want none (0016: NULL for the runs before)", outputs, err)
+	}
+	var starts int
+	if err := db.r.GetContext(ctx, &starts, `SELECT count(*) FROM cursors WHERE started_at IS NOT NULL`); err != nil || starts != 0 {
+		t.Errorf("cursors with a start after the upgrade: %d (%v), want none (0018: NULL, unknown, for the cursors before)", starts, err)
 	}
 
 	// The upgraded store carries on where the old binary stopped.

@@ -12,20 +12,25 @@ import (
 	"github.com/backstop-sync/backstop"
 )
 
-// cursorColumns are the columns of cursors in the order cursorRow lists them.
-const cursorColumns = `resource, kind, value, pos_updated_at, pos_id, done, updated_at`
+// cursorColumns are the columns of cursors in the order cursorRow lists them
+// (and cursorRow.args gives them).
+const cursorColumns = `resource, kind, value, pos_updated_at, pos_id, done, updated_at, started_at`
 
 // upsertCursorSQL saves a cursor unconditionally; the statements below add
 // the condition under which an existing row is replaced. Canonical times are
 // fixed width, so the row-value comparison of text is the feed order
-// (updated_at, then id).
-const upsertCursorSQL = `INSERT INTO cursors (` + cursorColumns + `) VALUES (?, ?, ?, ?, ?, ?, ?)
+// (updated_at, then id). A started_at already stored is kept: it is when
+// the backfill that began the checkpoint started, and a resumed run (or
+// one that overlaps it) must not move it forward; only a reset, which
+// deletes the row, starts a new one.
+const upsertCursorSQL = `INSERT INTO cursors (` + cursorColumns + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 	ON CONFLICT (resource, kind) DO UPDATE SET
 		value = excluded.value,
 		pos_updated_at = excluded.pos_updated_at,
 		pos_id = excluded.pos_id,
 		done = excluded.done,
-		updated_at = excluded.updated_at`
+		updated_at = excluded.updated_at,
+		started_at = coalesce(cursors.started_at, excluded.started_at)`
 
 // saveCursorSQL is the cursor save of a page commit (ApplyPage, EmitPage):
 // it saves a cursor when none is saved or the saved position is not after
@@ -43,13 +48,14 @@ const advanceCursorSQL = upsertCursorSQL + `
 
 // cursorRow is one row of cursors.
 type cursorRow struct {
-	Resource     string `db:"resource"`
-	Kind         string `db:"kind"`
-	Value        string `db:"value"`
-	PosUpdatedAt string `db:"pos_updated_at"`
-	PosID        string `db:"pos_id"`
-	Done         bool   `db:"done"`
-	UpdatedAt    string `db:"updated_at"`
+	Resource     string         `db:"resource"`
+	Kind         string         `db:"kind"`
+	Value        string         `db:"value"`
+	PosUpdatedAt string         `db:"pos_updated_at"`
+	PosID        string         `db:"pos_id"`
+	Done         bool           `db:"done"`
+	UpdatedAt    string         `db:"updated_at"`
+	StartedAt    sql.NullString `db:"started_at"` // NULL when unknown
 }
 
 func newCursorRow(c backstop.Cursor, now time.Time) cursorRow {
@@ -61,7 +67,14 @@ func newCursorRow(c backstop.Cursor, now time.Time) cursorRow {
 		PosID:        c.Position.ID,
 		Done:         c.Done,
 		UpdatedAt:    backstop.CanonicalTime(now),
+		StartedAt:    sql.NullString{String: backstop.CanonicalTime(c.StartedAt), Valid: !c.StartedAt.IsZero()},
 	}
+}
+
+// args are the values of row for the placeholders of upsertCursorSQL, in
+// cursorColumns' order.
+func (row cursorRow) args() []any {
+	return []any{row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt, row.StartedAt}
 }
 
 func (row cursorRow) cursor() (backstop.Cursor, error) {
@@ -73,6 +86,12 @@ func (row cursorRow) cursor() (backstop.Cursor, error) {
 	if err != nil {
 		return backstop.Cursor{}, fmt.Errorf("cursor %s/%s: updated_at: %w", row.Resource, row.Kind, err)
 	}
+	var started time.Time
+	if row.StartedAt.Valid {
+		if started, err = backstop.ParseTime(row.StartedAt.String); err != nil {
+			return backstop.Cursor{}, fmt.Errorf("cursor %s/%s: started_at: %w", row.Resource, row.Kind, err)
+		}
+	}
 	return backstop.Cursor{
 		Resource:  backstop.Resource(row.Resource),
 		Kind:      backstop.CursorKind(row.Kind),
@@ -80,6 +99,7 @@ func (row cursorRow) cursor() (backstop.Cursor, error) {
 		Position:  backstop.Position{UpdatedAt: pos, ID: row.PosID},
 		Done:      row.Done,
 		UpdatedAt: upd,
+		StartedAt: started,
 	}, nil
 }
 
@@ -104,7 +124,8 @@ func checkCursor(c backstop.Cursor) error {
 }
 
 // Cursor returns the saved cursor of r and kind, or ok=false when none is
-// saved. The returned UpdatedAt is when it was saved.
+// saved. The returned UpdatedAt is when it was last saved, and StartedAt
+// the first one saved with it since it was created (zero when none was).
 func (db *DB) Cursor(ctx context.Context, r backstop.Resource, kind backstop.CursorKind) (backstop.Cursor, bool, error) {
 	if err := checkCursor(backstop.Cursor{Resource: r, Kind: kind}); err != nil {
 		return backstop.Cursor{}, false, fmt.Errorf("read %w", err)
@@ -152,8 +173,7 @@ func (db *DB) AdvanceCursor(ctx context.Context, cur backstop.Cursor) (bool, err
 		return false, fmt.Errorf("advance %w", err)
 	}
 	row := newCursorRow(cur, db.now())
-	res, err := db.w.ExecContext(ctx, advanceCursorSQL,
-		row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt)
+	res, err := db.w.ExecContext(ctx, advanceCursorSQL, row.args()...)
 	if err != nil {
 		return false, fmt.Errorf("advance cursor %s/%s: %w", cur.Resource, cur.Kind, err)
 	}
@@ -323,8 +343,7 @@ func (db *DB) emitPageAt(ctx context.Context, gen int64, silent []backstop.Objec
 	}
 	row := newCursorRow(cur, now)
 	// saveCursor never moves the cursor back (saveCursorSQL).
-	if _, err := tx.StmtxContext(sctx, db.saveCursor).ExecContext(sctx,
-		row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt); err != nil {
+	if _, err := tx.StmtxContext(sctx, db.saveCursor).ExecContext(sctx, row.args()...); err != nil {
 		return backstop.ApplyResult{}, nil, false, fmt.Errorf("save cursor: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -336,7 +355,9 @@ func (db *DB) emitPageAt(ctx context.Context, gen int64, silent []backstop.Objec
 // ResetCursor deletes the saved cursor of r and kind, so that the next
 // page commit of that kind saves whatever position it reaches: page commits
 // never move a saved cursor back, and this is how a run that means to start
-// over (backfill --restart) does. It also counts the reset (the cursor's
+// over (backfill --restart) does; with the row goes the checkpoint's
+// StartedAt, which page commits otherwise keep, so the next backfill saves
+// its own start. It also counts the reset (the cursor's
 // generation, see CursorGeneration), so a run that read the cursor before
 // can no longer save over it. Deleting a cursor that does not exist is not
 // an error. It fails on an unknown resource or kind.

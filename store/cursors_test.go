@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -194,5 +196,131 @@ func TestEmitPageLeavesOutEventsAWebhookSuperseded(t *testing.T) {
 	}
 	if c, ok, err := db.Cursor(ctx, r, backstop.CursorSync); err != nil || !ok || c.Value != "c1" {
 		t.Errorf("cursor %+v (ok=%v err=%v), want the page's saved", c, ok, err)
+	}
+}
+
+// A backfill checkpoint keeps the start of the backfill that began it
+// (StartedAt): every page commit, whatever start its cursor carries (a
+// resumed run's own, or none), leaves the stored one as it is, so a resumed
+// backfill without events cannot move forward the time before which it
+// writes silently. ResetCursor deletes it with the checkpoint, and the
+// next commit saves its own.
+func TestPageCommitsKeepTheBackfillStart(t *testing.T) {
+	ctx := context.Background()
+	db, clk := openTest(t)
+	r := backstop.Payments
+	kind := backstop.CursorBackfill
+	routes := []backstop.Route{{Target: "billing", Events: []string{"payment.*"}}}
+	first := t0.Add(-time.Hour)
+	started := func() time.Time {
+		t.Helper()
+		c, ok, err := db.Cursor(ctx, r, kind)
+		if err != nil || !ok {
+			t.Fatalf("Cursor = %v, %v", ok, err)
+		}
+		return c.StartedAt
+	}
+	n := 0
+	// page returns a checkpoint after the previous one's, carrying start.
+	page := func(start time.Time) backstop.Cursor {
+		n++
+		c := cursorAt(r, kind, fmt.Sprintf("p%d", n), backstop.Position{UpdatedAt: t0.Add(time.Duration(n) * time.Second), ID: fmt.Sprintf("pay_%02d", n)})
+		c.StartedAt = start
+		return c
+	}
+	_, _, gen, err := db.CursorGeneration(ctx, r, kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := db.ApplyPage(ctx, nil, page(first)); err != nil {
+		t.Fatal(err)
+	}
+	if got := started(); !got.Equal(first) {
+		t.Fatalf("StartedAt after the first page = %v, want %v", got, first)
+	}
+	for _, later := range []time.Time{{}, t0.Add(time.Hour)} {
+		clk.Set(clk.Now().Add(time.Minute))
+		commits := []struct {
+			name   string
+			commit func(backstop.Cursor) error
+		}{
+			{"ApplyPage", func(c backstop.Cursor) error { _, err := db.ApplyPage(ctx, nil, c); return err }},
+			{"ApplyPageAt", func(c backstop.Cursor) error { _, _, err := db.ApplyPageAt(ctx, gen, nil, c); return err }},
+			{"EmitPage", func(c backstop.Cursor) error { _, err := db.EmitPage(ctx, nil, routes, c); return err }},
+			{"EmitPageAt", func(c backstop.Cursor) error { _, _, err := db.EmitPageAt(ctx, gen, nil, routes, c); return err }},
+			{"ApplyEmitPageAt", func(c backstop.Cursor) error {
+				_, _, _, err := db.ApplyEmitPageAt(ctx, gen, nil, nil, routes, c)
+				return err
+			}},
+			{"AdvanceCursor", func(c backstop.Cursor) error { _, err := db.AdvanceCursor(ctx, c); return err }},
+		}
+		for _, cm := range commits {
+			c := page(later)
+			if err := cm.commit(c); err != nil {
+				t.Fatalf("%s: %v", cm.name, err)
+			}
+			if got, _, _ := db.Cursor(ctx, r, kind); got.Value != c.Value {
+				t.Fatalf("%s did not save its page: cursor %+v", cm.name, got)
+			}
+			if got := started(); !got.Equal(first) {
+				t.Errorf("%s with StartedAt %v changed the stored start to %v, want %v kept", cm.name, later, got, first)
+			}
+		}
+	}
+
+	if err := db.ResetCursor(ctx, r, kind); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := db.Cursor(ctx, r, kind); err != nil || ok {
+		t.Fatalf("Cursor after ResetCursor: ok=%v, %v; want none", ok, err)
+	}
+	// The reset counted a generation: commits read it again, as a
+	// restarted backfill does.
+	if _, _, gen, err = db.CursorGeneration(ctx, r, kind); err != nil {
+		t.Fatal(err)
+	}
+	// Back at the start of the feed, as backfill --restart is.
+	n = 0
+	restart := t0.Add(2 * time.Hour)
+	if _, _, _, err := db.ApplyEmitPageAt(ctx, gen, nil, nil, routes, page(restart)); err != nil {
+		t.Fatal(err)
+	}
+	if got := started(); !got.Equal(restart) {
+		t.Errorf("StartedAt after ResetCursor and a new page = %v, want the new backfill's %v", got, restart)
+	}
+
+	// A sync cursor saved without a start has none.
+	sc := cursorAt(r, backstop.CursorSync, "s1", backstop.Position{UpdatedAt: t0, ID: "pay_01"})
+	if _, err := db.ApplyPage(ctx, nil, sc); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err := db.Cursor(ctx, r, backstop.CursorSync); err != nil || !c.StartedAt.IsZero() {
+		t.Errorf("sync cursor StartedAt = %v, %v; want zero", c.StartedAt, err)
+	}
+}
+
+// A checkpoint saved before migration 0018 reads with no start (zero
+// StartedAt), and the first page commit that carries one saves it.
+func TestMigration18CheckpointWithoutStart(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	db := openUpgraded(t, path, 17,
+		`INSERT INTO cursors (resource, kind, value, pos_updated_at, pos_id, done, updated_at) VALUES
+			('payments', 'backfill', 'cur_p_9', '2026-01-02T00:00:00.000000000Z', 'pay_9', 0, '2026-01-05T00:00:00.000000000Z')`)
+	defer db.Close()
+	c, ok, err := db.Cursor(ctx, backstop.Payments, backstop.CursorBackfill)
+	if err != nil || !ok || !c.StartedAt.IsZero() || c.Value != "cur_p_9" {
+		t.Fatalf("old checkpoint = %+v, %v, %v; want cur_p_9 with no start", c, ok, err)
+	}
+	resumed := mustTime(t, "2026-01-06T00:00:00Z")
+	next := cursorAt(backstop.Payments, backstop.CursorBackfill, "cur_p_10",
+		backstop.Position{UpdatedAt: mustTime(t, "2026-01-02T00:00:01Z"), ID: "pay_10"})
+	next.StartedAt = resumed
+	if _, err := db.ApplyPage(ctx, nil, next); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err := db.Cursor(ctx, backstop.Payments, backstop.CursorBackfill); err != nil || !c.StartedAt.Equal(resumed) {
+		t.Errorf("StartedAt after a page = %v, %v; want %v", c.StartedAt, err, resumed)
 	}
 }

@@ -181,8 +181,7 @@ func (db *DB) applyPage(ctx context.Context, objs []backstop.Object, cur backsto
 
 	row := newCursorRow(cur, now)
 	// saveCursor never moves the cursor back (saveCursorSQL).
-	if _, err := tx.StmtxContext(ctx, db.saveCursor).ExecContext(ctx,
-		row.Resource, row.Kind, row.Value, row.PosUpdatedAt, row.PosID, row.Done, row.UpdatedAt); err != nil {
+	if _, err := tx.StmtxContext(ctx, db.saveCursor).ExecContext(ctx, row.args()...); err != nil {
 		return res, false, fmt.Errorf("save cursor: %w", err)
 	}
 	if err := tx.Commit(); err != nil {

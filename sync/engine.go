@@ -183,6 +183,10 @@ func (e *Engine) syncCursor(ctx context.Context, r backstop.Resource) (cur backs
 // must then be a CursorResetter, as store.DB is). Page commits never move
 // either cursor back, also when two runs of one resource overlap.
 //
+// The checkpoint carries when the backfill that began it started
+// (Cursor.StartedAt): a run that resumes it keeps that time, a restart
+// saves its own.
+//
 // At the end it hands its position to the incremental cursor when that is
 // behind (or unset), so a following sync continues from there rather than
 // reading everything again. Cancellation behaves as in Sync.
@@ -191,6 +195,7 @@ func (e *Engine) Backfill(ctx context.Context, r backstop.Resource, restart bool
 }
 
 func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool, em *pageEmitter) (backstop.RunStats, error) {
+	start := e.now()
 	cur, ok, gen, err := e.cursor(ctx, r, backstop.CursorBackfill)
 	if err != nil {
 		return backstop.RunStats{Resource: r}, fmt.Errorf("backfill %s: %w", r, err)
@@ -222,9 +227,21 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 				return backstop.RunStats{Resource: r, Err: err}, err
 			}
 		}
-		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorBackfill}
+		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorBackfill, StartedAt: start}
 	case cur.Value != "":
-		e.logger().Info("resuming backfill", "resource", r, "position", cur.Position)
+		e.logger().Info("resuming backfill", "resource", r, "position", cur.Position, "started_at", cur.StartedAt)
+	}
+	if cur.StartedAt.IsZero() {
+		// A checkpoint saved by a backstop that did not record when its
+		// backfill started: this run's start is the best known, as it
+		// was before (a backfill without events then writes silently a
+		// change made on the platform while it was stopped). Saved with
+		// the next page, it is the start a later resume keeps.
+		if em != nil && em.quiet != nil {
+			e.logger().Warn("resuming a backfill checkpoint that does not say when its backfill started (saved by an older backstop): changes made while it was stopped are written without events when older than this run's start; this run's start is kept from now on",
+				"resource", r, "position", cur.Position)
+		}
+		cur.StartedAt = start
 	}
 	st, last, err := e.pages(ctx, cur, gen, "backfill", em)
 	if err != nil {
@@ -240,6 +257,7 @@ func (e *Engine) handOff(ctx context.Context, last backstop.Cursor) error {
 	handoff := last
 	handoff.Kind = backstop.CursorSync
 	handoff.Done = false
+	handoff.StartedAt = time.Time{} // a backfill checkpoint's alone
 	// The hand-off is a bookkeeping step of a finished run: it is not
 	// abandoned because the user pressed Ctrl-C just now.
 	moved, err := e.Mirror.AdvanceCursor(context.WithoutCancel(ctx), handoff)
@@ -445,10 +463,11 @@ func (e *Engine) BackfillEmit(ctx context.Context, r backstop.Resource, restart 
 	return st, em.stats, err
 }
 
-// QuietMargin is how far before its start (or before the oldest event of
-// the resource backstop keeps) a backfill that does not emit still emits
-// the versions it writes (see BackfillQuiet): enough for the platform's
-// clock being a little off ours and for webhooks still in flight.
+// QuietMargin is how far before its start (that of the backfill that began
+// its checkpoint, or before the oldest event of the resource backstop
+// keeps) a backfill that does not emit still emits the versions it writes
+// (see BackfillQuiet): enough for the platform's clock being a little off
+// ours and for webhooks still in flight.
 const QuietMargin = 10 * time.Minute
 
 // QuietPageStore is a PageStore that can commit a page partly without
@@ -467,11 +486,12 @@ type QuietPageStore interface {
 }
 
 // BackfillQuiet is the backfill that does not emit its history: Backfill
-// that writes without an event only the versions from before the run
+// that writes without an event only the versions from before the backfill
 // started, and before the oldest event of r that backstop keeps, less
-// QuietMargin; a newer version (a change made while it runs, or one whose
-// webhook was lost while backstop was already recording r's events) is
-// emitted as SyncEmit would (OriginSync, through the dedup, so a version a
+// QuietMargin; a newer version (a change made while it runs, or while it
+// was stopped before this run resumed it, or one whose webhook was lost
+// while backstop was already recording r's events) is emitted as SyncEmit
+// would (OriginSync, through the dedup, so a version a
 // webhook already brought is suppressed). Written silently, such a
 // version would look unchanged to reconcile, and its event would never
 // reach the targets. Its checkpoint, resumption and hand-off are
@@ -485,7 +505,9 @@ func (e *Engine) BackfillQuiet(ctx context.Context, r backstop.Resource, restart
 	if err == nil {
 		// Found at the first page: a finished backfill, which reads
 		// nothing, does not look for the oldest event.
-		em.quietSince = func(ctx context.Context) (time.Time, error) { return e.quietSince(ctx, r, em.quiet) }
+		em.quietSince = func(ctx context.Context, started time.Time) (time.Time, error) {
+			return e.quietSince(ctx, r, em.quiet, started)
+		}
 	}
 	if err != nil {
 		st, err := e.done(backstop.RunStats{Resource: r, Err: err}, err)
@@ -505,9 +527,15 @@ func (e *Engine) quietStore(r backstop.Resource) (QuietPageStore, error) {
 }
 
 // quietSince returns the time before which BackfillQuiet writes versions
-// of r without events.
-func (e *Engine) quietSince(ctx context.Context, r backstop.Resource, q QuietPageStore) (time.Time, error) {
+// of r without events, for a backfill whose checkpoint was begun at
+// started (zero when unknown). A resumed run takes the first run's start,
+// not its own: a change made while the backfill was stopped is newer than
+// what the first run set out to write silently, and its event must go out.
+func (e *Engine) quietSince(ctx context.Context, r backstop.Resource, q QuietPageStore, started time.Time) (time.Time, error) {
 	since := e.now()
+	if !started.IsZero() && started.Before(since) {
+		since = started
+	}
 	oldest, ok, err := q.OldestEventAt(ctx, r)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("backfill %s: %w", r, err)
@@ -562,9 +590,10 @@ type pageEmitter struct {
 	stats   EmitStats
 	// quiet, when set, commits the pages: the new and newer objects
 	// updated before silentBefore are written without events.
-	// quietSince finds silentBefore, at the first page.
+	// quietSince finds silentBefore, at the first page, from the start of
+	// the backfill that began the checkpoint (Cursor.StartedAt).
 	quiet        QuietPageStore
-	quietSince   func(context.Context) (time.Time, error)
+	quietSince   func(ctx context.Context, started time.Time) (time.Time, error)
 	silentBefore time.Time
 }
 
@@ -583,7 +612,7 @@ func (em *pageEmitter) commit(ctx context.Context, gen int64, r backstop.Resourc
 		return res, false, err
 	}
 	if em.quiet != nil && em.silentBefore.IsZero() {
-		if em.silentBefore, err = em.quietSince(ctx); err != nil {
+		if em.silentBefore, err = em.quietSince(ctx, next.StartedAt); err != nil {
 			return res, false, err
 		}
 	}

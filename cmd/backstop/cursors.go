@@ -38,10 +38,13 @@ position (updated_at and id of the last object read) each stands after.`,
 					ID        string    `json:"position_id,omitempty"`
 					Done      bool      `json:"done"`
 					SavedAt   time.Time `json:"saved_at"`
+					// StartedAt is when the backfill that began a
+					// checkpoint started (absent when unknown).
+					StartedAt time.Time `json:"started_at,omitzero"`
 				}
 				rows := make([]row, 0, len(curs))
 				for _, c := range curs {
-					r := row{Resource: string(c.Resource), Kind: string(c.Kind), Cursor: c.Value, ID: c.Position.ID, Done: c.Done, SavedAt: c.UpdatedAt.UTC()}
+					r := row{Resource: string(c.Resource), Kind: string(c.Kind), Cursor: c.Value, ID: c.Position.ID, Done: c.Done, SavedAt: c.UpdatedAt.UTC(), StartedAt: c.StartedAt.UTC()}
 					if !c.Position.UpdatedAt.IsZero() {
 						r.UpdatedAt = backstop.CanonicalTime(c.Position.UpdatedAt)
 					}

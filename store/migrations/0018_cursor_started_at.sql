@@ -1,0 +1,14 @@
+-- 0018: a backfill checkpoint remembers when its backfill started.
+--
+-- A backfill without events (the first fill, --no-emit) writes silently
+-- only the versions from before it started (less a margin), and emits
+-- the newer ones. It used to take that start from the run at hand, so a
+-- backfill killed and resumed later took the resume's time: a change made
+-- on the platform while it was stopped was written into the mirror
+-- without its event, which then never reached the targets, and reconcile
+-- found the mirror up to date. started_at is when the backfill that began
+-- the checkpoint started; page commits keep the one stored (a resumed run
+-- cannot move it forward), and a reset deletes the row, so the next run
+-- starts a new one. NULL on sync cursors and on checkpoints saved before
+-- this migration, whose resumed runs fall back to their own start.
+ALTER TABLE cursors ADD COLUMN started_at TEXT;
