@@ -136,11 +136,16 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 	busyMS := strconv.FormatInt(busy.Milliseconds(), 10)
 	// journal_mode is not among the connection's pragmas: it is a lasting
 	// change to the file, made (setWAL) only once the file is known to be
-	// a backstop store or a new one (checkOwner).
+	// a backstop store or a new one (checkOwner). temp_store=MEMORY keeps
+	// the writer's statement journals (and sorts) in memory: SQLite's
+	// default spills a journal over 64 KiB to a temporary file, and the
+	// delivery batcher's multi-row statements wrote every page they
+	// touched there (see recordChunk).
 	db.w, err = sqlx.Open(driverName, path+"?_txlock=immediate"+
 		"&_pragma=busy_timeout("+busyMS+")"+
 		"&_pragma=journal_size_limit("+strconv.FormatInt(walSizeLimit, 10)+")"+
 		"&_pragma=foreign_keys(1)"+
+		"&_pragma=temp_store(MEMORY)"+
 		"&_pragma=synchronous("+syncMode+")")
 	if err != nil {
 		return nil, err
@@ -175,6 +180,7 @@ func open(ctx context.Context, path string, opts Options) (_ *DB, err error) {
 	// readers only need to wait on locks and refuse to write.
 	db.r, err = sqlx.Open(driverName, path+"?_pragma=busy_timeout("+busyMS+")"+
 		"&_pragma=foreign_keys(1)"+
+		"&_pragma=temp_store(MEMORY)"+
 		"&_pragma=query_only(1)")
 	if err != nil {
 		return nil, err

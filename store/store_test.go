@@ -194,6 +194,7 @@ func TestOpenPragmasAndGeneratedColumns(t *testing.T) {
 		{"synchronous", "2"}, // FULL
 		{"busy_timeout", "3000"},
 		{"query_only", "0"},
+		{"temp_store", "2"}, // MEMORY: statement journals never spill to a file
 	} {
 		var got string
 		if err := db.w.GetContext(ctx, &got, "PRAGMA "+tc.pragma); err != nil {
