@@ -67,7 +67,8 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 
 // TestReadOnlyCommandsRefuseAStorePathWithNoDatabase: cursors, jobs and
 // deliveries list, show and targets (and cursors reset, deliveries retry,
-// redirect and purge) with a mistyped store.path used to
+// redirect, purge and targets enable, and run of a maintenance or backup
+// job) with a mistyped store.path used to
 // create an empty database there and answer from it ("no cursors saved
 // yet"). They now exit 2 naming the file, line and key, and create
 // nothing; with the database there they work as before.
@@ -75,7 +76,9 @@ func TestReadOnlyCommandsRefuseAStorePathWithNoDatabase(t *testing.T) {
 	dir := t.TempDir()
 	cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\nstore:\n  path: ./mirorr.db\n" +
 		"targets:\n  - {name: crm, url: \"https://crm.example.com/hooks\"}\n" +
-		"jobs:\n  - {name: nightly, kind: sync, cron: \"0 3 * * *\"}\n"
+		"jobs:\n  - {name: nightly, kind: sync, cron: \"0 3 * * *\"}\n" +
+		"  - {name: prune, kind: maintenance, cron: \"0 4 * * *\"}\n" +
+		"  - {name: nightly-backup, kind: backup, cron: \"0 5 * * *\", dir: ./backups}\n"
 	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +87,14 @@ func TestReadOnlyCommandsRefuseAStorePathWithNoDatabase(t *testing.T) {
 		// They change only what is already there: with no database they
 		// would report success on an empty one.
 		{"cursors", "reset", "contacts"}, {"deliveries", "retry", "1"}, {"deliveries", "redirect", "1", "https://inspector.example.com/x"},
-		{"deliveries", "purge", "--dead", "--before", "2026-01-01"}, {"backup", filepath.Join(dir, "backup.db")}}
+		{"deliveries", "purge", "--dead", "--before", "2026-01-01"}, {"backup", filepath.Join(dir, "backup.db")},
+		{"deliveries", "targets", "enable", "crm"},
+		// A backup job run on an empty store created there wrote copies
+		// of it and, with keep, pruned the good backups away.
+		{"run", "prune"}, {"run", "nightly-backup"}}
+	if err := os.Mkdir(filepath.Join(dir, "backups"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range commands {
 		code, stdout, stderr := runBinaryFor(t, 30*time.Second, dir, nil, args...)
 		want := "backstop: ./schedules.yaml:5: store.path: no database at mirorr.db: run backstop sync or serve first, or check store.path"
@@ -93,6 +103,9 @@ func TestReadOnlyCommandsRefuseAStorePathWithNoDatabase(t *testing.T) {
 		}
 		if matches, _ := filepath.Glob(db + "*"); len(matches) > 0 {
 			t.Fatalf("%s created %v", strings.Join(args, " "), matches)
+		}
+		if backups, _ := os.ReadDir(filepath.Join(dir, "backups")); len(backups) > 0 {
+			t.Fatalf("%s wrote a backup: %v", strings.Join(args, " "), backups)
 		}
 	}
 

@@ -81,7 +81,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 		m.showsProgress(m.runCommand(g)),
 		readsStore(g, m.jobsCommand(g)),
 		m.demoCommand(g),
-		readsStore(g, m.deliveriesCommand(g), "list", "show", "targets", "retry", "redirect", "purge"),
+		readsStore(g, readsStore(g, m.deliveriesCommand(g), "list", "show", "targets", "retry", "redirect", "purge"), "targets enable"),
 		readsStore(g, m.backupCommand(g)),
 		m.restoreCommand(g),
 		m.serveCommand(g),
@@ -92,7 +92,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 }
 
 // readsStore marks cmd, or with names its subcommands of those names (not
-// theirs), as commands that only read the store or change what is already
+// theirs; "targets enable" names a subcommand's), as commands that only read the store or change what is already
 // in it (a cursor reset, a delivery retried): a store.path where no
 // database exists, a mistyped one most likely, is refused (openStore)
 // instead of answered from an empty database created there. Commands that
@@ -109,8 +109,9 @@ func readsStore(g *globals, cmd *cobra.Command, names ...string) *cobra.Command 
 		return cmd
 	}
 	for _, name := range names {
-		sub, _, err := cmd.Find([]string{name})
-		if err != nil || sub == cmd || sub.Name() != name {
+		path := strings.Fields(name) // "targets enable": a subcommand's
+		sub, _, err := cmd.Find(path)
+		if err != nil || sub == cmd || sub.Name() != path[len(path)-1] {
 			panic(fmt.Sprintf("readsStore: %s has no subcommand %q", cmd.Name(), name))
 		}
 		mark(sub)

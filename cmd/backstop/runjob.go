@@ -139,7 +139,12 @@ func (m *Main) jobProgress(g *globals, name string) (_ *progress, local bool, _ 
 // so source.api_key may be unset), and, with governor.redis, Redis for the
 // job's lock, so that it does not run beside serve's run of it. Redis
 // unreachable is an error, as for every command that uses it (exit 2).
+//
+// Neither job fills the store, so, as for backstop backup, a store.path with
+// no database (a typo) is refused instead of created empty: a backup job
+// would otherwise write copies of that empty store and prune the good ones.
 func (m *Main) openMaintenanceApp(ctx context.Context, g *globals, logw io.Writer) (*app, error) {
+	g.readsStore = true
 	a, err := m.openAppLocal(ctx, g, logw)
 	if err != nil {
 		return nil, err
