@@ -132,7 +132,7 @@ func (e *Engine) checkFirstFill(ctx context.Context, r backstop.Resource, routes
 	}
 	return fmt.Errorf("%w: the backfill of %s, run without --emit so that the targets do not get its history, "+
 		"has not finished, and a sync now would read the feed from its start and emit every %s it has not reached yet as new (%s); "+
-		"finish it first: backstop backfill %s", ErrFirstFillUnfinished, r, r, strings.Join(subs, ", "), r)
+		"finish it first: %s backfill %s", ErrFirstFillUnfinished, r, r, strings.Join(subs, ", "), e.command(), r)
 }
 
 // subscribers describes the routes that subscribe to some event type

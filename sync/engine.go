@@ -55,8 +55,19 @@ type Engine struct {
 	// that is not emits through its Emit, and such an event then queues
 	// the older state after the newer one.
 	ReconcileEmitter ChangedEmitter
+	// Command is how the commands that its errors and logs suggest begin
+	// ("backstop --config prod.yaml"); "backstop" when empty.
+	Command string
 	// Now defaults to time.Now.
 	Now func() time.Time
+}
+
+// command is Command, or "backstop".
+func (e *Engine) command() string {
+	if e.Command == "" {
+		return "backstop"
+	}
+	return e.Command
 }
 
 // reconcileEmitter is ReconcileEmitter, or the Mirror when it is a
@@ -202,7 +213,7 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 	}
 	switch {
 	case ok && cur.Done && !restart:
-		e.logger().Info("backfill already finished; `backstop backfill "+string(r)+" --restart` reads everything again", "resource", r,
+		e.logger().Info("backfill already finished; `"+e.command()+" backfill "+string(r)+" --restart` reads everything again", "resource", r,
 			"finished_at", cur.UpdatedAt, "position", cur.Position)
 		// A run killed between its last page and the hand-off left the
 		// sync cursor behind: hand it over now, as that run would have.
@@ -229,7 +240,11 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 		}
 		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorBackfill, StartedAt: start}
 	case cur.Value != "":
-		e.logger().Info("resuming backfill", "resource", r, "position", cur.Position, "started_at", cur.StartedAt)
+		log := e.logger().With("resource", r, "position", cur.Position)
+		if !cur.StartedAt.IsZero() {
+			log = log.With("started_at", cur.StartedAt)
+		}
+		log.Info("resuming backfill")
 	}
 	if cur.StartedAt.IsZero() {
 		// A checkpoint saved by a backstop that did not record when its

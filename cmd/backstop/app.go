@@ -82,7 +82,7 @@ func (m *Main) openAppLocal(ctx context.Context, g *globals, logw io.Writer) (*a
 	if err != nil {
 		return nil, err
 	}
-	return &app{cfg: cfg, db: db, log: log, engine: &bsync.Engine{Mirror: db, Logger: log}}, nil
+	return &app{cfg: cfg, db: db, log: log, engine: &bsync.Engine{Mirror: db, Logger: log, Command: g.command}}, nil
 }
 
 // openAppWith is openApp with the SQLite synchronous level chosen from the
@@ -159,6 +159,7 @@ func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, sync
 			Mirror:   db,
 			PageSize: src.PageSize,
 			Logger:   log.With("component", "engine"),
+			Command:  g.command,
 		},
 	}, nil
 }

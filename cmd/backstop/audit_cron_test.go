@@ -47,7 +47,7 @@ func TestInvalidCursorHintFitsTheCommand(t *testing.T) {
 	if code != exitFailure {
 		t.Fatalf("backfill at an unreadable checkpoint: exit %d, want 1\n%s", code, stderr)
 	}
-	if !strings.Contains(stderr, "run `backstop backfill contacts --restart --emit` to start its feed over") ||
+	if !strings.Contains(stderr, "run `backstop --config "+e.config+" backfill contacts --restart --emit` to start its feed over") ||
 		strings.Contains(stderr, "cursors reset") {
 		t.Fatalf("error does not name backfill --restart --emit (and only it):\n%s", stderr)
 	}
@@ -70,7 +70,7 @@ func TestInvalidCursorHintFitsTheCommand(t *testing.T) {
 	if code != exitFailure {
 		t.Fatalf("run crm-nightly at an unreadable cursor: exit %d, want 1\n%s", code, stderr)
 	}
-	if !strings.Contains(stderr, "run `backstop cursors reset contacts` to start its feed over") {
+	if !strings.Contains(stderr, "run `backstop --config "+e.config+" cursors reset contacts` to start its feed over") {
 		t.Errorf("run crm-nightly does not say how to start over:\n%s", stderr)
 	}
 }

@@ -71,7 +71,7 @@ Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
 				}
 				if !emit {
 					if !noEmit {
-						if err := checkSilentBackfill(ctx, a, resources, restart, routes); err != nil {
+						if err := checkSilentBackfill(ctx, cmd, a, resources, restart, routes); err != nil {
 							return nil, err
 						}
 					}
@@ -99,13 +99,19 @@ Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
 // checkSilentBackfill refuses, as a usage error naming every refused
 // resource, a backfill without --emit that would lose events
 // (bsync.Engine.CheckBackfill).
-func checkSilentBackfill(ctx context.Context, a *app, resources []backstop.Resource, restart bool, routes []backstop.Route) error {
+// The command it suggests is this one's, with --emit: its --config, if
+// given, and --restart, if given.
+func checkSilentBackfill(ctx context.Context, cmd *cobra.Command, a *app, resources []backstop.Resource, restart bool, routes []backstop.Route) error {
+	again := ""
+	if restart {
+		again = " --restart"
+	}
 	var errs []error
 	for _, r := range resources {
 		err := a.engine.CheckBackfill(ctx, r, restart, routes)
 		switch {
 		case errors.Is(err, bsync.ErrSilentBackfill):
-			errs = append(errs, usageError{fmt.Errorf("%w; run `backstop backfill %s --emit` to emit them (or --no-emit to fill the mirror without them)", err, r)})
+			errs = append(errs, usageError{fmt.Errorf("%w; run `%s backfill %s%s --emit` to emit them (or --no-emit to fill the mirror without them)", err, commandPrefix(cmd), r, again)})
 		case err != nil:
 			return err
 		}

@@ -49,10 +49,16 @@ func TestPlainBackfillOnASyncingResourceIsRefused(t *testing.T) {
 	if code != exitUsage {
 		t.Fatalf("plain backfill of a syncing resource: exit %d, want 2\n%s%s", code, stdout, stderr)
 	}
-	for _, want := range []string{"would lose events", "sync cursor", "crm", "backstop backfill contacts --emit", "--no-emit"} {
+	// The command it suggests is this one's with --emit: its --config too,
+	// and its --restart (without which the suggestion read nothing).
+	for _, want := range []string{"would lose events", "sync cursor", "crm", "`backstop --config " + e.config + " backfill contacts --emit`", "--no-emit"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("the refusal does not say %q:\n%s", want, stderr)
 		}
+	}
+	code, stdout, stderr = e.run(ctx, "backfill", "contacts", "--restart")
+	if want := "`backstop --config " + e.config + " backfill contacts --restart --emit`"; code != exitUsage || !strings.Contains(stderr, want) {
+		t.Errorf("plain backfill --restart of a syncing resource: exit %d, want 2 and %q in:\n%s%s", code, want, stdout, stderr)
 	}
 	if n := e.sim.Stats().Requests - requests; n != 0 {
 		t.Errorf("the refused backfill made %d requests, want none", n)

@@ -269,7 +269,7 @@ func TestInvalidCursorStopsWithoutReset(t *testing.T) {
 	if !strings.Contains(stderr, "chats") || !strings.Contains(stderr, "invalid cursor") || !strings.Contains(stderr, before.Value) {
 		t.Errorf("error does not name the resource, the cause and the cursor %q:\n%s", before.Value, stderr)
 	}
-	if !strings.Contains(stderr, "run `backstop cursors reset chats` to start its feed over") {
+	if !strings.Contains(stderr, "run `backstop --config "+e.config+" cursors reset chats` to start its feed over") {
 		t.Errorf("error does not say how to start over:\n%s", stderr)
 	}
 	db = e.openStore()

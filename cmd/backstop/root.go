@@ -22,6 +22,9 @@ type globals struct {
 	// readsStore): openStore then refuses a store.path with no database
 	// rather than create an empty one.
 	readsStore bool
+	// command is how a command printed for the user to run next begins
+	// (commandPrefix: "backstop", with --config when it was given).
+	command string
 }
 
 func (m *Main) rootCommand() *cobra.Command {
@@ -68,7 +71,8 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 	// also one that logs nothing (cursors, deliveries, version): a bad
 	// value is bad usage (exit 2) everywhere, not only where a logger is
 	// built.
-	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		g.command = commandPrefix(cmd)
 		_, err := g.newLogger(io.Discard)
 		return err
 	}

@@ -94,7 +94,7 @@ interrupted.`,
 				a.log.Warn("run skipped: the job is running already", "job", run.Job, "err", runErr)
 				return nil
 			}
-			return withCursorHint(runErr, jobStartOver(s, args[0]))
+			return withCursorHint(cmd, runErr, jobStartOver(s, args[0]))
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the run as JSON")

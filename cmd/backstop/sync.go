@@ -93,7 +93,7 @@ func (m *Main) runFeed(cmd *cobra.Command, g *globals, op string, args []string,
 	if isCanceled(runErr) && ctx.Err() != nil {
 		fmt.Fprintf(m.Stderr, "backstop: to resume, run `%s`\n", resumeCommand(cmd, op, stats, resumeFlags))
 	}
-	return withCursorHint(runErr, startOver)
+	return withCursorHint(cmd, runErr, startOver)
 }
 
 // resumeCommand is the command line that resumes an interrupted sync or
@@ -135,22 +135,25 @@ func shellWord(s string) string {
 // startOver names the command that starts the resource's feed over: a
 // sync's cursor is reset (resetHint), a backfill's checkpoint is read
 // again with --restart (restartHint), which keeps the sync cursor.
-func withCursorHint(err error, startOver func(backstop.Resource) string) error {
+// The command begins with cmd's commandPrefix (its --config, if given).
+func withCursorHint(cmd *cobra.Command, err error, startOver func(backstop.Resource) string) error {
 	var ae *backstop.APIError
 	if startOver != nil && errors.As(err, &ae) && errors.Is(err, backstop.ErrInvalidCursor) && ae.Resource != "" {
-		return fmt.Errorf("%w; run `%s` to start its feed over", err, startOver(ae.Resource))
+		return fmt.Errorf("%w; run `%s %s` to start its feed over", err, commandPrefix(cmd), startOver(ae.Resource))
 	}
 	return err
 }
 
-// resetHint is the command that starts r's sync over from the beginning.
-func resetHint(r backstop.Resource) string { return "backstop cursors reset " + string(r) }
+// resetHint is the command (after "backstop") that starts r's sync over
+// from the beginning.
+func resetHint(r backstop.Resource) string { return "cursors reset " + string(r) }
 
-// restartHint returns the command that reads r's backfill from the start
-// again, keeping the sync cursor, with the backfill's emit flag.
+// restartHint returns the command (after "backstop") that reads r's
+// backfill from the start again, keeping the sync cursor, with the
+// backfill's emit flag.
 func restartHint(emit, noEmit bool) func(backstop.Resource) string {
 	return func(r backstop.Resource) string {
-		cmd := "backstop backfill " + string(r) + " --restart"
+		cmd := "backfill " + string(r) + " --restart"
 		switch {
 		case emit:
 			cmd += " --emit"
