@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"github.com/backstop-sync/backstop"
 	"strings"
 	"testing"
 	"time"
@@ -196,5 +197,50 @@ func TestAPIKeyNeverLogged(t *testing.T) {
 	code, _, stderr := e.runKey(context.Background(), key+"x", "--log-level", "debug", "sync", "chats")
 	if code != 1 || strings.Contains(stderr, "Zq81secret") {
 		t.Fatalf("wrong key: exit %d, and the output must not echo it:\n%s", code, stderr)
+	}
+}
+
+// TestRefusedKeyStopsEveryResource: a sync of every resource with a key the
+// platform refuses used to send a 401 for each resource in turn (the
+// governor lets one request through until the first answer), the last
+// one after seconds of "waiting for its first page". The first 401 now
+// stops the others at once: at most one request more reaches the
+// platform, every resource says why it stopped, and none of them is
+// offered for resuming (nothing was interrupted).
+func TestRefusedKeyStopsEveryResource(t *testing.T) {
+	// 20 a minute: the governor spaces the resources' first requests
+	// seconds apart, as the default tariff does.
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 3, Objects: 20}, perMinute: 20})
+	code, stdout, stderr := e.runKey(context.Background(), e.sim.APIKey()+"x", "sync", "--json")
+	if code != exitFailure {
+		t.Fatalf("sync with a refused key: exit %d, want 1\n%s%s", code, stdout, stderr)
+	}
+	var out struct {
+		Resources []struct {
+			Resource string `json:"resource"`
+			Result   string `json:"result"`
+			Error    string `json:"error"`
+			Requests int    `json:"requests"`
+		} `json:"resources"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &out); err != nil {
+		t.Fatalf("sync --json: %v\n%s", err, stdout)
+	}
+	rows := out.Resources
+	if len(rows) != len(backstop.Resources) {
+		t.Fatalf("sync --json gave %d resources, want %d:\n%s", len(rows), len(backstop.Resources), stdout)
+	}
+	requests := 0
+	for _, r := range rows {
+		requests += r.Requests
+		if !strings.Contains(r.Error, "API key was refused") {
+			t.Errorf("%s: result %q error %q, want it to say the key was refused", r.Resource, r.Result, r.Error)
+		}
+	}
+	if requests < 1 || requests > 2 {
+		t.Errorf("the platform got %d requests, want the first 401 (and at most one sent beside it)\n%s", requests, stdout)
+	}
+	if strings.Contains(stderr, "to resume") {
+		t.Errorf("a run stopped by a refused key is offered for resuming:\n%s", stderr)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	stdsync "sync"
@@ -22,6 +23,7 @@ type runFunc func(ctx context.Context, r backstop.Resource) (backstop.RunStats, 
 func runResources(ctx context.Context, resources []backstop.Resource, prog *progress, fn runFunc) ([]backstop.RunStats, error) {
 	return eachResource(ctx, resources, func(ctx context.Context, r backstop.Resource) (backstop.RunStats, error) {
 		st, err := fn(ctx, r)
+		err = stoppedByRefusedKey(ctx, err)
 		st.Resource, st.Err = r, err
 		prog.finish(st)
 		return st, err
@@ -30,8 +32,13 @@ func runResources(ctx context.Context, resources []backstop.Resource, prog *prog
 
 // eachResource runs fn over every resource concurrently and returns the
 // results in resource order and the first error that is not a cancellation
-// (or the cancellation when nothing else failed).
+// (or the cancellation when nothing else failed). A resource refused for
+// the API key (401) stops the others at once (they share the key, and
+// every request more is another 401 that can get it locked); their
+// errors then say so (stoppedByRefusedKey).
 func eachResource[T any](ctx context.Context, resources []backstop.Resource, fn func(context.Context, backstop.Resource) (T, error)) ([]T, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	out := make([]T, len(resources))
 	errs := make([]error, len(resources))
 	var wg stdsync.WaitGroup
@@ -40,10 +47,28 @@ func eachResource[T any](ctx context.Context, resources []backstop.Resource, fn 
 		go func() {
 			defer wg.Done()
 			out[i], errs[i] = fn(ctx, r)
+			if errors.Is(errs[i], backstop.ErrUnauthorized) {
+				cancel(errs[i])
+			}
+			errs[i] = stoppedByRefusedKey(ctx, errs[i])
 		}()
 	}
 	wg.Wait()
 	return out, firstError(errs...)
+}
+
+// stoppedByRefusedKey returns err, or, for the cancellation of a run that
+// eachResource stopped because another resource's API key was refused,
+// an error that says so (and is ErrUnauthorized, not a cancellation: the
+// run was not interrupted by the user and is not to be resumed as is).
+func stoppedByRefusedKey(ctx context.Context, err error) error {
+	if err == nil || !errors.Is(err, context.Canceled) {
+		return err
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, backstop.ErrUnauthorized) && !errors.Is(cause, context.Canceled) {
+		return fmt.Errorf("stopped before it finished, as another resource's request was refused: %w", backstop.ErrUnauthorized)
+	}
+	return err
 }
 
 // printStats writes the per-resource summary as a table or as JSON. emits,
