@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,8 +22,19 @@ import (
 func TestServeRestartedAfterAKillRunsTheJobAgain(t *testing.T) {
 	t.Parallel()
 	addr := freeAddr(t)
-	// 30 pages of contacts at 50 ms each: a run goes on for over a second.
-	e := newEnv(t, envOpts{sim: sim.Options{Seed: 19, Objects: 300, Latency: 50 * time.Millisecond}})
+	// The first serve's run is held at its first request until it is killed:
+	// a run that ends before the kill is impossible, however loaded the box.
+	gate := make(chan struct{})
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 19, Objects: 300}, wrap: func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-gate:
+			case <-r.Context().Done():
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	}})
 	e.writeServeConfig(addr, `jobs:
   - {name: hourly, kind: sync, resources: [contacts], every: 1h}
 `)
@@ -71,6 +83,7 @@ func TestServeRestartedAfterAKillRunsTheJobAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	first.wait(10 * time.Second)
+	close(gate)
 	if r := runs()[0]; r.ID != killed || r.Status != "running" {
 		t.Fatalf("after the kill the newest run is %+v, want run %d left running", r, killed)
 	}
