@@ -19,10 +19,11 @@ const cursorColumns = `resource, kind, value, pos_updated_at, pos_id, done, upda
 // upsertCursorSQL saves a cursor unconditionally; the statements below add
 // the condition under which an existing row is replaced. Canonical times are
 // fixed width, so the row-value comparison of text is the feed order
-// (updated_at, then id). A started_at already stored is kept: it is when
-// the backfill that began the checkpoint started, and a resumed run (or
-// one that overlaps it) must not move it forward; only a reset, which
-// deletes the row, starts a new one.
+// (updated_at, then id). started_at keeps the earliest start saved: it is
+// when the backfill that began the checkpoint started, and a resumed run
+// (or one that overlaps it, such as a hand-run backfill beside serve's
+// job, whichever commits first) must not move it forward; only a reset,
+// which deletes the row, starts a new one.
 const upsertCursorSQL = `INSERT INTO cursors (` + cursorColumns + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 	ON CONFLICT (resource, kind) DO UPDATE SET
 		value = excluded.value,
@@ -30,7 +31,8 @@ const upsertCursorSQL = `INSERT INTO cursors (` + cursorColumns + `) VALUES (?, 
 		pos_id = excluded.pos_id,
 		done = excluded.done,
 		updated_at = excluded.updated_at,
-		started_at = coalesce(cursors.started_at, excluded.started_at)`
+		started_at = CASE WHEN cursors.started_at IS NULL OR excluded.started_at < cursors.started_at
+			THEN excluded.started_at ELSE cursors.started_at END`
 
 // saveCursorSQL is the cursor save of a page commit (ApplyPage, EmitPage):
 // it saves a cursor when none is saved or the saved position is not after

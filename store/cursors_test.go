@@ -203,8 +203,9 @@ func TestEmitPageLeavesOutEventsAWebhookSuperseded(t *testing.T) {
 // (StartedAt): every page commit, whatever start its cursor carries (a
 // resumed run's own, or none), leaves the stored one as it is, so a resumed
 // backfill without events cannot move forward the time before which it
-// writes silently. ResetCursor deletes it with the checkpoint, and the
-// next commit saves its own.
+// writes silently; one that carries an earlier start (a backfill that
+// began before the one that committed first) lowers it. ResetCursor
+// deletes it with the checkpoint, and the next commit saves its own.
 func TestPageCommitsKeepTheBackfillStart(t *testing.T) {
 	ctx := context.Background()
 	db, clk := openTest(t)
@@ -267,6 +268,16 @@ func TestPageCommitsKeepTheBackfillStart(t *testing.T) {
 				t.Errorf("%s with StartedAt %v changed the stored start to %v, want %v kept", cm.name, later, got, first)
 			}
 		}
+	}
+
+	// Two first fills that overlap (a hand-run backfill beside serve's
+	// job): whichever commits first, the earlier start is kept.
+	earlier := first.Add(-time.Minute)
+	if _, err := db.ApplyPage(ctx, nil, page(earlier)); err != nil {
+		t.Fatal(err)
+	}
+	if got := started(); !got.Equal(earlier) {
+		t.Errorf("StartedAt after a page of a backfill that started earlier = %v, want %v", got, earlier)
 	}
 
 	if err := db.ResetCursor(ctx, r, kind); err != nil {
