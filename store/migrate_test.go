@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -182,5 +183,29 @@ func TestMigration12KeepsJobRunsAndAddsRunningAndStoreID(t *testing.T) {
 	other, _ := openTest(t)
 	if id, err := other.StoreID(ctx); err != nil || id == first || len(id) != 32 {
 		t.Errorf("another store's id %q (%v), want another than %q", id, err, first)
+	}
+}
+
+// A store that lists a schema version this binary does not know, though
+// not above its latest (one a development build applied), is refused with
+// the reason, instead of opened as if that migration were not there.
+func TestOpenRefusesAnUnknownSchemaVersion(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "dev.db")
+	db, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.w.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES (0, '0000_dev.sql', '2026-01-01T00:00:00Z')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if db, err := Open(ctx, path, Options{}); err == nil || !strings.Contains(err.Error(), "schema version 0 is applied to the store but unknown to this binary") {
+		if err == nil {
+			db.Close()
+		}
+		t.Fatalf("Open of a store with an unknown schema version: %v, want it refused", err)
 	}
 }

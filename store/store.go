@@ -550,6 +550,14 @@ func (db *DB) migrate(ctx context.Context) error {
 	if err := db.w.SelectContext(ctx, &applied, `SELECT version FROM schema_migrations`); err != nil {
 		return fmt.Errorf("read schema version: %w", err)
 	}
+	// A version this binary does not know, below its latest, is one a
+	// build that skipped it applied (a development build): its tables
+	// would go unused or be migrated again under another meaning.
+	for _, v := range applied {
+		if !slices.ContainsFunc(ms, func(m migration) bool { return m.version == v }) {
+			return fmt.Errorf("schema version %d is applied to the store but unknown to this binary: open it with the backstop that applied it", v)
+		}
+	}
 	for _, m := range ms {
 		if slices.Contains(applied, m.version) {
 			continue
