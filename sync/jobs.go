@@ -616,6 +616,15 @@ const retryFresh = 10 * time.Second
 // cannot tell it is gone) runs minutes later, not an interval later. A
 // retry pending already is replaced; none is armed once Stop was called.
 func (s *Scheduler) retryLater(st *jobState, until, since time.Time) {
+	s.retryAt(st, until, since, retryStarts)
+}
+
+// retryStarts is how many times retryLater asks gocron to start the try
+// again when it fails to (its hand-off timed out), a few seconds apart.
+const retryStarts = 3
+
+// retryAt is retryLater with tries left for gocron's start.
+func (s *Scheduler) retryAt(st *jobState, until, since time.Time, tries int) {
 	wait := max(until.Sub(s.opts.Now()), 0) + retrySlack
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -638,12 +647,23 @@ func (s *Scheduler) retryLater(st *jobState, until, since time.Time) {
 			s.mu.Unlock()
 			return // the job runs here now
 		}
-		st.firedAt = time.Now()
+		fired := time.Now()
+		st.firedAt = fired
 		s.mu.Unlock()
 		// Through gocron, so that the elector is asked, and Stop waits
 		// for the run as for a scheduled one.
 		if err := st.handle.RunNow(); err != nil {
-			s.log.Debug("job: try again of a skipped run not started", "job", st.job.Name, "err", err)
+			// Not started: the next tick is a tick, not this try, and
+			// the try is armed again (not once stopped).
+			s.mu.Lock()
+			if st.firedAt.Equal(fired) {
+				st.firedAt = time.Time{}
+			}
+			s.mu.Unlock()
+			s.log.Debug("job: try again of a skipped run not started", "job", st.job.Name, "err", err, "tries_left", tries-1)
+			if tries > 1 {
+				s.retryAt(st, s.opts.Now().Add(retrySlack), since, tries-1)
+			}
 		}
 	})
 	st.retry = t
