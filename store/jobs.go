@@ -349,10 +349,12 @@ type runOwner struct {
 	// (field 22 of /proc/PID/stat): a pid used again later by another
 	// process is not taken for it. Empty when unknown (no /proc).
 	start string
-	// space is the boot (/proc/sys/kernel/random/boot_id) and the pid
-	// namespace (/proc/self/ns/pid) the pid and start belong to: two
-	// containers on one host may share a host name but not their pids,
-	// and a start time means nothing after a reboot. Empty when unknown.
+	// space is the boot (/proc/sys/kernel/random/boot_id), the pid
+	// namespace (/proc/self/ns/pid) and the time namespace (where the
+	// kernel has them) the pid and start belong to: two containers on
+	// one host may share a host name but not their pids, a start time
+	// means nothing after a reboot, and /proc gives start times in its
+	// reader's time namespace. Empty when unknown.
 	space string
 }
 
@@ -380,6 +382,13 @@ func parseOwner(s string) (o runOwner, ok bool) {
 var processOwner = stdsync.OnceValue(func() runOwner {
 	host, _ := os.Hostname()
 	o := runOwner{host: host, pid: os.Getpid()}
+	// /proc must be this pid namespace's own (a process unshared into a
+	// new one without mounting its /proc sees another's, where its pid
+	// names some other process): otherwise the owner has no start, and
+	// its runs are never taken for gone.
+	if self, err := os.Readlink("/proc/self"); err != nil || self != strconv.Itoa(o.pid) {
+		return o
+	}
 	start, err := procStart(o.pid)
 	if err != nil {
 		return o
@@ -388,13 +397,23 @@ var processOwner = stdsync.OnceValue(func() runOwner {
 	if err != nil {
 		return o
 	}
-	ns, err := os.Readlink("/proc/self/ns/pid")
-	if err != nil {
-		return o
+	// "pid:[4026531836]": the inode number tells namespaces apart. The
+	// time namespace is part of it too: the start times /proc shows are
+	// of the reader's time namespace (CRIU-restored containers, unshare
+	// -T), so that two processes in different ones would see a live
+	// owner's start as another's.
+	space := strings.TrimSpace(string(boot))
+	for _, kind := range []string{"pid", "time"} {
+		ns, err := os.Readlink("/proc/self/ns/" + kind)
+		if errors.Is(err, os.ErrNotExist) && kind == "time" {
+			continue // a kernel before time namespaces (5.6): one for all
+		}
+		if err != nil {
+			return o
+		}
+		space += ":" + strings.TrimSuffix(strings.TrimPrefix(ns, kind+":["), "]")
 	}
-	// "pid:[4026531836]": the inode number tells namespaces apart.
-	ns = strings.TrimSuffix(strings.TrimPrefix(ns, "pid:["), "]")
-	o.start, o.space = start, strings.TrimSpace(string(boot))+":"+ns
+	o.start, o.space = start, space
 	return o
 })
 
