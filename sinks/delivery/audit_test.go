@@ -37,6 +37,45 @@ func TestConcurrencyHoldsForRowsThatComeOneAtATime(t *testing.T) {
 	}
 }
 
+// TestConcurrencyFillsEverySlotWithRowsThatComeOneAtATime: with
+// Concurrency 4 and a target whose every answer takes long, rows queued
+// one at a time each take a free slot at once. The refill that claimed a
+// row sent it itself and started no sender for the slots still free, so
+// the third and fourth rows waited for the first answer (found by an
+// operator audit: rows came out in waves of 2, 4, 2).
+func TestConcurrencyFillsEverySlotWithRowsThatComeOneAtATime(t *testing.T) {
+	t.Parallel()
+	const n = 4
+	flight := &inFlight{}
+	hang := make(chan struct{})
+	rec := newRecorder(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		defer flight.enter()()
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	q := newStoreQueue(t)
+	var ids []int64
+	ids = append(ids, q.add(t, "crm", "evt_0", "contact.created", `{"id":"ct_0"}`))
+	d := start(t, q, []Target{{Name: "crm", URL: rec.srv.URL, AllowPrivate: true, Concurrency: n, Timeout: time.Minute}}, Options{Poll: time.Hour})
+	q.waitFor(t, 10*time.Second, "the first row in flight", func() bool { return flight.now.Load() == 1 })
+	for i := 1; i < n+2; i++ {
+		ids = append(ids, q.add(t, "crm", fmt.Sprintf("evt_%d", i), "contact.created", `{"id":"ct_1"}`))
+		d.Wake("crm")
+		want := int32(min(i+1, n))
+		q.waitFor(t, 10*time.Second, fmt.Sprintf("%d rows in flight once row %d is queued", want, i), func() bool { return flight.now.Load() == want })
+	}
+	if m := flight.most.Load(); m > n {
+		t.Errorf("%d requests were in flight at once, want at most %d", m, n)
+	}
+	close(hang)
+	for _, id := range ids {
+		q.waitFor(t, 10*time.Second, fmt.Sprintf("row %d delivered", id), q.rowStatus(t, id, StatusDelivered))
+	}
+}
+
 // A target's allow_private lets its own private address be reached, and
 // a redirect of its deliveries go to private addresses too, such as an
 // inspector on the same network; but never to a link-local address, where

@@ -702,7 +702,8 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 	var send func()
 	// refillRows waits, as the one sender without a row while others
 	// send, for rows to come due, and claims them: it returns true when it
-	// claimed some (and started senders for them, up to w.concurrency),
+	// claimed some (and started a sender for every other free slot, to
+	// send the rest or, with none left, to wait as the next refill),
 	// false when there is nothing to wait for (the others are done, the
 	// target stopped, or ctx ended).
 	refillRows := func() (refilled bool) {
@@ -718,9 +719,12 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		refilling = true
 		w.mu.Unlock()
 		woken := false // a wake was taken from the worker
+		handed := false // refilling was ended, under w.mu, for the senders started
 		defer func() {
 			w.mu.Lock()
-			refilling = false
+			if !handed {
+				refilling = false
+			}
 			w.mu.Unlock()
 			if woken && !refilled {
 				// Not this refill's to use: the next pass's.
@@ -788,8 +792,16 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 			for _, r := range got.rows {
 				items = append(items, item{row: r, lease: got.lease})
 			}
-			extra := min(len(got.rows)-1, free-1)
+			// A sender for every free slot but this one's, which sends
+			// the first row: those without a row (more slots than rows)
+			// wait for the next, one of them as the refill, so that a
+			// row that comes while every row in flight hangs still
+			// takes a free slot at once.
+			extra := free - 1
 			active += extra
+			// Ended before they start, so that one of them may wait as
+			// the next refill (the deferred end must not undo theirs).
+			refilling, handed = false, true
 			w.mu.Unlock()
 			for range extra {
 				senders.Go(send)
