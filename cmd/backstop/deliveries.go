@@ -449,7 +449,11 @@ func (m *Main) targetsCommand(g *globals) *cobra.Command {
 	enable := &cobra.Command{
 		Use:   "enable NAME",
 		Short: "Enable a target that a 410 answer disabled (and lift any pause)",
-		Args:  oneArg("the target's name, as backstop deliveries targets shows it"),
+		Long: `Enable a target that a 410 answer disabled, and lift the pause a 429
+stored with it: a running serve sends to it again within a second or so.
+The pacing of a running serve's own requests to the target, which also
+waits out a 429's Retry-After, is not lifted: it holds a minute at most.`,
+		Args: oneArg("the target's name, as backstop deliveries targets shows it"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			db, cfg, err := m.openStore(cmd.Context(), g)
 			if err != nil {

@@ -370,8 +370,8 @@ func TestRetryPassesWhatThePageShowed(t *testing.T) {
 	}
 	a := do(t, c, "POST", srv.URL+"/ui/deliveries/7/retry",
 		url.Values{"csrf": {token}, "status": {"dead_letter"}, "version": {backstop.CanonicalTime(version)}}, nil)
-	if a.status != http.StatusConflict || !strings.Contains(a.body, "nothing was done") {
-		t.Errorf("retry of a changed delivery: %d %s, want 409 saying nothing was done", a.status, a.body)
+	if a.status != http.StatusConflict || !strings.Contains(a.body, "nothing was done") || !strings.HasPrefix(a.body, `{"error":{"code":"conflict","message":`) {
+		t.Errorf("retry of a changed delivery: %d %s, want 409 saying nothing was done, in the error body every error has", a.status, a.body)
 	}
 	if got.ID != 7 || got.Status != "dead_letter" || !got.UpdatedAt.Equal(version) {
 		t.Errorf("backend asked to retry %+v, want delivery 7 as seen (dead_letter at %v)", got, version)

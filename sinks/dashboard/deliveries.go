@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/backstop-sync/backstop/sinks/intake"
 	"net/http"
 	"net/url"
 	"slices"
@@ -461,14 +462,31 @@ func (d *Dashboard) whenSent(t Target) string {
 }
 
 // answer ends a POST: a browser submitting a form is sent back to a page
-// (back) that shows msg; a script gets {"message": msg} with code.
+// (back) that shows msg; a script gets {"message": msg} with code, or, for
+// a refusal (code 400 or more), the error body every other error has
+// ({"error":{"code","message"}}).
 func (d *Dashboard) answer(w http.ResponseWriter, r *http.Request, code int, msg, back string) {
 	if !wantsHTML(r) {
+		if code >= 400 {
+			intake.WriteError(w, code, refusalCode(code), msg)
+			return
+		}
 		writeJSON(w, code, map[string]string{"message": msg})
 		return
 	}
 	flash(w, r, msg)
 	http.Redirect(w, r, back, http.StatusSeeOther)
+}
+
+// refusalCode is the error code of a refused POST's answer.
+func refusalCode(status int) string {
+	switch status {
+	case http.StatusConflict:
+		return "conflict"
+	case http.StatusUnprocessableEntity:
+		return "refused"
+	}
+	return strings.ReplaceAll(strings.ToLower(http.StatusText(status)), " ", "_")
 }
 
 func contains(list []string, s string) bool {
