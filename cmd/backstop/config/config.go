@@ -476,8 +476,23 @@ func syntaxError(file string, data []byte, err error) *Error {
 		}
 		e.Line = line
 		e.Msg += fmt.Sprintf("; a %s inside %s must be quoted: \"%s\"", v, where, v)
+	} else if l := lineOf(data, e.Line); strings.Contains(e.Msg, "cannot start any token") && strings.Contains(l, "\t") {
+		e.Msg += "; the line has a tab: YAML takes no tabs for indentation, indent with spaces"
 	}
 	return e
+}
+
+// lineOf returns line n (1-based) of data, "" when there is none.
+func lineOf(data []byte, n int) string {
+	if n < 1 {
+		return ""
+	}
+	for i, l := range strings.Split(string(data), "\n") {
+		if i+1 == n {
+			return l
+		}
+	}
+	return ""
 }
 
 // yamlProblem returns the 1-based line (0: unknown) and the message of a

@@ -100,3 +100,14 @@ func TestUnquotedVarHintShowsNoValue(t *testing.T) {
 		t.Fatalf("error %v: want one without the key's value", err)
 	}
 }
+
+// A tab used for indentation gets yaml's "found character that cannot
+// start any token", which does not say what the character is: the error
+// now says the line has a tab and to indent with spaces.
+func TestTabIndentationIsExplained(t *testing.T) {
+	_, err := Parse("t.yaml", []byte("source:\n\tbase_url: http://x\n"), env(nil))
+	want := "t.yaml:2: found character that cannot start any token; the line has a tab: YAML takes no tabs for indentation, indent with spaces"
+	if err == nil || err.Error() != want {
+		t.Errorf("error:\n got %v\nwant %s", err, want)
+	}
+}
