@@ -122,7 +122,9 @@ func feedCounts(st backstop.RunStats, elapsed string) counts {
 		"new", st.New, "updated", st.Updated, "requests", st.Requests, "rate_limited", st.RateLimited,
 		"throttle_wait", round(st.ThrottleWait), elapsed, round(st.Duration)}
 	if !st.Reached.IsZero() {
-		line += "  reached " + st.Reached.UTC().Format("2006-01-02 15:04")
+		// First: it says how much is left, and a narrow terminal cuts
+		// the line's end.
+		line = "reached " + st.Reached.UTC().Format("2006-01-02 15:04") + "  " + line
 		attrs = append(attrs, "reached", st.Reached.UTC().Format(time.RFC3339))
 	}
 	return counts{line: line, attrs: attrs}
