@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,7 +55,7 @@ type Outcome = backstop.DeliveryOutcome
 type DeliveryFilter struct {
 	Status    string    // one of the Status* constants
 	Target    string    // a target's name
-	EventType string    // an event type such as "payment.succeeded"
+	EventType string    // an event type such as "payment.succeeded", or a glob of them as targets' events take ("payment.*")
 	Since     time.Time // rows queued at or after Since
 	Limit     int       // at most this many rows; 0 means 100
 	Offset    int       // skip this many rows first
@@ -1045,7 +1046,17 @@ func outboxQuery(status, target, eventType string) (string, []any, error) {
 		q += ` AND target = ?`
 		args = append(args, target)
 	}
-	if eventType != "" {
+	switch {
+	case eventType == "":
+	case strings.ContainsAny(eventType, "*?["):
+		// A glob, as a target's events are (path.Match): SQLite's GLOB
+		// agrees with it on event types, which hold no '/'.
+		if _, err := path.Match(eventType, ""); err != nil {
+			return "", nil, fmt.Errorf("event type pattern %q: %w", eventType, err)
+		}
+		q += ` AND event_type GLOB ?`
+		args = append(args, eventType)
+	default:
 		q += ` AND event_type = ?`
 		args = append(args, eventType)
 	}

@@ -259,6 +259,9 @@ func TestDeliveries(t *testing.T) {
 		{"dead", DeliveryFilter{Status: StatusDeadLetter}, []int64{b}},
 		{"target", DeliveryFilter{Target: "crm"}, []int64{b, a}},
 		{"event type", DeliveryFilter{EventType: "payment.succeeded"}, []int64{c, a}},
+		{"event type glob", DeliveryFilter{EventType: "payment.*"}, []int64{d, c, a}},
+		{"event type glob with a class", DeliveryFilter{EventType: "payment.[fx]ailed"}, []int64{d}},
+		{"event type glob and target", DeliveryFilter{EventType: "*.created", Target: "crm"}, []int64{b}},
 		{"since is inclusive", DeliveryFilter{Since: t0.Add(time.Hour)}, []int64{d, c, b}},
 		{"combined", DeliveryFilter{Target: "billing", Status: StatusPending, Since: t0}, []int64{d}},
 		{"limit", DeliveryFilter{Limit: 2}, []int64{d, c}},
@@ -276,6 +279,9 @@ func TestDeliveries(t *testing.T) {
 	}
 	if _, err := db.Deliveries(ctx, DeliveryFilter{Status: "lost"}); err == nil {
 		t.Error("Deliveries with an unknown status did not fail")
+	}
+	if _, err := db.Deliveries(ctx, DeliveryFilter{EventType: "payment.[x"}); err == nil || !strings.Contains(err.Error(), `event type pattern "payment.[x"`) {
+		t.Errorf("Deliveries with a malformed glob: %v, want it refused naming the pattern", err)
 	}
 
 	row := mustDelivery(t, db, b)

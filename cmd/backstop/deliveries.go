@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,6 +62,9 @@ func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
 			}
 			if f.Limit < 1 {
 				return usagef("--limit %d: want 1 or more rows", f.Limit)
+			}
+			if _, err := path.Match(f.EventType, ""); err != nil {
+				return usagef("--event %q: %v (want an event type, or a glob such as contact.*)", f.EventType, err)
 			}
 			if since != "" {
 				t, err := parseSince(since, time.Now())
@@ -117,7 +121,7 @@ func (m *Main) deliveriesListCommand(g *globals) *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&f.Status, "status", "", "pending, retrying, delivered or dead_letter")
 	fl.StringVar(&f.Target, "target", "", "only this target")
-	fl.StringVar(&f.EventType, "event", "", "only this event type")
+	fl.StringVar(&f.EventType, "event", "", "only this event type, or those a glob matches as a target's events do (\"contact.*\")")
 	// No default window: the rows kept longest are those still queued (a
 	// disabled target's) and the dead letters, which a window would hide;
 	// delivered rows are pruned after 14 days anyway.
