@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -295,6 +296,10 @@ func openConfiguredStore(ctx context.Context, cfg *config.Config, synchronous st
 		return nil, usageError{cfg.Problem("store.path", "directory %s does not exist: create it, or give a path in an existing directory", dir)}
 	case err == nil && !fi.IsDir():
 		return nil, usageError{cfg.Problem("store.path", "%s is not a directory", dir)}
+	case err == nil && syscall.Access(dir, 2|1) != nil: // W_OK|X_OK
+		// SQLite said "attempt to write a readonly database", or, for
+		// the open-lock, "unable to open database file".
+		return nil, usageError{cfg.Problem("store.path", "this user cannot write to the directory %s: backstop creates the store and its -wal, -shm and lock files there, even to read it", dir)}
 	}
 	db, err := store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: synchronous})
 	if errors.Is(err, store.ErrNotStore) {

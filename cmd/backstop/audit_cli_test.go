@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -143,5 +144,69 @@ func TestBadProgressIntervalIsRefused(t *testing.T) {
 	code, _, stderr := runBinaryFor(t, time.Minute, e.dir, []string{key, "BACKSTOP_PROGRESS_INTERVAL=1s"}, "sync")
 	if code != exitOK {
 		t.Errorf("sync with BACKSTOP_PROGRESS_INTERVAL=1s: exit %d\n%s", code, stderr)
+	}
+}
+
+// TestStoreInADirectoryTheUserCannotWrite: as a user who cannot write to
+// store.path's directory, sync failed with SQLite's "attempt to write a
+// readonly database (1544)" (exit 1), and jobs with "claim
+// backstop.db.open-lock: unable to open database file". Both now exit 2
+// naming the file, line and key and saying what backstop needs there.
+// It runs the binary as nobody, which takes root.
+func TestStoreInADirectoryTheUserCannotWrite(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("runs the binary as another user: needs root (CI runs as root)")
+	}
+	base, err := os.MkdirTemp("", "backstop-ro-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	bin := filepath.Join(base, "backstop")
+	data, err := os.ReadFile(binPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\nstore:\n  path: ./ro/b.db\n"
+	if err := os.WriteFile(filepath.Join(base, "schedules.yaml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(base, "ro"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"sync", "contacts"}, {"jobs"}} {
+		if args[0] == "jobs" {
+			// A store there, readable by all: jobs only reads it.
+			s, err := store.Open(context.Background(), filepath.Join(base, "ro", "b.db"), store.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chmod(filepath.Join(base, "ro"), 0o555); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(base, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Dir = base
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=/"}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		cancel()
+		code := cmd.ProcessState.ExitCode()
+		want := "backstop: ./schedules.yaml:5: store.path: this user cannot write to the directory ro: backstop creates the store and its -wal, -shm and lock files there, even to read it"
+		if code != exitUsage || strings.TrimSpace(stderr.String()) != want {
+			t.Errorf("%s as nobody: exit %d (%v), stderr %q; want exit 2 and %q", strings.Join(args, " "), code, err, stderr.String(), want)
+		}
 	}
 }
