@@ -767,7 +767,7 @@ not change. It is refused while the delivery is claimed for sending.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 2 {
 				return usagef("%s: want the delivery's id and the URL to send it to, e.g. %s 42 https://inspector.example.com/in (got %d arguments)",
-					cmd.CommandPath(), cmd.CommandPath(), len(args))
+					subcommandPath(cmd), cmd.CommandPath(), len(args))
 			}
 			return nil
 		},

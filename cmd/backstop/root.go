@@ -224,11 +224,12 @@ func isTerminal(f *os.File) bool {
 // with more) says what it is.
 func oneArg(what string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
+		name := subcommandPath(cmd)
 		switch {
 		case len(args) == 0:
-			return usagef("%s: missing argument: %s", cmd.CommandPath(), what)
+			return usagef("%s: missing argument: %s", name, what)
 		case len(args) > 1:
-			return usagef("%s: takes one argument (%s), got %d: %s", cmd.CommandPath(), what, len(args), strings.Join(args, " "))
+			return usagef("%s: takes one argument (%s), got %d: %s", name, what, len(args), strings.Join(args, " "))
 		}
 		return nil
 	}
@@ -238,8 +239,14 @@ func oneArg(what string) cobra.PositionalArgs {
 func cobraArgs(v cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := v(cmd, args); err != nil {
-			return usageError{fmt.Errorf("%s: %w", cmd.CommandPath(), err)}
+			return usageError{fmt.Errorf("%s: %w", subcommandPath(cmd), err)}
 		}
 		return nil
 	}
+}
+
+// subcommandPath is cmd's path without the program's name ("deliveries
+// show"), for the errors Main prints after "backstop: ".
+func subcommandPath(cmd *cobra.Command) string {
+	return strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
 }
