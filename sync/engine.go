@@ -239,6 +239,16 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 			}
 		}
 		cur = backstop.Cursor{Resource: r, Kind: backstop.CursorBackfill, StartedAt: start}
+		// The checkpoint is begun now, at the start of the feed, with
+		// its start: saved only with the first page, a backfill stopped
+		// before that page (queued behind the other resources, or its
+		// first request unanswered) had none, and its resume took its
+		// own start, so that what changed while it was stopped was
+		// written without events.
+		if _, err := e.Mirror.AdvanceCursor(ctx, cur); err != nil {
+			err = fmt.Errorf("backfill %s: begin checkpoint: %w", r, err)
+			return backstop.RunStats{Resource: r, Err: err}, err
+		}
 	case cur.Value != "":
 		log := e.logger().With("resource", r, "position", cur.Position)
 		if !cur.StartedAt.IsZero() {

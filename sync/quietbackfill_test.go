@@ -3,8 +3,10 @@ package sync_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,9 +25,20 @@ var billingRoutes = []backstop.Route{{Target: "billing", Events: []string{"payme
 // after the sim's seed history.
 func quietWorld(t *testing.T) (*world, *testClock) {
 	t.Helper()
+	return quietWorldWrapped(t, nil)
+}
+
+// quietWorldWrapped is quietWorld with the sim's handler wrapped by wrap
+// (when not nil).
+func quietWorldWrapped(t *testing.T, wrap func(http.Handler) http.Handler) (*world, *testClock) {
+	t.Helper()
 	clk := &testClock{t: sim.BaseTime.AddDate(0, 3, 0)}
 	s := sim.New(sim.Options{Seed: 11, Objects: 40, BigObjects: -1, Now: clk.Now})
-	srv := httptest.NewServer(s.Handler())
+	var h http.Handler = s.Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "q.db"), store.Options{Now: clk.Now})
 	if err != nil {
@@ -174,5 +187,69 @@ func TestRestartedQuietBackfillTakesItsOwnStart(t *testing.T) {
 	mirrorEqualsSim(t, w)
 	if c := w.cursor(t, backstop.Payments, backstop.CursorBackfill); !c.Done || !c.StartedAt.Equal(restart) {
 		t.Errorf("checkpoint after --restart: done=%v StartedAt=%v, want done, started at %v", c.Done, c.StartedAt, restart)
+	}
+}
+
+// A backfill without events stopped before its first page was committed
+// (its first request unanswered, or queued behind the other resources of
+// the run) saved no checkpoint, so its resume took its own start: what
+// changed while it was stopped was written without events (found by an
+// operator audit: 17 chats and 34 messages never reached the target). The
+// checkpoint is now begun, with its start, before the first request.
+func TestQuietBackfillStoppedBeforeItsFirstPageKeepsItsStart(t *testing.T) {
+	ctx := context.Background()
+	arrived := make(chan struct{}, 1)
+	var hold atomic.Bool
+	hold.Store(true)
+	w, clk := quietWorldWrapped(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			if hold.Load() {
+				select {
+				case arrived <- struct{}{}:
+				default:
+				}
+				<-r.Context().Done() // unanswered until the run gives up
+				return
+			}
+			h.ServeHTTP(rw, r)
+		})
+	})
+	first := clk.Now()
+	history := w.sim.Objects(backstop.Payments)
+
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := w.engine.BackfillQuiet(runCtx, backstop.Payments, false, billingRoutes)
+		done <- err
+	}()
+	<-arrived
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("backfill stopped at its first request: %v, want cancelled", err)
+	}
+	hold.Store(false)
+	chk := w.cursor(t, backstop.Payments, backstop.CursorBackfill)
+	if !chk.StartedAt.Equal(first) || chk.Value != "" || chk.Done {
+		t.Fatalf("checkpoint after a backfill stopped before its first page: %+v, want begun at the start of the feed, started %v", chk, first)
+	}
+
+	clk.Add(5 * time.Minute)
+	changed := updatePayment(t, w, history, func(backstop.Object) bool { return true })
+	clk.Add(time.Hour)
+	_, em, err := w.engine.BackfillQuiet(ctx, backstop.Payments, false, billingRoutes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if em.Emitted != 1 {
+		t.Errorf("resumed backfill emitted %d, want 1 (the change made while it was stopped)", em.Emitted)
+	}
+	mirrorEqualsSim(t, w)
+	rows, err := w.db.OutboxRows(ctx, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].EventID != eventIDOf(changed) {
+		t.Errorf("billing outbox: %d rows (%+v), want the one change %s", len(rows), rows, eventIDOf(changed))
 	}
 }
