@@ -225,6 +225,21 @@ func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, e
 			}
 			after = last.StartedAt
 		}
+		if j.Cron == "" && ok && last.Status == string(bsync.JobRunning) && j.Every > 0 {
+			// Running: serve's ticks come every interval from its
+			// start, and those while it runs are skipped; the next is
+			// the first after now (at the earliest: later if the run
+			// still goes on then). From the last run that ended, it
+			// would read as overdue, now, on every call.
+			now := time.Now()
+			next := last.StartedAt.Add(j.Every)
+			if next.Before(now) {
+				next = last.StartedAt.Add(j.Every * (now.Sub(last.StartedAt)/j.Every + 1))
+			}
+			row.NextRun = &next
+			rows = append(rows, row)
+			continue
+		}
 		if j.Cron == "" {
 			// serve schedules an interval job from the start of its last
 			// run that ran to its end (bsync.JobHistory); without one,

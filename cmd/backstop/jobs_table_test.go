@@ -175,3 +175,40 @@ func TestJobsNextRunOfANeverRunIntervalJob(t *testing.T) {
 		}
 	}
 }
+
+// For a job on an interval whose run is going on, `backstop jobs` gave
+// now as its next run on every call (it took the job for overdue, from
+// the last run that ended). It now gives serve's next tick after now, the
+// interval counted from the running run's start.
+func TestJobsNextRunOfARunningIntervalJob(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.appendConfig(`jobs:
+  - {name: busy, kind: reconcile, every: 20s}
+`)
+	ctx := context.Background()
+	now := time.Now()
+	db := e.openStore()
+	if _, err := db.SaveJobRun(ctx, store.JobRun{Job: "busy", Kind: "reconcile", StartedAt: now.Add(-2 * time.Minute), FinishedAt: now.Add(-2 * time.Minute), Status: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	running := now.Add(-30 * time.Second).Truncate(time.Second)
+	if _, err := db.StartJobRun(ctx, store.JobRun{Job: "busy", Kind: "reconcile", StartedAt: running}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	code, stdout, stderr := e.run(ctx, "jobs", "--json")
+	if code != exitOK {
+		t.Fatalf("jobs --json: exit %d\n%s", code, stderr)
+	}
+	var rows []struct {
+		Name    string     `json:"name"`
+		NextRun *time.Time `json:"next_run"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil || len(rows) != 1 {
+		t.Fatalf("jobs --json: %v\n%s", err, stdout)
+	}
+	// 30 s into the run: the tick at 20 s has passed, the next is at 40 s.
+	if want := running.Add(40 * time.Second); rows[0].NextRun == nil || !rows[0].NextRun.Equal(want) {
+		t.Errorf("busy: next_run %v, want %v (the next tick after now, from the running run's start)", rows[0].NextRun, want)
+	}
+}
