@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/spf13/cobra"
 	"io"
 	"os"
 	"os/signal"
@@ -71,8 +72,8 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	}
 	code := exitCode(ctx, err)
 	if code == exitInterrupted {
-		if cmd != nil && savesPages[cmd.Name()] {
-			fmt.Fprintln(m.Stderr, "backstop: interrupted; progress up to the last committed page is saved")
+		if msg, ok := interruptedMsg[cmdName(cmd)]; ok {
+			fmt.Fprintln(m.Stderr, "backstop: interrupted; "+msg)
 		} else {
 			// demo removes its temporary store; deliveries and the
 			// others have no pages to speak of.
@@ -88,10 +89,23 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	return code
 }
 
-// savesPages names the commands that commit their work page by page, so
-// that an interrupted one keeps what it committed and its next run goes on
-// from there.
-var savesPages = map[string]bool{"sync": true, "backfill": true, "reconcile": true, "run": true}
+// interruptedMsg says, for the commands that commit their work page by
+// page, what an interrupted one keeps and where its next run goes on.
+var interruptedMsg = map[string]string{
+	"sync":     "progress up to the last committed page is saved",
+	"backfill": "progress up to the last committed page is saved",
+	// A reconcile has no checkpoint.
+	"reconcile": "the events re-emitted up to the last committed page are queued; the next reconcile compares its whole window again",
+	"run":       "what the job committed up to its last page is kept",
+}
+
+// cmdName is cmd's name, "" for none.
+func cmdName(cmd *cobra.Command) string {
+	if cmd == nil {
+		return ""
+	}
+	return cmd.Name()
+}
 
 // usageError marks bad flags, arguments or configuration (exit 2).
 type usageError struct{ err error }
