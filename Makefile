@@ -12,8 +12,13 @@ help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
+# VERSION is what backstop version prints: the git commit (with -dirty for
+# uncommitted changes), also where the build info has no VCS stamp
+# (GOFLAGS=-buildvcs=false, a copy of the tree without .git).
+VERSION ?= $(shell git describe --always --dirty --tags 2>/dev/null)
+
 build: ## build bin/backstop
-	$(GO) build -o $(BIN) ./cmd/backstop
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/backstop
 
 .PHONY: test
 test: lint deps ## what CI runs: go vet, gofmt check, test deps, then every test with -race

@@ -265,6 +265,10 @@ func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, e
 	return rows, nil
 }
 
+// jobTimeLayout is how the jobs table shows a time: local, with its zone
+// (a cron's times are local too, and serve may run elsewhere).
+const jobTimeLayout = "2006-01-02 15:04:05 MST"
+
 func printJobs(w io.Writer, rows []jobRow, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(w)
@@ -280,11 +284,11 @@ func printJobs(w io.Writer, rows []jobRow, asJSON bool) error {
 	for _, r := range rows {
 		lastAt, res := "never", "-"
 		if r.LastRun != nil {
-			lastAt, res = r.LastRun.StartedAt.Local().Format(time.DateTime), resultCell(r.LastRun)
+			lastAt, res = r.LastRun.StartedAt.Local().Format(jobTimeLayout), resultCell(r.LastRun)
 		}
 		next := shortDuration(r.Every) + " after serve starts"
 		if r.NextRun != nil {
-			next = r.NextRun.Local().Format(time.DateTime)
+			next = r.NextRun.Local().Format(jobTimeLayout)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Kind, r.Schedule, next, lastAt, res)
 	}

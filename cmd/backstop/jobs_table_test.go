@@ -166,7 +166,7 @@ func TestJobsNextRunOfANeverRunIntervalJob(t *testing.T) {
 	for name, want := range map[string]string{
 		"often":     "1m after serve starts",
 		"cut-short": "1h30m after serve starts",
-		"ran":       started.Add(time.Hour).Local().Format(time.DateTime),
+		"ran":       started.Add(time.Hour).Local().Format(jobTimeLayout),
 	} {
 		header, row := jobsTableRow(t, e, name)
 		col := strings.Index(header, "NEXT RUN")

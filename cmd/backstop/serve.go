@@ -95,7 +95,11 @@ SIGTERM or Ctrl-C: stop accepting connections; for up to 2 s
 (BACKSTOP_DRAIN_PERIOD changes it), until the open ones have closed, answer 503 (Retry-After, Connection: close) to new
 requests on them, /readyz included (/healthz stays 200); finish the requests
 and commits in flight, exit 0. SIGHUP is logged and ignored: serve does not
-reload schedules.yaml; restart it to apply changes.`,
+reload schedules.yaml; restart it to apply changes.
+
+Exit codes: 0 stopped by SIGTERM or Ctrl-C; 1 it could not start or had to
+stop (another serve holds the store, a store it cannot write); 2 bad
+configuration (the file, line and key are named) or a listen address in use.`,
 		Args: cobraArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return m.serve(cmd.Context(), g)
