@@ -138,6 +138,8 @@ func TestJobsJSONListsNextAndLastRun(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 5, Objects: 10}})
 	e.withJobs()
 	ctx := context.Background()
+	// A maintenance job is refused on a store.path with no database.
+	e.openStore().Close()
 	if code, _, stderr := e.run(ctx, "run", "prune"); code != exitOK {
 		t.Fatalf("run prune: exit %d\n%s", code, stderr)
 	}

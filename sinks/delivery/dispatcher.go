@@ -718,7 +718,7 @@ func (d *Dispatcher) deliverAll(ctx context.Context, w *worker, c claim) (unsent
 		}
 		refilling = true
 		w.mu.Unlock()
-		woken := false // a wake was taken from the worker
+		woken := false  // a wake was taken from the worker
 		handed := false // refilling was ended, under w.mu, for the senders started
 		defer func() {
 			w.mu.Lock()
