@@ -650,3 +650,26 @@ func TestRequestPastItsDeadlineIsLoggedAsFailure(t *testing.T) {
 		t.Errorf("a request past its deadline was not logged as a failure:\n%s", logs)
 	}
 }
+
+// A request stopped while it waits for the governor (a run interrupted
+// while its first request waited its turn) counts that wait: the summary
+// showed 0s of throttle wait after seconds of it.
+func TestWaitForTheGovernorCountsWhenStopped(t *testing.T) {
+	gov := governor.New(testKey, governor.Options{Limit: 1, Window: time.Hour, Reserve: -1})
+	hs := newHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"id":"ct_1","updated_at":"2025-03-01T10:00:00Z"}`)
+	}, func(o *Options) { o.Governor = gov })
+	if _, _, err := hs.client.Get(context.Background(), backstop.Contacts, "ct_1"); err != nil {
+		t.Fatal(err) // the hour's one request
+	}
+	const wait = 150 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, cost, err := hs.client.Get(ctx, backstop.Contacts, "ct_1")
+	if err == nil {
+		t.Fatal("a request past the hour's budget was sent")
+	}
+	if cost.Requests != 0 || cost.ThrottleWait < wait-20*time.Millisecond {
+		t.Errorf("cost of a request stopped while it waited for the governor: %+v, want no request and about %v throttled", cost, wait)
+	}
+}

@@ -62,17 +62,25 @@ type governedTransport struct {
 // RoundTrip implements http.RoundTripper.
 func (t *governedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
+	st := callStatsFrom(ctx)
+	began := time.Now()
 	tk, err := t.gov.Acquire(ctx)
 	if err != nil {
 		if req.Body != nil {
 			req.Body.Close()
+		}
+		if st != nil {
+			// Waited for the governor all the same (a run stopped
+			// while it waited for its first request's turn).
+			st.mu.Lock()
+			st.throttleWait += time.Since(began)
+			st.mu.Unlock()
 		}
 		if ctx.Err() != nil {
 			return nil, err
 		}
 		return nil, &governorError{err}
 	}
-	st := callStatsFrom(ctx)
 	if st != nil {
 		st.mu.Lock()
 		st.requests++
