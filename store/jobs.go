@@ -630,6 +630,18 @@ func (db *DB) LastJobStart(ctx context.Context, job string) (time.Time, bool, er
 	return t, true, nil
 }
 
+// LastJobRunID returns the id of the newest run of job that ran to its end
+// (ok or failed), 0 when none is stored. Ids follow the order runs were
+// stored in, whatever the clocks of the processes that ran them.
+func (db *DB) LastJobRunID(ctx context.Context, job string) (int64, error) {
+	var id int64
+	if err := db.r.GetContext(ctx, &id, `SELECT coalesce(max(id), 0) FROM job_runs
+		WHERE job = ? AND (status = 'ok' OR status = 'failed')`, job); err != nil {
+		return 0, fmt.Errorf("last run of job %s: %w", job, err)
+	}
+	return id, nil
+}
+
 // PruneJobRuns deletes the job runs started before before and returns how
 // many it deleted. It deletes in chunks, each in a transaction of its own,
 // so a big backlog does not hold the writer (and the intake's commits)

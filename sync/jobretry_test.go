@@ -159,6 +159,29 @@ func TestJobSkippedRunNotTriedAgainOnceTheOtherRunEnded(t *testing.T) {
 	}
 }
 
+// The same when the other process's clock is behind this one's: its run,
+// stored with a start before that of the last run that had ended, ended
+// all the same (the store's run ids tell, not the starts).
+func TestJobSkippedRunNotTriedAgainOnceARunOfAClockBehindEnded(t *testing.T) {
+	w := newRetryWorld(t)
+	other := w.otherRun(200 * time.Millisecond)
+	w.scheduler(bsync.SchedulerOptions{})
+	waitFor(t, "the scheduled run skipped", func() bool { return len(w.runs()["skipped"]) == 1 })
+	behind := time.Now().Add(-3 * time.Hour) // before newRetryWorld's run, 2 hours ago
+	if _, err := w.raw.Exec(`UPDATE job_runs SET started_at = ? WHERE id = ?`, backstop.CanonicalTime(behind), other); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.db.FinishJobRun(t.Context(), store.JobRun{ID: other, Job: "hourly", Status: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the try again given up", func() bool {
+		return strings.Contains(w.logs.String(), "not tried again: the job ran to its end meanwhile")
+	})
+	if rs := w.runs(); len(rs["ok"]) != 2 || w.lists.Load() != 0 {
+		t.Errorf("runs %v after %d pages read, want the two ok runs, no page", rs, w.lists.Load())
+	}
+}
+
 // With job locks in Redis, a scheduled run refused because another
 // process holds the job's lock is tried again once the lock would expire
 // unless renewed: a lock left by a process that died (here a key no

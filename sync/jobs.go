@@ -305,7 +305,7 @@ type jobState struct {
 	// was skipped.
 	retry   *time.Timer
 	firedAt time.Time
-	since   time.Time
+	since   jobMark
 }
 
 // NewScheduler validates jobs and registers them with a new gocron
@@ -615,7 +615,7 @@ const retryFresh = 10 * time.Second
 // process that died elsewhere (another host, an older binary: the store
 // cannot tell it is gone) runs minutes later, not an interval later. A
 // retry pending already is replaced; none is armed once Stop was called.
-func (s *Scheduler) retryLater(st *jobState, until, since time.Time) {
+func (s *Scheduler) retryLater(st *jobState, until time.Time, since jobMark) {
 	s.retryAt(st, until, since, retryStarts)
 }
 
@@ -624,7 +624,7 @@ func (s *Scheduler) retryLater(st *jobState, until, since time.Time) {
 const retryStarts = 3
 
 // retryAt is retryLater with tries left for gocron's start.
-func (s *Scheduler) retryAt(st *jobState, until, since time.Time, tries int) {
+func (s *Scheduler) retryAt(st *jobState, until time.Time, since jobMark, tries int) {
 	wait := max(until.Sub(s.opts.Now()), 0) + retrySlack
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -674,7 +674,7 @@ func (s *Scheduler) retryAt(st *jobState, until, since time.Time, tries int) {
 // takeRetry reports whether the scheduled run starting now is the try
 // again of a skipped run (its timer fired moments ago), and the job's
 // last start when the run was skipped.
-func (s *Scheduler) takeRetry(st *jobState) (retry bool, since time.Time) {
+func (s *Scheduler) takeRetry(st *jobState) (retry bool, since jobMark) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fired := st.firedAt
@@ -694,6 +694,40 @@ func (s *Scheduler) lastStart(job string) time.Time {
 		return time.Time{}
 	}
 	return last
+}
+
+// JobEnds is a JobHistory that also gives the store's id of the newest
+// run of a job that ran to its end (store.DB is one): ids are the store's
+// own, in the order runs were stored, where start times are those of the
+// clocks of the processes that ran them.
+type JobEnds interface {
+	// LastJobRunID returns the id of the newest run of job that ran to
+	// its end (ok or failed), 0 when none is stored.
+	LastJobRunID(ctx context.Context, job string) (int64, error)
+}
+
+// jobMark is what a job's last run to its end was at a moment: its start
+// (JobHistory) and, where the store gives it (JobEnds), its id. A run that
+// ended since changes it, even one of a process whose clock is behind
+// (whose start sorts before the one it follows).
+type jobMark struct {
+	start time.Time
+	id    int64
+}
+
+// same reports whether m and o mark the same last run.
+func (m jobMark) same(o jobMark) bool { return m.start.Equal(o.start) && m.id == o.id }
+
+// lastMark returns the job's jobMark now, zero where the store does not
+// tell.
+func (s *Scheduler) lastMark(job string) jobMark {
+	m := jobMark{start: s.lastStart(job)}
+	if e, ok := s.opts.Store.(JobEnds); ok {
+		if id, err := e.LastJobRunID(context.Background(), job); err == nil {
+			m.id = id
+		}
+	}
+	return m
 }
 
 // RunJobNotify is RunJob that also calls started, when not nil, once the
@@ -723,12 +757,12 @@ func (s *Scheduler) RunJobNotify(ctx context.Context, job string, started func()
 func (s *Scheduler) scheduled(ctx context.Context, st *jobState) {
 	retry, since := s.takeRetry(st)
 	if retry {
-		if last := s.lastStart(st.job.Name); !last.Equal(since) {
+		if last := s.lastMark(st.job.Name); !last.same(since) {
 			s.log.Debug("job: the skipped run is not tried again: the job ran to its end meanwhile", "job", st.job.Name)
 			return
 		}
 	} else {
-		since = s.lastStart(st.job.Name)
+		since = s.lastMark(st.job.Name)
 	}
 	if e, ok := s.opts.Elector.(Leadership); ok {
 		var stop context.CancelFunc

@@ -67,6 +67,8 @@ type jobStore struct {
 	metrics *jobMetrics
 }
 
+var _ bsync.JobEnds = jobStore{}
+
 // SaveJobRun stores run with store.DB.SaveJobRun.
 func (s jobStore) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, error) {
 	r := store.JobRun{Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
