@@ -190,6 +190,7 @@ func TestRunJobPrintsStoredRunID(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 14, Objects: 10}})
 	e.withJobs()
 	ctx := context.Background()
+	e.openStore().Close() // a maintenance job refuses a store.path with no database
 	for range 2 {
 		code, stdout, stderr := e.run(ctx, "run", "prune")
 		if code != exitOK {

@@ -221,6 +221,7 @@ func TestOpsJobMetricsReflectTheStoreAtStart(t *testing.T) {
 	e.appendConfig("jobs:\n  - {name: prune, kind: maintenance, cron: \"30 4 31 12 *\"}\n")
 	env := []string{"BOTIX_API_KEY=" + e.sim.APIKey()}
 	before := time.Now().Add(-time.Second).Unix()
+	e.openStore().Close() // a maintenance job refuses a store.path with no database
 	if code, out, errs := runBinary(t, e.dir, env, "--config", e.config, "run", "prune"); code != 0 {
 		t.Fatalf("backstop run prune: exit %d\n%s%s", code, out, errs)
 	}

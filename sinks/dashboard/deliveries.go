@@ -483,8 +483,6 @@ func refusalCode(status int) string {
 	switch status {
 	case http.StatusConflict:
 		return "conflict"
-	case http.StatusUnprocessableEntity:
-		return "refused"
 	}
 	return strings.ReplaceAll(strings.ToLower(http.StatusText(status)), " ", "_")
 }
