@@ -251,7 +251,7 @@ not before the pause ends); retry says so when it is.`,
 				if _, err = fmt.Fprintf(m.Stdout, "%d dead letters of %s queued again\n", n, target); err != nil || n == 0 {
 					return err
 				}
-				return m.sayWhenSent(cmd.Context(), db, target, now)
+				return m.sayWhenSent(cmd.Context(), db, target, now, false)
 			}
 			id, err := parseID(args[0])
 			if err != nil {
@@ -285,7 +285,7 @@ not before the pause ends); retry says so when it is.`,
 			if _, err = fmt.Fprintf(m.Stdout, "delivery %d queued again\n", id); err != nil {
 				return err
 			}
-			return m.sayWhenSent(cmd.Context(), db, row.Target, now)
+			return m.sayWhenSent(cmd.Context(), db, row.Target, now, true)
 		},
 	}
 	cmd.Flags().BoolVar(&dead, "dead", false, "every dead letter of --target")
@@ -350,7 +350,8 @@ deliveries are still sent; retry or purge --dead its dead letters instead.`,
 // they are not sent at once: while the target is disabled (after a 410)
 // nothing is sent until it is enabled, and while it is paused (after a 429)
 // not before the pause ends.
-func (m *Main) sayWhenSent(ctx context.Context, db *store.DB, target string, now time.Time) error {
+// one says it of a single delivery.
+func (m *Main) sayWhenSent(ctx context.Context, db *store.DB, target string, now time.Time, one bool) error {
 	st, err := db.TargetQueue(ctx, target, false)
 	if err != nil {
 		return err
@@ -360,8 +361,12 @@ func (m *Main) sayWhenSent(ctx context.Context, db *store.DB, target string, now
 		_, err = fmt.Fprintf(m.Stdout, "but target %s is disabled (%s): nothing is sent to it until it is enabled: backstop deliveries targets enable %s\n",
 			target, st.DisabledReason, target)
 	case st.PausedUntil.After(now):
-		_, err = fmt.Fprintf(m.Stdout, "target %s is paused until %s (it answered 429): they are sent then\n",
-			target, st.PausedUntil.UTC().Format(time.RFC3339))
+		what := "they are"
+		if one {
+			what = "it is"
+		}
+		_, err = fmt.Fprintf(m.Stdout, "target %s is paused until %s (it answered 429): %s sent then\n",
+			target, st.PausedUntil.UTC().Format(time.RFC3339), what)
 	}
 	return err
 }
