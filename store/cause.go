@@ -33,6 +33,9 @@ func Damaged(err error) bool {
 // driver's message, which belong in the log. It returns "" when err is not
 // one of the conditions it knows.
 func Cause(err error) string {
+	if errors.Is(err, errDiskLow) {
+		return "the disk is full"
+	}
 	var se *sqlite.Error
 	if !errors.As(err, &se) {
 		return ""

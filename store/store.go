@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -310,7 +311,32 @@ func (db *DB) pingWrite(ctx context.Context) error {
 	if _, err := tx.ExecContext(ctx, `PRAGMA user_version = `+strconv.FormatInt(v, 10)); err != nil {
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	// The page it wrote fits in room the WAL file already has, also on a
+	// full disk, where a webhook batch's commit (tens of pages, the WAL
+	// or the file growing) fails: the disk must have room too.
+	return checkRoom(filepath.Dir(db.path))
+}
+
+// errDiskLow is checkRoom's: Cause names it as a full disk.
+var errDiskLow = errors.New("too little free space on the store's disk")
+
+// checkRoom returns errDiskLow when the file system holding dir has less
+// free space than a few webhook batches take: 16 MiB, or a tenth of a
+// smaller file system. A file system that cannot say is taken to have room.
+func checkRoom(dir string) error {
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(dir, &fs); err != nil {
+		return nil
+	}
+	free := uint64(fs.Bavail) * uint64(fs.Bsize)
+	need := min(uint64(16<<20), uint64(fs.Blocks)*uint64(fs.Bsize)/10)
+	if free < need {
+		return fmt.Errorf("%w: %d KiB free, want %d KiB", errDiskLow, free>>10, need>>10)
+	}
+	return nil
 }
 
 // Path returns the file name the store was opened with.

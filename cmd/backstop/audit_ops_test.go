@@ -562,3 +562,84 @@ func TestOpsServeRefusesAStoreItCannotWrite(t *testing.T) {
 		t.Errorf("serve listened on a store it cannot write:\n%s", out)
 	}
 }
+
+// On a full disk every webhook was answered 503 while /readyz said ready:
+// its test write, one page, fit in room the WAL file already had, so it
+// took the store for committing again, and the next webhook failed too
+// (found by an operator audit, on an 8 MiB tmpfs). /readyz now also wants
+// room on the disk, and says the disk is full until there is; it is ready
+// again by itself once room is made. It mounts a tmpfs, which takes root.
+func TestOpsReadyzSaysNotReadyWhileTheDiskIsFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a tmpfs: needs root (CI runs as root)")
+	}
+	small := filepath.Join(t.TempDir(), "small")
+	if err := os.Mkdir(small, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", small).CombinedOutput(); err != nil {
+		t.Fatalf("mount a tmpfs for the store: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", small).Run() })
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
+	e.db = filepath.Join(small, "b.db")
+	e.writeServeConfig(addr, `targets:
+  - {name: billing, url: "http://127.0.0.1:9/hooks", events: ["payment.*"], allow_private: true}
+`)
+	p := startProc(t, "serve", e.config, e.sim.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
+	p.waitCount("msg=serving", 1, 30*time.Second)
+	hook := "http://" + addr + "/webhooks/botix"
+	if code, body := postSigned(t, hook, webhookSecret, paymentWebhook("evt_full_0", "pay_full_0")); code != http.StatusOK {
+		t.Fatalf("webhook with room on the disk: %d %s", code, body)
+	}
+
+	// Fill the disk.
+	filler, err := os.Create(filepath.Join(small, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 64<<10)
+	for {
+		if _, err := filler.Write(chunk); err != nil {
+			break
+		}
+	}
+	filler.Close()
+	refused := false
+	for i := 1; i <= 3000 && !refused; i++ {
+		code, _ := postSigned(t, hook, webhookSecret, paymentWebhook(fmt.Sprintf("evt_full_%d", i), fmt.Sprintf("pay_full_%d", i)))
+		refused = code == http.StatusServiceUnavailable
+	}
+	if !refused {
+		t.Fatal("no webhook refused on a full disk")
+	}
+	// A little room, as a disk that is full but for a few pages: enough
+	// for a one-page test write, not for the webhooks' batches.
+	if fi, err := os.Stat(filepath.Join(small, "filler")); err != nil {
+		t.Fatal(err)
+	} else if err := os.Truncate(filepath.Join(small, "filler"), fi.Size()-128<<10); err != nil {
+		t.Fatal(err)
+	}
+	// Over more than one probe period (a second): never ready.
+	for range 4 {
+		res, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		answer, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(answer), "the disk is full") {
+			t.Fatalf("/readyz on a full disk: %d %s, want 503 saying the disk is full", res.StatusCode, answer)
+		}
+		time.Sleep(600 * time.Millisecond) // the probe's one-second cache passes between the checks
+	}
+
+	if err := os.Remove(filepath.Join(small, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool { return getStatus(t, "http://"+addr+"/readyz") == http.StatusOK })
+	if code, body := postSigned(t, hook, webhookSecret, paymentWebhook("evt_full_after", "pay_full_after")); code != http.StatusOK {
+		t.Fatalf("webhook once room was made: %d %s", code, body)
+	}
+}

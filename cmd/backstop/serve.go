@@ -83,7 +83,8 @@ intake.proxy_token accepts POST /outbox/{target} (webhook-proxy mode).
 
 Also served: GET /healthz (200 while the process is up), GET /readyz (503
 while draining, when the store cannot be reached, or after a webhook commit
-failed, such as on a full disk, until a test write commits again), GET
+failed, such as on a full disk, until a test write commits again and the
+disk has room), GET
 /metrics (Prometheus) and, with dashboard.token set, the dashboard under /ui.
 With admin.listen set, /ui and /metrics are served on that address instead
 (the probes on both), away from the address the platform reaches.
