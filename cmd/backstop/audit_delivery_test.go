@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	stdsync "sync"
 	"syscall"
@@ -566,5 +567,35 @@ func TestDeliveriesRetryHelpNamesEnable(t *testing.T) {
 	code, stdout, stderr := e.run(context.Background(), "deliveries", "retry", "--help")
 	if code != exitOK || !strings.Contains(stdout, "deliveries targets enable NAME") {
 		t.Errorf("retry --help: exit %d, does not say a disabled target holds deliveries back\n%s%s", code, stdout, stderr)
+	}
+}
+
+// deliveries show of a dead letter whose attempts maintenance pruned (after
+// 14 days) said "none yet" under attempts, beside ATTEMPTS 1. It now says
+// the log was pruned and gives the last answer kept with the delivery.
+func TestDeliveriesShowSaysWhenItsAttemptsWerePruned(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.appendConfig("targets:\n  - {name: crm, url: \"https://crm.example.com/hooks\"}\n")
+	ctx := context.Background()
+	db := e.openStore()
+	old := time.Now().Add(-20 * 24 * time.Hour)
+	id, err := db.Enqueue(ctx, "crm", "evt_old", "proxy", []byte(`{"n":1}`), old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.RecordAttempt(ctx, store.Attempt{DeliveryID: id, Target: "crm", URL: "https://crm.example.com/hooks", Attempt: 1, StatusCode: 404, At: old},
+		store.Outcome{Status: store.StatusDeadLetter}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := db.PruneAttempts(ctx, time.Now().Add(-14*24*time.Hour)); err != nil || n != 1 {
+		t.Fatalf("PruneAttempts = %d, %v; want the one attempt pruned", n, err)
+	}
+	db.Close()
+	code, stdout, stderr := e.run(ctx, "deliveries", "show", strconv.FormatInt(id, 10))
+	if code != exitOK {
+		t.Fatalf("deliveries show: exit %d\n%s", code, stderr)
+	}
+	if want := "none kept: the log of its attempt was pruned (attempts are kept 14 days); its last answer: 404"; !strings.Contains(stdout, want) || strings.Contains(stdout, "none yet") {
+		t.Errorf("deliveries show of a dead letter with its attempts pruned:\n%s\nwant %q", stdout, want)
 	}
 }

@@ -184,7 +184,16 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 			}
 			fmt.Fprintf(w, "  %s\n", pretty.Bytes())
 			fmt.Fprintln(w, "\nattempts:")
-			if len(attempts) == 0 {
+			switch {
+			case len(attempts) == 0 && row.Attempts > 0:
+				// Pruned after 14 days (maintenance), dead letters' too.
+				n := fmt.Sprintf("%d attempts", row.Attempts)
+				if row.Attempts == 1 {
+					n = "attempt"
+				}
+				fmt.Fprintf(w, "  none kept: the log of its %s was pruned (attempts are kept 14 days); its last answer: %s\n",
+					n, lastOutcome(row))
+			case len(attempts) == 0:
 				fmt.Fprintln(w, "  none yet")
 			}
 			for _, a := range attempts {
