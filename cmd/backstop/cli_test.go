@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"github.com/backstop-sync/backstop"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -242,5 +244,32 @@ func TestRefusedKeyStopsEveryResource(t *testing.T) {
 	}
 	if strings.Contains(stderr, "to resume") {
 		t.Errorf("a run stopped by a refused key is offered for resuming:\n%s", stderr)
+	}
+}
+
+// A sync whose resources fail for different reasons printed only the
+// first one's on stderr; each is printed now, one line each.
+func TestSyncPrintsEveryResourcesFailure(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 3, Objects: 10}, wrap: func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			for _, r2 := range []string{"chats", "messages"} {
+				if strings.Contains(r.URL.Path, r2) {
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(http.StatusForbidden)
+					fmt.Fprintf(w, `{"error":{"code":"forbidden","message":"no access to %s"}}`, r2)
+					return
+				}
+			}
+			h.ServeHTTP(w, r)
+		})
+	}})
+	code, _, stderr := e.run(context.Background(), "sync")
+	if code != exitFailure {
+		t.Fatalf("sync with two resources refused: exit %d, want 1\n%s", code, stderr)
+	}
+	for _, want := range []string{"no access to chats", "no access to messages"} {
+		if n := strings.Count(stderr, "backstop: "); !strings.Contains(stderr, want) || n < 2 {
+			t.Errorf("stderr does not give %q on a line of its own:\n%s", want, stderr)
+		}
 	}
 }

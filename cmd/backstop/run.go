@@ -54,8 +54,36 @@ func eachResource[T any](ctx context.Context, resources []backstop.Resource, fn 
 		}()
 	}
 	wg.Wait()
-	return out, firstError(errs...)
+	return out, resourceErrors(errs)
 }
+
+// resourceErrors is what a run over resources failed with: every error
+// that is not a cancellation, joined in resource order (so that each
+// resource's reason is printed, not only the first's), leaving out the
+// resources a refused key stopped when the refusal is among them; or the
+// cancellation when nothing else failed; nil when nothing did.
+func resourceErrors(errs []error) error {
+	var failed []error
+	refused := false
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, errStoppedByKey) {
+			failed = append(failed, err)
+			refused = refused || errors.Is(err, backstop.ErrUnauthorized)
+		}
+	}
+	for _, err := range errs {
+		if errors.Is(err, errStoppedByKey) && !refused {
+			failed = append(failed, err)
+		}
+	}
+	if len(failed) == 0 {
+		return firstError(errs...)
+	}
+	return errors.Join(failed...)
+}
+
+// errStoppedByKey marks the error of a resource stoppedByRefusedKey stopped.
+var errStoppedByKey = errors.New("stopped before it finished, as another resource's request was refused")
 
 // stoppedByRefusedKey returns err, or, for the cancellation of a run that
 // eachResource stopped because another resource's API key was refused,
@@ -66,7 +94,7 @@ func stoppedByRefusedKey(ctx context.Context, err error) error {
 		return err
 	}
 	if cause := context.Cause(ctx); errors.Is(cause, backstop.ErrUnauthorized) && !errors.Is(cause, context.Canceled) {
-		return fmt.Errorf("stopped before it finished, as another resource's request was refused: %w", backstop.ErrUnauthorized)
+		return fmt.Errorf("%w: %w", errStoppedByKey, backstop.ErrUnauthorized)
 	}
 	return err
 }
