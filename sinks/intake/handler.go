@@ -152,6 +152,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.ContentLength > MaxBody {
+		// Closed: net/http would otherwise read (up to 256 KiB) the
+		// body not read, for as long as ReadTimeout, before answering.
+		w.Header().Set("Connection", "close")
 		h.refuse(w, refuseTooLarge, fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, MaxBody))
 		return
 	}

@@ -466,3 +466,27 @@ func TestStoreFailuresAreLoggedAtMostOnceASecond(t *testing.T) {
 		t.Errorf("a second later: %d lines, want 2, the last saying 19 were not logged:\n%s", len(lines), logs.String())
 	}
 }
+
+// A request whose Content-Length is over the limit by less than 256 KiB got
+// its 413 only once net/http had waited, for as long as ReadTimeout, for
+// the body it throws away before answering: the client, sending no more,
+// got no answer at all (found by an audit: 30 s, then the connection
+// closed). The answer now closes the connection and comes at once.
+func TestOversizeDeclaredBodyIsAnsweredAtOnce(t *testing.T) {
+	e := newIntake(t, func(s *http.Server) { s.ReadTimeout = 30 * time.Second })
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /webhooks/botix HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", intake.MaxBody+4464)
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer within 5 s to a request declaring a body over the limit: %v", err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusRequestEntityTooLarge || !res.Close {
+		t.Errorf("answer %d (close %v), want 413 closing the connection", res.StatusCode, res.Close)
+	}
+}

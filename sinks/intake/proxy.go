@@ -134,6 +134,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.ContentLength > MaxBody {
+		w.Header().Set("Connection", "close") // as the intake's (Handler)
 		WriteError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, MaxBody))
 		return
 	}
