@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/backstop-sync/backstop"
@@ -69,6 +70,9 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 	}
 	var top envelopeFields
 	if err := top.read(body); err != nil {
+		if dup := (*duplicateKeyError)(nil); errors.As(err, &dup) {
+			return backstop.Event{}, malformed("body %v", err)
+		}
 		return backstop.Event{}, malformed("body is not valid JSON: %v", err)
 	}
 
@@ -91,6 +95,7 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 		}
 	}
 
+	var obj objectFields
 	data, hasData := present(top.data)
 	if hasData {
 		if firstByte(data) != '{' {
@@ -98,6 +103,14 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 		}
 		if d := nestingDepth(data, MaxDataDepth); d > MaxDataDepth {
 			return backstop.Event{}, malformed("data nests more than %d levels deep", MaxDataDepth)
+		}
+		// Read for every type, so that a key given twice is refused
+		// whether or not backstop mirrors the object: targets get it too.
+		if err := obj.read(data); err != nil {
+			if dup := (*duplicateKeyError)(nil); errors.As(err, &dup) {
+				return backstop.Event{}, malformed("data %v", err)
+			}
+			return backstop.Event{}, malformed("data is not a valid JSON object: %v", err)
 		}
 		// A copy: the event must not alias the caller's body.
 		ev.Data = append(json.RawMessage(nil), data...)
@@ -109,10 +122,6 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 	ev.Resource = resource
 	if !hasData {
 		return backstop.Event{}, malformed("data is missing: a %s event must carry its object", ev.Type)
-	}
-	var obj objectFields
-	if err := obj.read(data); err != nil {
-		return backstop.Event{}, malformed("data is not a valid JSON object: %v", err)
 	}
 	if ev.ObjectID, err = requiredID(obj.id, "data.id"); err != nil {
 		return backstop.Event{}, err
@@ -181,76 +190,130 @@ func (f *objectFields) read(data []byte) error {
 
 // readMembers calls member for each member of obj, a valid JSON object, in
 // order, with its decoded key and its raw value (the value's bytes, which
-// alias obj). A key repeated is reported each time, so the last one wins,
-// as with encoding/json. Objects whose keys hold escapes, which the fast
-// scan does not decode, go through encoding/json.
+// alias obj). A key given twice is refused with a *duplicateKeyError
+// before member is called at all: parsers disagree on which of the two
+// counts (encoding/json and most targets take the last, SQLite's
+// json_extract, which the mirror's columns use, the first), so the event
+// would mean one thing here and another there. Objects whose keys hold
+// escapes, which the fast scan does not decode, go through encoding/json.
 func readMembers(obj []byte, member func(key string, val json.RawMessage)) error {
-	if scanMembers(obj, member) {
+	switch ok, dup := scanMembers(obj, member); {
+	case dup != "":
+		return &duplicateKeyError{key: dup}
+	case ok:
 		return nil
 	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(obj, &m); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(obj))
+	if _, err := dec.Token(); err != nil { // the '{'
 		return err
 	}
-	for k, v := range m {
-		member(k, v)
+	type pair struct {
+		key string
+		val json.RawMessage
+	}
+	var pairs []pair
+	seen := make(map[string]bool)
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		key, _ := tok.(string)
+		if seen[key] {
+			return &duplicateKeyError{key: key}
+		}
+		seen[key] = true
+		var val json.RawMessage
+		if err := dec.Decode(&val); err != nil {
+			return err
+		}
+		pairs = append(pairs, pair{key, val})
+	}
+	for _, p := range pairs {
+		member(p.key, p.val)
 	}
 	return nil
 }
 
+// duplicateKeyError is readMembers' refusal of an object that gives one
+// key twice.
+type duplicateKeyError struct{ key string }
+
+func (e *duplicateKeyError) Error() string {
+	return fmt.Sprintf("has the key %q twice (JSON parsers differ on which one counts)", e.key)
+}
+
 // scanMembers is readMembers' fast path over a valid JSON object: it
 // reports false, having called member for nothing, when a key holds an
-// escape or obj is not as expected.
-func scanMembers(obj []byte, member func(key string, val json.RawMessage)) bool {
+// escape or obj is not as expected, and a key given twice, having called
+// member for nothing either.
+func scanMembers(obj []byte, member func(key string, val json.RawMessage)) (ok bool, dup string) {
 	type span struct{ key, val []byte }
 	var buf [16]span
 	spans := buf[:0]
 	i := skipSpace(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
-		return false
+		return false, ""
 	}
 	i = skipSpace(obj, i+1)
 	if i < len(obj) && obj[i] == '}' {
-		return true
+		return true, ""
 	}
 	for {
 		if i >= len(obj) || obj[i] != '"' {
-			return false
+			return false, ""
 		}
 		end := skipString(obj, i)
 		if end < 0 {
-			return false
+			return false, ""
 		}
 		key := obj[i+1 : end-1]
 		if bytes.IndexByte(key, '\\') >= 0 {
-			return false
+			return false, ""
 		}
 		i = skipSpace(obj, end)
 		if i >= len(obj) || obj[i] != ':' {
-			return false
+			return false, ""
 		}
 		i = skipSpace(obj, i+1)
 		end = skipValue(obj, i)
 		if end < 0 {
-			return false
+			return false, ""
 		}
 		spans = append(spans, span{key, obj[i:end]})
 		i = skipSpace(obj, end)
 		if i >= len(obj) {
-			return false
+			return false, ""
 		}
 		if obj[i] == '}' {
 			break
 		}
 		if obj[i] != ',' {
-			return false
+			return false, ""
 		}
 		i = skipSpace(obj, i+1)
+	}
+	if len(spans) <= 32 {
+		for i := 1; i < len(spans); i++ {
+			for _, earlier := range spans[:i] {
+				if bytes.Equal(spans[i].key, earlier.key) {
+					return false, string(spans[i].key)
+				}
+			}
+		}
+	} else {
+		seen := make(map[string]bool, len(spans))
+		for _, s := range spans {
+			if seen[string(s.key)] {
+				return false, string(s.key)
+			}
+			seen[string(s.key)] = true
+		}
 	}
 	for _, s := range spans {
 		member(string(s.key), s.val)
 	}
-	return true
+	return true, ""
 }
 
 // skipSpace returns the index of the first byte of b at or after i that is
@@ -443,6 +506,12 @@ func CheckID(s string) error {
 	for _, r := range s {
 		if isControl(r) {
 			return fmt.Errorf("contains a control character (U+%04X)", r)
+		}
+		if r >= 0xAD && unicode.Is(unicode.Cf, r) {
+			// Invisible, or reordering what follows (U+202E): an id
+			// printed by deliveries list or the dashboard would not
+			// read as what it is.
+			return fmt.Errorf("contains an invisible Unicode format character (U+%04X)", r)
 		}
 	}
 	return nil

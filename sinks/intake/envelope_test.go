@@ -3,6 +3,7 @@ package intake
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -177,6 +178,16 @@ func TestParseEnvelopeRejects(t *testing.T) {
 		{"data.updated_at missing", `{` + ok + `,"data":{"id":"pay_1"}}`, "data.updated_at is missing"},
 		{"data.updated_at invalid", `{` + ok + `,"data":{"id":"pay_1","updated_at":"2026-03-01 12:00"}}`, "data.updated_at: invalid timestamp"},
 		{"data.updated_at invalid on truncated", `{` + ok + `,"truncated":true,"data":{"id":"pay_1","updated_at":"soon"}}`, "data.updated_at: invalid timestamp"},
+		{"data.updated_at past year 9999", `{` + ok + `,"data":{"id":"pay_1","updated_at":"9999-12-31T23:30:00-01:00"}}`, "year 10000 in UTC, outside 0001 to 9999"},
+		{"created_at before year 1", `{` + ok + `,"created_at":"0001-01-01T00:00:00+01:00",` + okData + `}`, "created_at: invalid timestamp"},
+		{"event_id twice", `{"event_id":"evt_1","event":"payment.succeeded","event_id":"evt_2",` + okData + `}`, `body has the key "event_id" twice`},
+		{"data key twice", `{` + ok + `,"data":{"id":"pay_1","status":"failed","updated_at":"2026-03-01T12:00:00Z","status":"succeeded"}}`, `data has the key "status" twice`},
+		{"data key twice, escaped", `{` + ok + `,"data":{"id":"pay_1","status":"failed","updated_at":"2026-03-01T12:00:00Z","st\u0061tus":"succeeded"}}`, `data has the key "status" twice`},
+		{"data key twice on an unknown type", `{"event_id":"evt_1","event":"unknown.type","data":{"a":1,"a":2}}`, `data has the key "a" twice`},
+		{"event_id right-to-left override", `{"event_id":"evt_\u202e1","event":"x.y"}`, "event_id contains an invisible Unicode format character (U+202E)"},
+		{"data.id zero-width space", "{" + ok + ",\"data\":{\"id\":\"pay\u200b_1\",\"updated_at\":\"2026-03-01T12:00:00Z\"}}", "data.id contains an invisible Unicode format character (U+200B)"},
+		{"event BOM", `{"event_id":"evt_1","event":"\ufeffpayment.succeeded"}`, "event (the event type) contains an invisible Unicode format character (U+FEFF)"},
+		{"data key twice among many", `{` + ok + `,"data":{"id":"pay_1","updated_at":"2026-03-01T12:00:00Z",` + manyKeys(40) + `,"k7":0}}`, `data has the key "k7" twice`},
 		{"over MaxBody", `{"event_id":"evt_1","event":"x.y","pad":"` + strings.Repeat("a", MaxBody) + `"}`, "more than the 65536 allowed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -203,4 +214,16 @@ func TestParseEnvelopeDataIsACopy(t *testing.T) {
 	if string(ev.Data) != `{"a":1}` {
 		t.Fatalf("Data = %q after the body was overwritten; want its own copy", ev.Data)
 	}
+}
+
+// manyKeys returns n members "k0":0 … for an object's body.
+func manyKeys(n int) string {
+	var b strings.Builder
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"k%d":0`, i)
+	}
+	return b.String()
 }
