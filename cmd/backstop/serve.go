@@ -874,6 +874,22 @@ func (c *cachedProbe) check(ctx context.Context, probe func(context.Context) err
 	return c.err
 }
 
+// parseHop reads one X-Forwarded-For entry: an address, bracketed or not,
+// and perhaps with the port the proxy saw (Azure Application Gateway
+// writes "203.0.113.5:61234"; RFC 7239 style "[2001:db8::1]:443").
+func parseHop(s string) (netip.Addr, error) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a, nil
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr(), nil
+	}
+	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+		return netip.ParseAddr(s[1 : len(s)-1])
+	}
+	return netip.Addr{}, fmt.Errorf("X-Forwarded-For entry %q is not an address", s)
+}
+
 // realClient serves next with each request's RemoteAddr set to the client
 // its proxy names, when the request comes from a trusted proxy: the last
 // address in X-Forwarded-For that is not itself a trusted proxy (each
@@ -905,7 +921,7 @@ func realClient(next http.Handler, trusted []netip.Prefix) http.Handler {
 			hops = append(hops, strings.Split(v, ",")...)
 		}
 		for i := len(hops) - 1; i >= 0; i-- {
-			a, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+			a, err := parseHop(strings.TrimSpace(hops[i]))
 			if err != nil {
 				break // garbled: believe nothing to its left
 			}
