@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/backstop-sync/backstop"
@@ -50,6 +51,7 @@ type Fetcher struct {
 	maxRetry time.Duration
 	grace    time.Duration
 	lease    time.Duration
+	workers  int
 	wake     chan struct{}
 	onQueued func(target string)
 }
@@ -80,7 +82,15 @@ type FetcherOptions struct {
 	// OnQueued, when set, is told the targets a completed event was
 	// queued for (see BatcherOptions.OnQueued).
 	OnQueued func(target string)
+	// Concurrency is how many events are fetched at once (default
+	// DefaultFetchConcurrency), so that an object whose fetch hangs until
+	// its timeout holds up no other. Every fetch goes through the
+	// governed client, which keeps them all within the API's limit.
+	Concurrency int
 }
+
+// DefaultFetchConcurrency is FetcherOptions.Concurrency's default.
+const DefaultFetchConcurrency = 4
 
 // NewFetcher returns a fetcher; call Run to start it.
 func NewFetcher(st TruncatedStore, src backstop.Source, opts FetcherOptions) *Fetcher {
@@ -105,10 +115,13 @@ func NewFetcher(st TruncatedStore, src backstop.Source, opts FetcherOptions) *Fe
 	if opts.Lease <= 0 {
 		opts.Lease = DefaultFetchLease
 	}
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = DefaultFetchConcurrency
+	}
 	return &Fetcher{
 		store: st, source: src, routes: opts.Routes, metrics: opts.Metrics, logger: opts.Logger, onQueued: opts.OnQueued,
 		now: opts.Now, interval: opts.Interval, minRetry: opts.MinRetry, maxRetry: opts.MaxRetry, grace: opts.NotFoundGrace,
-		lease: opts.Lease, wake: make(chan struct{}, 1),
+		lease: opts.Lease, workers: opts.Concurrency, wake: make(chan struct{}, 1),
 	}
 }
 
@@ -121,8 +134,24 @@ func (f *Fetcher) Wake() {
 	}
 }
 
-// Run fetches due events until ctx is done.
+// Run fetches due events, Concurrency at a time, until ctx is done, and
+// returns once every fetch has stopped.
 func (f *Fetcher) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range f.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.work(ctx)
+		}()
+	}
+	wg.Wait()
+}
+
+// work is one of Run's workers: it fetches due events one after another
+// until none is left, then waits to be woken or for the next interval.
+// A Wake reaches one idle worker, or the first to finish its fetch.
+func (f *Fetcher) work(ctx context.Context) {
 	t := time.NewTicker(f.interval)
 	defer t.Stop()
 	for {

@@ -495,3 +495,73 @@ func TestTruncatedFetchStoppedMidwayIsHandedBack(t *testing.T) {
 		t.Errorf("%d GETs of the object, want 2", got)
 	}
 }
+
+// An object whose fetch hangs (the platform slow on it, up to the fetch's
+// timeout) does not hold up the other truncated events: they are fetched
+// and completed meanwhile, and the slow one completes when its answer
+// comes.
+func TestSlowTruncatedFetchDoesNotHoldUpOthers(t *testing.T) {
+	s := sim.New(sim.Options{Seed: 3, Objects: 20})
+	pays := s.Objects(backstop.Payments)
+	slowID, fastID := pays[0].ID, pays[1].ID
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && path.Base(r.URL.Path) == slowID {
+			once.Do(func() { close(started) })
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		s.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(api.Close)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	client, err := sources.New(sources.Options{BaseURL: api.URL, APIKey: s.APIKey(), RetryMax: -1,
+		Governor: governor.New(s.APIKey(), governor.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	// The governor holds every request while a key's first one, which
+	// learns its budget, is in flight: one answered first.
+	if _, _, err := client.Get(context.Background(), backstop.Payments, pays[2].ID); err != nil {
+		t.Fatal(err)
+	}
+	routes := []backstop.Route{{Target: "crm", Events: []string{"payment.*"}}}
+	f, _ := runFetcher(t, db, client, intake.FetcherOptions{Routes: routes, Interval: 5 * time.Millisecond})
+
+	emitTruncated(t, db, truncatedPayment(t, "evt_slow", slowID), routes)
+	f.Wake()
+	<-started
+	emitTruncated(t, db, truncatedPayment(t, "evt_fast", fastID), routes)
+	f.Wake()
+	waitFor(t, func() bool {
+		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_fast")
+		return !pe.Truncated
+	})
+	if pe, _, _ := db.ProcessedEvent(context.Background(), "evt_slow"); !pe.Truncated {
+		t.Fatalf("the slow event completed before its answer: %+v", pe)
+	}
+	close(release)
+	waitFor(t, func() bool {
+		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_slow")
+		return !pe.Truncated
+	})
+	rows, err := db.OutboxRows(context.Background(), "crm")
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("outbox: %v, %d rows, want 2", err, len(rows))
+	}
+}
