@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,7 +149,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "application/json" && !isJSONMediaType(ct) {
-		h.refuse(w, refuseMediaType, fmt.Sprintf("Content-Type must be application/json, got %q", r.Header.Get("Content-Type")))
+		h.refuse(w, refuseMediaType, fmt.Sprintf("Content-Type must be application/json (or application/…+json), got %q", r.Header.Get("Content-Type")))
 		return
 	}
 	if r.ContentLength > MaxBody {
@@ -219,10 +220,16 @@ func (h *Handler) closeIfDraining(w http.ResponseWriter) {
 	}
 }
 
-// isJSONMediaType reports whether ct is application/json, parameters allowed.
+// isJSONMediaType reports whether ct is application/json or a JSON type
+// by its +json suffix (RFC 6839, application/cloudevents+json),
+// parameters allowed.
 func isJSONMediaType(ct string) bool {
 	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && mt == "application/json"
+	if err != nil {
+		return false
+	}
+	sub, ok := strings.CutPrefix(mt, "application/")
+	return ok && (sub == "json" || (len(sub) > len("+json") && strings.HasSuffix(sub, "+json")))
 }
 
 // readBody reads the body of r, at most MaxBody bytes, within

@@ -493,3 +493,20 @@ func TestOversizeDeclaredBodyIsAnsweredAtOnce(t *testing.T) {
 		t.Errorf("answer %d (close %v), want 413 closing the connection", res.StatusCode, res.Close)
 	}
 }
+
+// Every JSON media type is taken: parameters, case, and the structured
+// syntax suffix +json (RFC 6839) that some platforms send; others get 415.
+func TestJSONMediaTypesAccepted(t *testing.T) {
+	e := newIntake(t, nil)
+	for i, ct := range []string{"application/json; charset=utf-8", "Application/JSON", "application/vnd.botix.event+json", "application/cloudevents+json; charset=UTF-8"} {
+		body := paymentEvent(fmt.Sprintf("evt_ct%d", i), fmt.Sprintf("pay_ct%d", i), "2026-03-01T10:00:00Z", "pending")
+		if code, resp := e.post(body, func(r *http.Request) { r.Header.Set("Content-Type", ct) }); code != 200 {
+			t.Errorf("Content-Type %q: %d %s, want 200", ct, code, resp)
+		}
+	}
+	for _, ct := range []string{"text/json", "application/jsonx", "application/+json", "application/x-www-form-urlencoded", ""} {
+		if code, resp := e.post(paymentEvent("evt_bad", "pay_bad", "2026-03-01T10:00:00Z", "pending"), func(r *http.Request) { r.Header.Set("Content-Type", ct) }); code != 415 {
+			t.Errorf("Content-Type %q: %d %s, want 415", ct, code, resp)
+		}
+	}
+}
