@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -101,8 +103,11 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 		if firstByte(data) != '{' {
 			return backstop.Event{}, malformed("data must be a JSON object")
 		}
-		if d := nestingDepth(data, MaxDataDepth); d > MaxDataDepth {
+		switch d, huge := scanData(data, MaxDataDepth); {
+		case d > MaxDataDepth:
 			return backstop.Event{}, malformed("data nests more than %d levels deep", MaxDataDepth)
+		case huge != "":
+			return backstop.Event{}, malformed("data holds the number %.40s, too large for a JSON parser to read (past ±1.8e308)", huge)
 		}
 		// Read for every type, so that a key given twice is refused
 		// whether or not backstop mirrors the object: targets get it too.
@@ -384,16 +389,20 @@ func skipValue(b []byte, i int) int {
 	return -1
 }
 
-// nestingDepth returns how deep the valid JSON value b nests objects and
-// arrays, counting up to limit+1 and stopping there.
-func nestingDepth(b []byte, limit int) int {
-	depth, deepest := 0, 0
+// scanData returns how deep b, valid JSON, nests objects and arrays
+// (counting up to limit+1 and stopping there) and the first number in it
+// too large for a float64 (1e999), or "": SQLite's json_extract, which the
+// mirror's columns use, reads one as Infinity, and a target's parser
+// refuses it or does the same, so the event would mean different things
+// in different places.
+func scanData(b []byte, limit int) (deepest int, hugeNumber string) {
+	depth := 0
 	for i := 0; i < len(b); i++ {
-		switch b[i] {
+		switch c := b[i]; c {
 		case '"':
 			end := skipString(b, i)
 			if end < 0 {
-				return deepest
+				return deepest, ""
 			}
 			i = end - 1
 		case '{', '[':
@@ -401,14 +410,31 @@ func nestingDepth(b []byte, limit int) int {
 			if depth > deepest {
 				deepest = depth
 				if deepest > limit {
-					return deepest
+					return deepest, ""
 				}
 			}
 		case '}', ']':
 			depth--
+		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+			end, exp := i+1, false
+			for end < len(b) && !isDelimiter(b[end]) {
+				exp = exp || b[end] == 'e' || b[end] == 'E'
+				end++
+			}
+			if num := b[i:end]; hugeNumber == "" && (exp || len(num) > 300) {
+				if f, err := strconv.ParseFloat(string(num), 64); err != nil && math.IsInf(f, 0) {
+					hugeNumber = string(num)
+				}
+			}
+			i = end - 1
 		}
 	}
-	return deepest
+	return deepest, hugeNumber
+}
+
+// isDelimiter reports whether c ends a JSON number.
+func isDelimiter(c byte) bool {
+	return c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\r' || c == '\n'
 }
 
 // boolField decodes raw as a JSON boolean.
