@@ -203,15 +203,15 @@ func (e *env) withRedisLockHeld(job string) (release func()) {
 
 // `backstop run prune` (maintenance: it never calls the platform) runs
 // without BOTIX_API_KEY, and still takes its lock in Redis: held by
-// another process, the run is skipped. It used to fail with exit 2
-// (source.api_key is empty).
+// another process, the run is skipped (exit 75). It used to fail with
+// exit 2 (source.api_key is empty).
 func TestRunMaintenanceJobWithoutAPIKey(t *testing.T) {
 	e := newEnv(t, envOpts{sim: sim.Options{Seed: 3, Objects: 5}})
 	e.withJobs()
 	release := e.withRedisLockHeld("prune")
 	code, stdout, stderr := e.runAs("", false, "run", "prune", "--json")
-	if code != exitOK || !strings.Contains(stdout, `"status": "skipped"`) {
-		t.Fatalf("run prune without a key while its lock is held: exit %d, want 0 and skipped\n%s%s", code, stdout, stderr)
+	if code != exitBusy || !strings.Contains(stdout, `"status": "skipped"`) {
+		t.Fatalf("run prune without a key while its lock is held: exit %d, want %d and skipped\n%s%s", code, exitBusy, stdout, stderr)
 	}
 	release()
 	code, stdout, stderr = e.runAs("", false, "run", "prune", "--json")
@@ -232,10 +232,10 @@ func TestRunSkippedWarningShowsOnATerminal(t *testing.T) {
 	e.withJobs()
 	e.withRedisLockHeld("crm-nightly")
 	code, stdout, stderr := e.runAs(e.sim.APIKey(), true, "run", "crm-nightly")
-	if code != exitOK || !strings.Contains(stdout, "skipped") {
-		t.Fatalf("run while running elsewhere: exit %d, want 0 and skipped\n%s%s", code, stdout, stderr)
+	if code != exitBusy || !strings.Contains(stdout, "skipped") {
+		t.Fatalf("run while running elsewhere: exit %d, want %d and skipped\n%s%s", code, exitBusy, stdout, stderr)
 	}
-	if !strings.Contains(stderr, "run skipped: the job is running already") {
+	if !strings.Contains(stderr, "backstop: run crm-nightly: skipped: job crm-nightly: job is still running in another process") {
 		t.Errorf("the terminal does not say why the run was skipped:\n%q", stderr)
 	}
 }

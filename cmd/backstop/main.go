@@ -20,6 +20,7 @@ const (
 	exitOK          = 0
 	exitFailure     = 1
 	exitUsage       = 2
+	exitBusy        = 75 // run refused: the job runs in another process (sysexits' EX_TEMPFAIL: try again later)
 	exitInterrupted = 130
 )
 
@@ -59,7 +60,8 @@ func NewMain() *Main {
 }
 
 // Run executes one command line and returns the process exit code:
-// 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
+// 0 success, 1 failure, 2 bad usage or configuration, 75 a run refused
+// because its job runs in another process (run), 130 interrupted.
 func (m *Main) Run(ctx context.Context, args []string) int {
 	root := m.rootCommand()
 	root.SetArgs(args)
@@ -115,11 +117,20 @@ func (e usageError) Unwrap() error { return e.err }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
+// busyError marks a run refused because its job runs elsewhere (exit 75).
+type busyError struct{ err error }
+
+func (e busyError) Error() string { return e.err.Error() }
+func (e busyError) Unwrap() error { return e.err }
+
 func exitCode(ctx context.Context, err error) int {
 	var ue usageError
+	var be busyError
 	switch {
 	case errors.As(err, &ue), strings.HasPrefix(err.Error(), "unknown command "):
 		return exitUsage
+	case errors.As(err, &be):
+		return exitBusy
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
 		return exitInterrupted
 	}

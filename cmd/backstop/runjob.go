@@ -31,12 +31,13 @@ wrote and how many of its older backups it deleted.
 
 The run's result is ok, failed, interrupted (Ctrl-C or SIGTERM: a sync
 finishes its current page first, and what was committed is kept) or skipped
-(the job was running already), as backstop jobs and the dashboard show it.
+(the job was running already in another process), as backstop jobs and the
+dashboard show it; a skipped run's error names the run that holds the job.
 
-Exit codes: 0 the run succeeded, or was skipped because the job was running
-already (here, in another process on the same store, or with governor.redis
-anywhere: under system cron that is not a failure); 1 it failed; 2 unknown job or bad configuration; 130
-interrupted.`,
+Exit codes: 0 the run succeeded; 1 it failed; 2 unknown job or bad
+configuration; 75 skipped, not run, because the job was running already in
+another process (on the same store, or with governor.redis anywhere): try
+again later; 130 interrupted.`,
 		Example: "  backstop run crm-nightly\n  backstop run payments-hourly --json",
 		Args:    oneArg("the job's name in schedules.yaml (see backstop jobs)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -91,8 +92,10 @@ interrupted.`,
 				return err
 			}
 			if errors.Is(runErr, bsync.ErrJobRunning) {
-				a.log.Warn("run skipped: the job is running already", "job", run.Job, "err", runErr)
-				return nil
+				// Not run: a cron wrapper that alerts on failures, or
+				// one that chains the next step, must not take it for
+				// run; not a failure either (exit 75, try again later).
+				return busyError{fmt.Errorf("run %s: skipped: %w", args[0], runErr)}
 			}
 			return withCursorHint(cmd, runErr, jobStartOver(s, args[0]))
 		},

@@ -55,7 +55,7 @@ func TestRunJobInterruptedIsStoredAsInterrupted(t *testing.T) {
 // Two runs of one job overlapping without Redis (a slow cron run still
 // going when the next one starts, or serve's schedule and a run by hand):
 // both used to run in full. The second now sees the first's run going on
-// in the store, is skipped (exit 0, as with Redis) and says which run
+// in the store, is skipped (exit 75, as with Redis) and says which run
 // holds the job.
 func TestRunJobOverlappingWithoutRedisIsSkipped(t *testing.T) {
 	e := newEnv(t, envOpts{
@@ -67,7 +67,7 @@ func TestRunJobOverlappingWithoutRedisIsSkipped(t *testing.T) {
 	waitLines(t, lines, "page committed", 1, time.Minute)
 
 	code, stdout, errOut := e.run(context.Background(), "run", "crm-nightly")
-	if code != exitOK || !strings.Contains(stdout, "skipped") ||
+	if code != exitBusy || !strings.Contains(stdout, "skipped") ||
 		!strings.Contains(errOut, "in another process") || !strings.Contains(errOut, "run 1,") {
 		t.Errorf("a second run while the first goes on: exit %d\n%s%s\nwant skipped, naming run 1", code, stdout, errOut)
 	}
