@@ -296,19 +296,9 @@ func (l *RedisLease) stepDown(err error) {
 	}
 }
 
-// acquireScript sets KEYS[1] to ARGV[1] for ARGV[2] ms when it is free or
-// already ARGV[1]'s; it returns 1 then, 0 when another id holds it.
-var acquireScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v == false or v == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-`)
-
-// leaseScript is acquireScript for the jobs lease: it returns 1 when
-// ARGV[1] holds KEYS[1], and otherwise the id of the process that does.
+// leaseScript sets KEYS[1] to ARGV[1] for ARGV[2] ms when it is free or
+// already ARGV[1]'s: it returns 1 then, and otherwise the id of the
+// process that holds it.
 var leaseScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == false or v == ARGV[1] then

@@ -4,9 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
+	stdsync "sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,12 +37,61 @@ const DefaultJobLockPrefix = "backstop:jobs:lock:"
 
 // RedisJobLocks is a JobLocker on Redis: a job's lock is a key holding
 // its run's token for TTL, renewed every TTL/3 while the run goes on, so
-// a process that dies frees its jobs within TTL.
+// a process that dies frees its jobs within TTL. After the token, the
+// key names its holder (host, pid and, once stored, the run: see
+// jobLockValue), so that a run refused says which run holds the job.
 type RedisJobLocks struct {
 	rdb    redis.Scripter
 	prefix string
 	ttl    time.Duration
 	log    *slog.Logger
+	host   string
+	pid    int
+
+	mu   stdsync.Mutex
+	held map[string]*heldJobLock // by job, the locks this process holds
+}
+
+// heldJobLock is a lock this process holds: nameRun asks its renewal
+// loop, the key's one writer, to name the run in the key.
+type heldJobLock struct {
+	runs chan namedRun
+}
+
+// namedRun asks for the run id to be written into the lock's key; done is
+// closed once it was tried.
+type namedRun struct {
+	id   int64
+	done chan struct{}
+}
+
+// jobLockHolder is who holds a job's lock, as its key says.
+type jobLockHolder struct {
+	Host string `json:"host"`
+	PID  int    `json:"pid"`
+	Run  int64  `json:"run,omitempty"`
+}
+
+// jobLockValue is the key's value for token held by h: the token, a
+// space, and h as JSON. Earlier versions wrote the bare token; the
+// scripts compare the token alone (the part before the first space).
+func jobLockValue(token string, h jobLockHolder) string {
+	b, _ := json.Marshal(h)
+	return token + " " + string(b)
+}
+
+// parseJobLockHolder returns the holder a key's value names, nil for a
+// bare token (an earlier version's) or one it cannot read.
+func parseJobLockHolder(v string) *jobLockHolder {
+	_, rest, ok := strings.Cut(v, " ")
+	if !ok {
+		return nil
+	}
+	var h jobLockHolder
+	if json.Unmarshal([]byte(rest), &h) != nil || h.Host == "" {
+		return nil
+	}
+	return &h
 }
 
 var _ JobLocker = (*RedisJobLocks)(nil)
@@ -51,7 +104,28 @@ func NewRedisJobLocks(rdb redis.Scripter, opts LeaseOptions) (*RedisJobLocks, er
 	if err != nil {
 		return nil, err
 	}
-	return &RedisJobLocks{rdb: rdb, prefix: opts.Key, ttl: opts.TTL, log: opts.Logger}, nil
+	host, _ := os.Hostname()
+	return &RedisJobLocks{rdb: rdb, prefix: opts.Key, ttl: opts.TTL, log: opts.Logger,
+		host: host, pid: os.Getpid(), held: map[string]*heldJobLock{}}, nil
+}
+
+// lock runs jobLockScript: it sets key to value for TTL when key is free
+// or token's, and reports whether it did; when another token holds key,
+// it returns the key's value and how long it lasts.
+func (l *RedisJobLocks) lock(ctx context.Context, key, token, value string) (ok bool, held string, expiresIn time.Duration, err error) {
+	res, err := jobLockScript.Run(ctx, l.rdb, []string{key}, token, value, l.ttl.Milliseconds()).Result()
+	if err != nil {
+		return false, "", 0, err
+	}
+	if n, isInt := res.(int64); isInt && n == 1 {
+		return true, "", 0, nil
+	}
+	if a, isSlice := res.([]any); isSlice && len(a) == 2 {
+		held, _ = a[0].(string)
+		ms, _ := a[1].(int64)
+		return false, held, time.Duration(max(ms, 0)) * time.Millisecond, nil
+	}
+	return false, "", 0, fmt.Errorf("unexpected answer %v", res)
 }
 
 // LockJob implements JobLocker.
@@ -59,42 +133,89 @@ func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Contex
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	token, key := hex.EncodeToString(b[:]), l.prefix+job
+	holder := jobLockHolder{Host: l.host, PID: l.pid}
 	start := time.Now() // the key lasts until start + ttl at least
-	n, err := acquireScript.Run(ctx, l.rdb, []string{key}, token, l.ttl.Milliseconds()).Int()
+	ok, held, expiresIn, err := l.lock(ctx, key, token, jobLockValue(token, holder))
 	if err != nil {
 		return nil, nil, fmt.Errorf("sync: lock job %s: %w", job, err)
 	}
-	if n != 1 {
+	if !ok {
 		// Held at most TTL more unless its holder renews it: a process
 		// that died frees it by then.
-		return nil, nil, &jobLockedError{job: job, until: time.Now().Add(l.ttl)}
+		return nil, nil, &jobLockedError{job: job, until: time.Now().Add(l.ttl),
+			holder: parseJobLockHolder(held), expiresIn: expiresIn}
 	}
+	hl := &heldJobLock{runs: make(chan namedRun)}
+	l.mu.Lock()
+	l.held[job] = hl
+	l.mu.Unlock()
 	rctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		l.renew(rctx, cancel, key, token, start)
+		l.renew(rctx, cancel, key, token, holder, hl.runs, start)
 	}()
 	release := func() {
+		l.mu.Lock()
+		if l.held[job] == hl {
+			delete(l.held, job)
+		}
+		l.mu.Unlock()
 		cancel(context.Canceled)
 		<-done
 		uctx, stop := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer stop()
-		if err := releaseScript.Run(uctx, l.rdb, []string{key}, token).Err(); err != nil {
+		if err := jobUnlockScript.Run(uctx, l.rdb, []string{key}, token).Err(); err != nil {
 			l.log.Warn("job lock: release (it expires by itself)", "job", job, "err", err)
 		}
 	}
 	return rctx, release, nil
 }
 
+// nameRun writes the stored run id into the key of job's lock, which this
+// process holds, so that a run refused for it names that run; it returns
+// once that was tried (a failure is logged at debug level: the key still
+// names the host and pid). The scheduler calls it once the run is stored
+// (the lock is taken before, so that the run closes those of the job
+// left running).
+func (l *RedisJobLocks) nameRun(ctx context.Context, job string, id int64) {
+	l.mu.Lock()
+	hl := l.held[job]
+	l.mu.Unlock()
+	if hl == nil {
+		return
+	}
+	req := namedRun{id: id, done: make(chan struct{})}
+	select {
+	case hl.runs <- req:
+	case <-ctx.Done():
+		return
+	}
+	select {
+	case <-req.done:
+	case <-ctx.Done():
+	}
+}
+
+// runNamer is a JobLocker that can name the run holding a job's lock
+// (RedisJobLocks).
+type runNamer interface {
+	nameRun(ctx context.Context, job string, id int64)
+}
+
+var _ runNamer = (*RedisJobLocks)(nil)
+
 // renew renews key while ctx lasts, the key being held since held (when
-// the acquisition that took it began); it cancels ctx with ErrJobLockLost
+// the acquisition that took it began), for holder, whose run a request on
+// runs names (a renewal at once: this loop is the key's one writer, so a
+// renewal does not put back a value without the run); it cancels ctx with ErrJobLockLost
 // when another token holds the key, or as soon as TTL has passed since
 // the start of the last renewal that succeeded (the key may have expired
 // and been taken meanwhile): on a timer of its own, so that a renewal
 // hanging on a Redis that does not answer does not keep the run going
 // past it, and a renewal answered after that does not count.
-func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFunc, key, token string, held time.Time) {
+func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFunc, key, token string, holder jobLockHolder,
+	runs <-chan namedRun, held time.Time) {
 	expired := time.AfterFunc(time.Until(held.Add(l.ttl)), func() {
 		if ctx.Err() == nil {
 			l.log.Warn("job lock: not renewed within its TTL: stopping this run", "key", key, "ttl", l.ttl)
@@ -105,17 +226,26 @@ func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFun
 	t := time.NewTicker(l.ttl / 3)
 	defer t.Stop()
 	for {
+		var named chan struct{}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case req := <-runs:
+			holder.Run, named = req.id, req.done
 		}
 		start := time.Now()
-		n, err := acquireScript.Run(ctx, l.rdb, []string{key}, token, l.ttl.Milliseconds()).Int()
+		ok, _, _, err := l.lock(ctx, key, token, jobLockValue(token, holder))
+		if named != nil {
+			if err != nil {
+				l.log.Debug("job lock: naming the run in it", "key", key, "err", err)
+			}
+			close(named)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return
-		case err == nil && n == 1:
+		case err == nil && ok:
 			if !expired.Stop() {
 				return // answered too late: the timer has stopped the run
 			}
@@ -131,14 +261,27 @@ func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFun
 }
 
 // jobLockedError is LockJob's refusal while another process holds the
-// job's lock; it wraps ErrJobRunning.
+// job's lock; it wraps ErrJobRunning, and names the holder when the key
+// does (not a bare token, as earlier versions wrote) and how long the key
+// lasts unless renewed.
 type jobLockedError struct {
-	job   string
-	until time.Time
+	job       string
+	until     time.Time
+	holder    *jobLockHolder
+	expiresIn time.Duration
 }
 
 func (e *jobLockedError) Error() string {
-	return fmt.Sprintf("job %s: %v in another process", e.job, ErrJobRunning)
+	var b strings.Builder
+	fmt.Fprintf(&b, "job %s: %v in another process (", e.job, ErrJobRunning)
+	if h := e.holder; h != nil {
+		fmt.Fprintf(&b, "host %s pid %d, ", h.Host, h.PID)
+		if h.Run > 0 {
+			fmt.Fprintf(&b, "run %d, ", h.Run)
+		}
+	}
+	fmt.Fprintf(&b, "lock expires in %s)", e.expiresIn.Round(time.Second))
+	return b.String()
 }
 
 func (e *jobLockedError) Unwrap() error { return ErrJobRunning }
@@ -146,3 +289,26 @@ func (e *jobLockedError) Unwrap() error { return ErrJobRunning }
 // HeldUntil implements heldElsewhere: the lock expires by then unless
 // its holder renews it, so the scheduler tries a skipped run again then.
 func (e *jobLockedError) HeldUntil() time.Time { return e.until }
+
+// jobLockScript sets KEYS[1] to ARGV[2] for ARGV[3] ms when it is free or
+// held by the token ARGV[1] (the value itself, an earlier version's bare
+// token, or its part before the first space); it returns 1 then, and
+// otherwise the value and its PTTL.
+var jobLockScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] or string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return {v, redis.call('PTTL', KEYS[1])}
+`)
+
+// jobUnlockScript deletes KEYS[1] when the token ARGV[1] holds it (as
+// jobLockScript compares it).
+var jobUnlockScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or (v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ' ') then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)

@@ -3,6 +3,9 @@ package sync_test
 import (
 	"context"
 	"errors"
+	"os"
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -153,5 +156,57 @@ func TestRedisJobLockRunStopsWithinTTLWhileRedisHangs(t *testing.T) {
 		}
 	case <-time.After(pause - time.Second):
 		t.Fatalf("Redis hung for %s, and the run went on past its lock's %s TTL", pause-time.Second, ttl)
+	}
+}
+
+// A run refused for its job's lock names the run that holds it: its host,
+// pid and stored run, and when the lock expires unless renewed. It used
+// to say only "in another process" (found by a fleet audit). A lock held
+// under an old-form token (a bare token, as earlier versions wrote it)
+// names no holder, and still refuses.
+func TestJobLockRefusalNamesTheHolder(t *testing.T) {
+	rdb := redisClient(t)
+	ctx := context.Background()
+	jobs := []bsync.Job{{Name: "prune", Kind: bsync.JobMaintenance, Every: time.Hour}}
+	busy := &blockingStore{entered: make(chan struct{}, 1), cause: make(chan error, 1)}
+	busy.runs.Store(44) // the holder's run is stored as 45
+	first, err := bsync.NewScheduler(jobs, bsync.SchedulerOptions{Engine: &bsync.Engine{}, Store: busy,
+		Locker: newJobLocks(t, rdb, time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := bsync.NewScheduler(jobs, bsync.SchedulerOptions{Engine: &bsync.Engine{}, Store: &countingStore{},
+		Locker: newJobLocks(t, rdb, time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { first.Stop(); second.Stop() })
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { _, err := first.RunJob(runCtx, "prune"); done <- err }()
+	select {
+	case <-busy.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first run did not start")
+	}
+	_, err = second.RunJob(ctx, "prune")
+	host, _ := os.Hostname()
+	want := regexp.MustCompile(`^job prune: job is still running in another process \(host ` + regexp.QuoteMeta(host) +
+		` pid ` + strconv.Itoa(os.Getpid()) + `, run 45, lock expires in (59s|1m0s)\)$`)
+	if !errors.Is(err, bsync.ErrJobRunning) || !want.MatchString(err.Error()) {
+		t.Errorf("refused with %v, want ErrJobRunning matching %s", err, want)
+	}
+	stop()
+	<-done
+
+	key := bsync.DefaultJobLockPrefix + "prune"
+	if err := rdb.Set(ctx, key, "0123456789abcdef01234567", 30*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = newJobLocks(t, rdb, time.Minute).LockJob(ctx, "prune")
+	want = regexp.MustCompile(`^job prune: job is still running in another process \(lock expires in (29|30)s\)$`)
+	if !errors.Is(err, bsync.ErrJobRunning) || !want.MatchString(err.Error()) {
+		t.Errorf("refused for an old-form lock with %v, want ErrJobRunning matching %s", err, want)
 	}
 }

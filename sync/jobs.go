@@ -860,6 +860,11 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func(), retry
 	live := &runProgress{}
 	if stored {
 		run.ID = id
+		if n, ok := s.opts.Locker.(runNamer); ok && run.Locked {
+			// The lock was taken before the run was stored: a run
+			// refused for it names this one from now on.
+			n.nameRun(ctx, j.Name, id)
+		}
 		stopBeat = s.heartbeat(ctx, id, log, live)
 		log.Info("job started", "run", id)
 	} else {
