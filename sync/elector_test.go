@@ -404,3 +404,63 @@ func TestRedisLeaseLateAnswerLeavesALaterTermAlone(t *testing.T) {
 		t.Errorf("the late answer of an older call ended the term a later call renewed in time: term closed %v, leader %v", isClosed(term), l.Leader())
 	}
 }
+
+// On a process standing by (not the jobs leader), NextRun follows the
+// schedule and the job's stored runs, as before Start, not gocron's next
+// run, which a standby never moves on: the dashboard's jobs page of a
+// standby serve read it minutes in the past (found by a fleet audit).
+func TestNextRunOnAStandbyFollowsTheStoredRuns(t *testing.T) {
+	rdb := redisClient(t)
+	db := openStore(t)
+	const every = 300 * time.Millisecond
+	job := []bsync.Job{{Name: "prune", Kind: bsync.JobMaintenance, Every: every}}
+	var scheds [2]*bsync.Scheduler
+	var leases [2]*bsync.RedisLease
+	for i := range scheds {
+		leases[i] = newLease(t, rdb, 3*time.Second)
+		s, err := bsync.NewScheduler(job, bsync.SchedulerOptions{
+			Engine: &bsync.Engine{}, Store: jobStore{db}, Elector: leases[i],
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Stop() })
+		scheds[i] = s
+	}
+	scheds[0].Start()
+	waitFor(t, "the first scheduler to lead", leases[0].Leader)
+	scheds[1].Start()
+	ran := func() int {
+		runs, err := db.JobRuns(context.Background(), "prune", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(runs)
+	}
+	// Until the leader has run it several times since the standby
+	// started, each standby tick refused by the elector.
+	base := ran()
+	waitFor(t, "the leader's runs", func() bool { return ran() >= base+5 })
+	if leases[1].Leader() {
+		t.Fatal("the standby leads")
+	}
+	for range 5 {
+		now := time.Now()
+		next, err := scheds[1].NextRun("prune", time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, ok, err := db.LastJobStart(context.Background(), "prune")
+		if err != nil || !ok {
+			t.Fatalf("last start: %v, %v", ok, err)
+		}
+		if next.Before(now) || next.After(time.Now().Add(every)) && next.After(last.Add(every)) {
+			t.Fatalf("standby's next run %s, called at %s: want from now to an interval after the last run's start (%s)",
+				next.Format(time.StampMilli), now.Format(time.StampMilli), last.Format(time.StampMilli))
+		}
+	}
+	// The leader's own is gocron's, which it moves on.
+	if next, err := scheds[0].NextRun("prune", time.Time{}); err != nil || next.Before(time.Now().Add(-every)) {
+		t.Errorf("leader's next run %s (%v), want about now", next.Format(time.StampMilli), err)
+	}
+}

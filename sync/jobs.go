@@ -521,12 +521,16 @@ func (s *Scheduler) Skipped(job string) int64 {
 	return 0
 }
 
-// NextRun returns when job runs next. While the scheduler runs this is
-// gocron's schedule; before Start it is computed from after (the next cron
-// time, or after plus Every), with after the last run's start or now. For
-// an interval job whose store keeps history (JobHistory), after is the
-// start of its last run that ran to its end, and an overdue run is due
-// now, as Start schedules it. It fails with ErrUnknownJob.
+// NextRun returns when job runs next. While the scheduler runs, and this
+// process leads (see below), this is gocron's schedule; before Start it is
+// computed from after (the next cron time, or after plus Every), with
+// after the last run's start or now. For an interval job whose store keeps
+// history (JobHistory), after is the start of its last run that ran to its
+// end, and an overdue run is due now, as Start schedules it. On a process
+// standing by (its Elector a Leadership whose term has ended, or not
+// begun) it is computed so too: its own gocron schedule is not moved on
+// by the leader's runs, and reads in the past. It fails with
+// ErrUnknownJob.
 func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
 	st, ok := s.state[job]
 	if !ok {
@@ -535,6 +539,13 @@ func (s *Scheduler) NextRun(job string, after time.Time) (time.Time, error) {
 	s.mu.Lock()
 	started := s.started
 	s.mu.Unlock()
+	if e, ok := s.opts.Elector.(Leadership); ok && started {
+		select {
+		case <-e.Lost():
+			started = false // standing by: the leader's runs are in the store
+		default:
+		}
+	}
 	if started {
 		if t, err := st.handle.NextRun(); err == nil && !t.IsZero() {
 			return t, nil
