@@ -109,33 +109,44 @@ func NewRedisJobLocks(rdb redis.Scripter, opts LeaseOptions) (*RedisJobLocks, er
 		host: host, pid: os.Getpid(), held: map[string]*heldJobLock{}}, nil
 }
 
+// jobLockRecord is the suffix of the key, kept beside a job's lock and
+// without expiry, that says Redis has kept its data since a process first
+// took the lock (a job's name holds no ':').
+const jobLockRecord = ":record"
+
 // lock runs jobLockScript: it sets key to value for TTL when key is free
-// or token's, and reports whether it did; when another token holds key,
-// it returns the key's value and how long it lasts.
-func (l *RedisJobLocks) lock(ctx context.Context, key, token, value string) (ok bool, held string, expiresIn time.Duration, err error) {
-	res, err := jobLockScript.Run(ctx, l.rdb, []string{key}, token, value, l.ttl.Milliseconds()).Result()
+// or token's, and reports whether it did, and whether the lock's record
+// was missing (fresh: Redis never held the lock, or lost its data); when
+// another token holds key, it returns the key's value and how long it
+// lasts.
+func (l *RedisJobLocks) lock(ctx context.Context, key, token, value string) (ok, fresh bool, held string, expiresIn time.Duration, err error) {
+	res, err := jobLockScript.Run(ctx, l.rdb, []string{key, key + jobLockRecord}, token, value, l.ttl.Milliseconds()).Result()
 	if err != nil {
-		return false, "", 0, err
+		return false, false, "", 0, err
 	}
-	if n, isInt := res.(int64); isInt && n == 1 {
-		return true, "", 0, nil
+	if n, isInt := res.(int64); isInt && (n == 1 || n == 2) {
+		return true, n == 2, "", 0, nil
 	}
 	if a, isSlice := res.([]any); isSlice && len(a) == 2 {
 		held, _ = a[0].(string)
 		ms, _ := a[1].(int64)
-		return false, held, time.Duration(max(ms, 0)) * time.Millisecond, nil
+		return false, false, held, time.Duration(max(ms, 0)) * time.Millisecond, nil
 	}
-	return false, "", 0, fmt.Errorf("unexpected answer %v", res)
+	return false, false, "", 0, fmt.Errorf("unexpected answer %v", res)
 }
 
-// LockJob implements JobLocker.
+// LockJob implements JobLocker. A lock whose record is missing (Redis
+// never held it, or it lost its data: FLUSHALL, a restart without
+// persistence) is taken, but LockJob returns only one TTL later (or an
+// error, should ctx end or the lock be lost meanwhile; the lock is given
+// up then): see fence.
 func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Context, func(), error) {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	token, key := hex.EncodeToString(b[:]), l.prefix+job
 	holder := jobLockHolder{Host: l.host, PID: l.pid}
 	start := time.Now() // the key lasts until start + ttl at least
-	ok, held, expiresIn, err := l.lock(ctx, key, token, jobLockValue(token, holder))
+	ok, fresh, held, expiresIn, err := l.lock(ctx, key, token, jobLockValue(token, holder))
 	if err != nil {
 		return nil, nil, fmt.Errorf("sync: lock job %s: %w", job, err)
 	}
@@ -169,7 +180,48 @@ func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Contex
 			l.log.Warn("job lock: release (it expires by itself)", "job", job, "err", err)
 		}
 	}
+	if fresh {
+		if err := l.fence(ctx, rctx, job); err != nil {
+			release()
+			return nil, nil, err
+		}
+	}
 	return rctx, release, nil
+}
+
+// fence waits one TTL, from now, for the lock of job just taken whose
+// record was missing, while its renewal goes on under rctx. ctx is
+// LockJob's.
+//
+// A lock's key is gone when its holder released it (the run ended), when
+// it expired (its holder stopped renewing: its run stopped by then, on a
+// timer of its own, TTL after the start of its last renewal that
+// succeeded), or when Redis lost its data. Only in the last case may its
+// holder still run: it finds out at its next renewal, up to TTL/3 later,
+// or when its TTL passes unrenewed. The record, a key beside the lock
+// with no expiry that every acquisition and renewal sets, tells the cases
+// apart: gone with the lock, Redis lost its data (or never held the lock:
+// its first use, which waits once). The earlier holder's last renewal
+// that succeeded started before the data was lost, so before this
+// acquisition was answered: its timer stops its run within TTL of now.
+// Waiting that out costs one TTL after a loss of data and at a job's first
+// lock in a Redis, and nothing after a clean release or an expiry. The
+// jobs lease needs no fence of its own: every run, scheduled or not, takes
+// its job's lock.
+func (l *RedisJobLocks) fence(ctx, rctx context.Context, job string) error {
+	l.log.Info("job lock: Redis had no record of this lock (its first use, or Redis lost its data): "+
+		"waiting its TTL before the run, for a run that may hold it unseen to stop", "job", job, "ttl", l.ttl)
+	t := time.NewTimer(l.ttl)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-rctx.Done():
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sync: lock job %s: %w", job, err)
+	}
+	return fmt.Errorf("sync: lock job %s: %w", job, context.Cause(rctx))
 }
 
 // nameRun writes the stored run id into the key of job's lock, which this
@@ -235,7 +287,7 @@ func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFun
 			holder.Run, named = req.id, req.done
 		}
 		start := time.Now()
-		ok, _, _, err := l.lock(ctx, key, token, jobLockValue(token, holder))
+		ok, _, _, _, err := l.lock(ctx, key, token, jobLockValue(token, holder))
 		if named != nil {
 			if err != nil {
 				l.log.Debug("job lock: naming the run in it", "key", key, "err", err)
@@ -292,12 +344,16 @@ func (e *jobLockedError) HeldUntil() time.Time { return e.until }
 
 // jobLockScript sets KEYS[1] to ARGV[2] for ARGV[3] ms when it is free or
 // held by the token ARGV[1] (the value itself, an earlier version's bare
-// token, or its part before the first space); it returns 1 then, and
+// token, or its part before the first space), and sets its record KEYS[2]
+// (no expiry); it returns 1 then, 2 when the record was missing, and
 // otherwise the value and its PTTL.
 var jobLockScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == false or v == ARGV[1] or string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  if redis.call('SET', KEYS[2], '1', 'NX') then
+    return 2
+  end
   return 1
 end
 return {v, redis.call('PTTL', KEYS[1])}

@@ -850,6 +850,10 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func(), retry
 		defer release()
 		ctx = lctx
 		run.Locked = true
+		// The run starts once it holds the lock, which LockJob may have
+		// waited for (RedisJobLocks.fence): its stored span is the one
+		// that never overlaps another process's run.
+		run.StartedAt = s.opts.Now()
 	}
 	// The run is stored as running from its start, and beats while it
 	// goes on: a process killed mid-run leaves a trace, closed as

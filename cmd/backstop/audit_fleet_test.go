@@ -275,7 +275,10 @@ func TestFleetScheduledSyncMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	leader.waitCount(notLeader, 1, lease)
+	// The newest run that ran: a tick that came as it was stopping is
+	// stored as skipped after it.
 	runs := jobRuns(t, dbPath, "slow")
+	runs = slices.DeleteFunc(runs, func(r store.JobRun) bool { return r.Status == "skipped" })
 	if last := runs[len(runs)-1]; last.Status != "interrupted" || !strings.Contains(last.Error, "not the jobs leader") {
 		t.Errorf("run after the lease was lost: %s %q, want interrupted, saying it no longer leads", last.Status, last.Error)
 	}
