@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	stdsync "sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -597,5 +598,43 @@ func TestDeliveriesShowSaysWhenItsAttemptsWerePruned(t *testing.T) {
 	}
 	if want := "none kept: the log of its attempt was pruned (attempts are kept 14 days); its last answer: 404"; !strings.Contains(stdout, want) || strings.Contains(stdout, "none yet") {
 		t.Errorf("deliveries show of a dead letter with its attempts pruned:\n%s\nwant %q", stdout, want)
+	}
+}
+
+// `deliveries targets enable` lifts a 429's pause in a running serve too,
+// not only the pause stored for the target: the delivery a 429 with
+// Retry-After: 60 answered goes out within seconds of the enable, not a
+// minute later.
+func TestTargetsEnableLiftsARunningServesPause(t *testing.T) {
+	var requests atomic.Int64
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if requests.Add(1) == 1 {
+			w.Header().Set("Retry-After", "60")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer target.Close()
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.writeDeliveryConfig(addr, target.URL)
+	serveInProcess(t, e, addr)
+	proxyPost(t, addr, "evt_paused", `{"n":1}`)
+	waitFor(t, time.Minute, func() bool {
+		_, out, _ := e.run(context.Background(), "deliveries", "targets", "--json")
+		return strings.Contains(out, `"paused_until"`)
+	})
+	if code, out, errOut := e.run(context.Background(), "deliveries", "targets", "enable", "recorder"); code != exitOK {
+		t.Fatalf("targets enable: exit %d\n%s%s", code, out, errOut)
+	}
+	enabled := time.Now()
+	var shown string
+	waitFor(t, time.Minute, func() bool {
+		_, shown, _ = e.run(context.Background(), "deliveries", "show", "1")
+		return strings.Contains(shown, "delivered")
+	})
+	if took := time.Since(enabled); took > 10*time.Second {
+		t.Errorf("delivered %v after targets enable; want within seconds (the 429 asked for 60 s)\n%s", took.Round(time.Second), shown)
 	}
 }

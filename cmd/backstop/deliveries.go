@@ -468,9 +468,9 @@ func (m *Main) targetsCommand(g *globals) *cobra.Command {
 		Use:   "enable NAME",
 		Short: "Enable a target that a 410 answer disabled (and lift any pause)",
 		Long: `Enable a target that a 410 answer disabled, and lift the pause a 429
-stored with it: a running serve sends to it again within a second or so.
-The pacing of a running serve's own requests to the target, which also
-waits out a 429's Retry-After, is not lifted: it holds a minute at most.`,
+stored with it: a running serve sees it within a second or so, ends its
+own pacing of the target after the 429 too (in Redis, for every serve,
+with governor.redis), and sends to it again at once.`,
 		Args: oneArg("the target's name, as backstop deliveries targets shows it"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			db, cfg, err := m.openStore(cmd.Context(), g)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -62,6 +63,17 @@ func (p governorPacer) PausedUntil(ctx context.Context) (time.Time, error) {
 		}
 	}
 	return until, nil
+}
+
+var _ delivery.PauseLifter = governorPacer{}
+
+// LiftPause implements delivery.PauseLifter: both governors' pauses end.
+func (p governorPacer) LiftPause(ctx context.Context) error {
+	err := p.g.LiftPause(ctx)
+	if p.limit != nil {
+		err = errors.Join(err, p.limit.LiftPause(ctx))
+	}
+	return err
 }
 
 // Acquire implements delivery.Pacer. The cap is taken last, right before
@@ -186,6 +198,19 @@ func (p headerPacer) PausedUntil(ctx context.Context) (time.Time, error) {
 		until = shared
 	}
 	return until, nil
+}
+
+var _ delivery.PauseLifter = headerPacer{}
+
+// LiftPause implements delivery.PauseLifter: the pauses of the local
+// governors, and of the shared ones once the target answered with
+// rate-limit headers.
+func (p headerPacer) LiftPause(ctx context.Context) error {
+	err := p.local.LiftPause(ctx)
+	if p.on.Load() {
+		err = errors.Join(err, p.shared.LiftPause(ctx))
+	}
+	return err
 }
 
 // watchedTicket is a local ticket of a headerPacer: the first answer with

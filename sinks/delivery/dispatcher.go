@@ -158,6 +158,14 @@ type PauseReporter interface {
 	PausedUntil(ctx context.Context) (time.Time, error)
 }
 
+// PauseLifter is a Pacer whose 429 pause can be ended before its time:
+// the dispatcher lifts it when the target's stored pause was lifted
+// (backstop deliveries targets enable), so that the target is tried again
+// at once.
+type PauseLifter interface {
+	LiftPause(ctx context.Context) error
+}
+
 // PaceTicket is one paced request: Done with its answer, or Abort when
 // there was none.
 type PaceTicket interface {
@@ -242,6 +250,17 @@ type worker struct {
 	took       time.Duration // moving average of the attempts' durations
 	stateAt    time.Time     // when the target's stored state was last read
 	reading    bool          // a sender is reading it now
+	// storedPause is the end of the latest pause known to be stored for
+	// the target (stored after its own 429, or read: another process's).
+	// A stored pause only ever moves later, but for backstop deliveries
+	// targets enable, which clears it: a read that finds an earlier one
+	// (or none) while storedPause is still to come means the pause was
+	// lifted (see notePause). pauseSeq counts the pauses stored here, so
+	// that a read begun before one was stored is not taken for its lift;
+	// lifts counts the lifts seen.
+	storedPause time.Time
+	pauseSeq    int
+	lifts       int
 }
 
 // claim is a batch of rows claimed together and the end of the lease the
@@ -536,8 +555,12 @@ func (d *Dispatcher) targetQueue(ctx context.Context, w *worker) (TargetState, e
 	now := d.now()
 	w.mu.Lock()
 	counts := w.countedAt.IsZero() || now.Sub(w.countedAt) >= w.countEvery || now.Before(w.countedAt)
+	seq := w.pauseSeq
 	w.mu.Unlock()
 	st, err := d.q.TargetQueue(ctx, w.t.Name, counts)
+	if err == nil {
+		d.notePause(ctx, w, st, seq)
+	}
 	if err != nil || !counts {
 		return st, err
 	}
@@ -549,11 +572,45 @@ func (d *Dispatcher) targetQueue(ctx context.Context, w *worker) (TargetState, e
 	return st, nil
 }
 
+// notePause applies the pause st, w's target's state as read by a read
+// begun when w.pauseSeq was seq, to what w knows of its stored pause: a
+// later one is noted; an earlier one, or none, while the one noted is
+// still to come means the pause was lifted (backstop deliveries targets
+// enable): w's own pause ends, and so does its pacer's (PauseLifter), so
+// that the target is sent to again at once rather than when the 429's
+// Retry-After ends.
+func (d *Dispatcher) notePause(ctx context.Context, w *worker, st TargetState, seq int) {
+	now := d.now()
+	w.mu.Lock()
+	lifted := seq == w.pauseSeq && w.storedPause.After(now) && st.PausedUntil.Before(w.storedPause)
+	switch {
+	case lifted:
+		w.storedPause, w.pauseUntil = time.Time{}, time.Time{}
+		w.lifts++
+	case st.PausedUntil.After(w.storedPause):
+		w.storedPause = st.PausedUntil
+	}
+	w.mu.Unlock()
+	if !lifted {
+		return
+	}
+	w.logger.Info("target's pause lifted (deliveries targets enable): sending again")
+	if l, ok := d.pacers[w.t.Name].(PauseLifter); ok {
+		if err := l.LiftPause(context.WithoutCancel(ctx)); err != nil {
+			w.logger.Error("lift the pacer's pause", "err", err)
+		}
+	}
+}
+
 // holdThrough waits, holding w's batch, until the pause that ends at
-// until has passed (on the real clock, for until.Sub(d.now())), or ctx
-// ends (false). It counts the queue meanwhile, as a pass would.
+// until has passed (on the real clock, for until.Sub(d.now())) or is
+// lifted (see notePause), or ctx ends (false). It counts the queue
+// meanwhile, as a pass would.
 func (d *Dispatcher) holdThrough(ctx context.Context, w *worker, until time.Time) bool {
 	end := time.Now().Add(until.Sub(d.now()))
+	w.mu.Lock()
+	lifts := w.lifts
+	w.mu.Unlock()
 	for {
 		left := time.Until(end)
 		if left <= 0 {
@@ -567,6 +624,12 @@ func (d *Dispatcher) holdThrough(ctx context.Context, w *worker, until time.Time
 		}
 		if _, err := d.targetQueue(ctx, w); err != nil && ctx.Err() == nil {
 			w.logger.Error("read target state", "err", err)
+		}
+		w.mu.Lock()
+		lifted := w.lifts != lifts
+		w.mu.Unlock()
+		if lifted {
+			return true
 		}
 	}
 }
@@ -1086,6 +1149,11 @@ func (d *Dispatcher) stopTarget(ctx context.Context, w *worker, a Attempt, dec D
 	if dec.Pause > 0 {
 		if err := d.q.PauseTarget(sctx, w.t.Name, now.Add(dec.Pause)); err != nil {
 			w.logger.Error("pause target", "err", err)
+		} else {
+			w.mu.Lock()
+			w.storedPause = later(w.storedPause, now.Add(dec.Pause))
+			w.pauseSeq++
+			w.mu.Unlock()
 		}
 		w.logger.Info("target paused", "for", dec.Pause)
 	}

@@ -130,6 +130,13 @@ func (b *Budget) Reserve(now time.Time, p Policy) (wait time.Duration, granted b
 	return 0, true
 }
 
+// LiftPause ends the budget's 429 pause at once and forgets the 429s that
+// made it (an operator said the limit is over: backstop deliveries
+// targets enable).
+func (b *Budget) LiftPause() {
+	b.PausedUntil, b.PauseStart, b.Consecutive429 = time.Time{}, time.Time{}, 0
+}
+
 // Observe applies one finished request at now: it releases the in-flight
 // slot, learns the window from the rate-limit headers and, on a 429, pauses
 // the key.

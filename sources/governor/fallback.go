@@ -197,6 +197,19 @@ func (f *FallbackStore) Observe(ctx context.Context, key string, now time.Time, 
 	return nil
 }
 
+// LiftPause implements PauseLifter: in the local budget, and in the
+// shared store when it lifts pauses and answers (an error of its is
+// returned, the local pause lifted all the same).
+func (f *FallbackStore) LiftPause(ctx context.Context, key string, now time.Time, p Policy) error {
+	f.mu.Lock()
+	f.budget(key).LiftPause()
+	f.mu.Unlock()
+	if l, ok := f.shared.(PauseLifter); ok {
+		return l.LiftPause(ctx, key, now, p)
+	}
+	return nil
+}
+
 // Snapshot implements Store: the shared state, or the local one (scaled)
 // while pacing locally. It does not try the shared store while pacing
 // locally (a dashboard refreshing would wait on an unreachable Redis each

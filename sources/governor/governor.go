@@ -206,10 +206,31 @@ func (g *Governor) Acquire(ctx context.Context) (*Ticket, error) {
 		if granted {
 			return &Ticket{g: g, ctx: context.WithoutCancel(ctx), waited: now.Sub(start), granted: now}, nil
 		}
-		if err := g.clock.Sleep(ctx, wait); err != nil {
+		// A long wait (a 429's pause) is asked again now and then, so
+		// that a pause lifted meanwhile (LiftPause, here or in another
+		// process sharing the store) lets the request go.
+		if err := g.clock.Sleep(ctx, min(wait, pauseRecheck)); err != nil {
 			return nil, err
 		}
 	}
+}
+
+// pauseRecheck is the longest Acquire sleeps before it asks the store
+// again.
+const pauseRecheck = 2 * time.Second
+
+// LiftPause ends the key's 429 pause now, for every process sharing its
+// store, when the store can (PauseLifter; it does nothing otherwise).
+// Requests waiting in Acquire go within pauseRecheck.
+func (g *Governor) LiftPause(ctx context.Context) error {
+	l, ok := g.store.(PauseLifter)
+	if !ok {
+		return nil
+	}
+	if err := l.LiftPause(ctx, g.key, g.clock.Now(), g.policy); err != nil {
+		return fmt.Errorf("governor: lift pause: %w", err)
+	}
+	return nil
 }
 
 // State returns the key's budget as the governor sees it now.

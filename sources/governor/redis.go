@@ -159,6 +159,15 @@ func (s *RedisStore) Observe(ctx context.Context, key string, now time.Time, obs
 	})
 }
 
+// LiftPause implements PauseLifter: the pause ends for every process
+// sharing the key.
+func (s *RedisStore) LiftPause(ctx context.Context, key string, now time.Time, _ Policy) error {
+	return s.update(ctx, key, now, false, func(b *Budget, _ time.Time, _ time.Duration) bool {
+		b.LiftPause()
+		return false
+	})
+}
+
 // Snapshot implements Store: the shared state, read now.
 func (s *RedisStore) Snapshot(ctx context.Context, key string, now time.Time, p Policy) (State, error) {
 	_, raw, err := s.read(ctx, s.prefix+key)

@@ -21,6 +21,12 @@ type Store interface {
 	Snapshot(ctx context.Context, key string, now time.Time, p Policy) (State, error)
 }
 
+// PauseLifter is a Store that can end a key's 429 pause before its time
+// (Governor.LiftPause). The stores of this package all are.
+type PauseLifter interface {
+	LiftPause(ctx context.Context, key string, now time.Time, p Policy) error
+}
+
 // MemoryStore is a Store for one process. The zero value is ready to use.
 type MemoryStore struct {
 	mu      sync.Mutex
@@ -69,4 +75,12 @@ func (s *MemoryStore) Snapshot(_ context.Context, key string, now time.Time, p P
 		b = *cur
 	}
 	return b.State(now, p), nil
+}
+
+// LiftPause implements PauseLifter. It never fails.
+func (s *MemoryStore) LiftPause(_ context.Context, key string, _ time.Time, _ Policy) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.budget(key).LiftPause()
+	return nil
 }
