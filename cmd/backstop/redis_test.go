@@ -344,11 +344,6 @@ func TestSharedGovernorSurvivesRedisLoss(t *testing.T) {
 	simURL := newSimServer(t, s)
 	dir := t.TempDir()
 	resources := []backstop.Resource{backstop.Contacts, backstop.Chats, backstop.Messages}
-	var backfills []*fleetProc
-	for _, r := range resources {
-		cfg := backfillConfig(t, dir, string(r), simURL, rds.URL())
-		backfills = append(backfills, startProc(t, string(r), cfg, s.APIKey(), nil, "backfill", string(r)))
-	}
 	serveCfg := writeFile(t, dir, "serve.yaml", fmt.Sprintf(`source:
   base_url: %s
   api_key: ${BOTIX_API_KEY}
@@ -359,6 +354,9 @@ store:
 governor:
   redis: %s
   fallback_share: 0.25
+  # A job's first lock in a fresh Redis waits one lease (see
+  # RedisJobLocks.fence): a short one, for a short test.
+  job_lease: 5s
 intake:
   listen: 127.0.0.1:0
   secret: ${BOTIX_WEBHOOK_SECRET}
@@ -367,6 +365,15 @@ jobs:
 `, simURL, int(time.Minute/quotaWindow)*quotaLimit, quotaWindow, filepath.Join(dir, "serve.db"), rds.URL()))
 	serve := startProc(t, "serve", serveCfg, s.APIKey(), []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}, "serve")
 	serve.waitCount("msg=serving", 1, 30*time.Second)
+	// The job's first run, which waits a lease for its first lock in this
+	// Redis, has begun before the backfills start, so that they are still
+	// going when Redis stops.
+	serve.waitCount("job started", 1, 30*time.Second)
+	var backfills []*fleetProc
+	for _, r := range resources {
+		cfg := backfillConfig(t, dir, string(r), simURL, rds.URL())
+		backfills = append(backfills, startProc(t, string(r), cfg, s.APIKey(), nil, "backfill", string(r)))
+	}
 	all := append(slices.Clone(backfills), serve)
 
 	waitRequests(t, s, 100, time.Minute)
