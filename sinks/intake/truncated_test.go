@@ -407,9 +407,9 @@ func TestTruncatedFetchOncePerStepAcrossProcesses(t *testing.T) {
 	stopB := h.start(b, routes, nil)
 
 	// step waits for the k-th fetch to be recorded, checks that it was the
-	// k-th GET and that the next one is due wait later, then moves the
-	// clock to it.
-	step := func(k int, wait time.Duration) {
+	// k-th GET and that the next one is due wait later, and returns when
+	// that is (the caller moves the clock to it).
+	step := func(k int, wait time.Duration) time.Time {
 		t.Helper()
 		waitFor(t, func() bool {
 			pe, _, _ := a.ProcessedEvent(context.Background(), "evt_gone")
@@ -426,17 +426,24 @@ func TestTruncatedFetchOncePerStepAcrossProcesses(t *testing.T) {
 		if want := h.clock().Add(wait); !pe.Truncated || !pe.NextFetchAt.Equal(want) {
 			t.Fatalf("step %d: truncated=%v, next fetch at %v, want %v (retry in %v)", k, pe.Truncated, pe.NextFetchAt, want, wait)
 		}
-		h.setClock(pe.NextFetchAt)
+		return pe.NextFetchAt
 	}
+	var next time.Time
 	for k, wait := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second} {
-		step(k+1, wait)
+		if k > 0 {
+			h.setClock(next)
+		}
+		next = step(k+1, wait)
 	}
 
 	// Both stop (a rolling deploy); a new process continues the schedule.
+	// The clock moves on once they have stopped: a fetch they began as
+	// they stopped would be a GET handed back unrecorded.
 	stopA()
 	stopB()
 	h.start(h.open(), routes, nil)
-	step(5, 16*time.Second)
+	h.setClock(next)
+	h.setClock(step(5, 16*time.Second))
 	step(6, 32*time.Second)
 }
 
