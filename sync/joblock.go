@@ -110,8 +110,13 @@ func NewRedisJobLocks(rdb redis.Scripter, opts LeaseOptions) (*RedisJobLocks, er
 }
 
 // jobLockRecord is the suffix of the key, kept beside a job's lock and
-// without expiry, that says Redis has kept its data since a process first
-// took the lock (a job's name holds no ':').
+// without expiry, that says which Redis server (its run_id, new at every
+// start of redis-server) has seen the lock held: every acquisition and
+// renewal writes it (a job's name holds no ':'). A record missing, or
+// naming another server, means the lock may have been lost with Redis's
+// data (a restart, even from a snapshot or an AOF missing its last
+// second; a failover to a replica that was behind; a FLUSHALL), or was
+// never taken in it.
 const jobLockRecord = ":record"
 
 // lock runs jobLockScript: it sets key to value for TTL when key is free
@@ -135,11 +140,12 @@ func (l *RedisJobLocks) lock(ctx context.Context, key, token, value string) (ok,
 	return false, false, "", 0, fmt.Errorf("unexpected answer %v", res)
 }
 
-// LockJob implements JobLocker. A lock whose record is missing (Redis
-// never held it, or it lost its data: FLUSHALL, a restart without
-// persistence) is taken, but LockJob returns only one TTL later (or an
-// error, should ctx end or the lock be lost meanwhile; the lock is given
-// up then): see fence.
+// LockJob implements JobLocker. A lock whose record is missing or names
+// another Redis server (Redis never held it, or may have lost it: a
+// restart, with or without persistence, a failover, a FLUSHALL) is taken,
+// but LockJob returns only one TTL later (or an error, should ctx end or
+// the lock be lost meanwhile; the lock and its record are given up then):
+// see fence.
 func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Context, func(), error) {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
@@ -166,6 +172,11 @@ func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Contex
 		defer close(done)
 		l.renew(rctx, cancel, key, token, holder, hl.runs, start)
 	}()
+	// forget, for a release before the fence passed, deletes the lock's
+	// record with it, so that the next process to take the lock waits
+	// the fence out too: the run that may hold the lock unseen has not
+	// been waited for.
+	forget := "0"
 	release := func() {
 		l.mu.Lock()
 		if l.held[job] == hl {
@@ -176,12 +187,13 @@ func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Contex
 		<-done
 		uctx, stop := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer stop()
-		if err := jobUnlockScript.Run(uctx, l.rdb, []string{key}, token).Err(); err != nil {
+		if err := jobUnlockScript.Run(uctx, l.rdb, []string{key, key + jobLockRecord}, token, forget).Err(); err != nil {
 			l.log.Warn("job lock: release (it expires by itself)", "job", job, "err", err)
 		}
 	}
 	if fresh {
 		if err := l.fence(ctx, rctx, job); err != nil {
+			forget = "1"
 			release()
 			return nil, nil, err
 		}
@@ -199,9 +211,12 @@ func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Contex
 // succeeded), or when Redis lost its data. Only in the last case may its
 // holder still run: it finds out at its next renewal, up to TTL/3 later,
 // or when its TTL passes unrenewed. The record, a key beside the lock
-// with no expiry that every acquisition and renewal sets, tells the cases
-// apart: gone with the lock, Redis lost its data (or never held the lock:
-// its first use, which waits once). The earlier holder's last renewal
+// with no expiry that every acquisition and renewal sets to the server's
+// run_id, tells the cases apart: gone, or naming another server, Redis
+// lost the lock with its data or with its restart, whatever it kept (or
+// never held the lock: its first use, which waits once). A fence given up
+// (ctx ended) deletes the record with the lock, so that the next process
+// to take it waits too. The earlier holder's last renewal
 // that succeeded started before the data was lost, so before this
 // acquisition was answered: its timer stops its run within TTL of now.
 // Waiting that out costs one TTL after a loss of data and at a job's first
@@ -345,13 +360,19 @@ func (e *jobLockedError) HeldUntil() time.Time { return e.until }
 // jobLockScript sets KEYS[1] to ARGV[2] for ARGV[3] ms when it is free or
 // held by the token ARGV[1] (the value itself, an earlier version's bare
 // token, or its part before the first space), and sets its record KEYS[2]
-// (no expiry); it returns 1 then, 2 when the record was missing, and
-// otherwise the value and its PTTL.
+// (no expiry) to the server's run_id; it returns 1 then, 2 when the record
+// was missing or named another server, and otherwise the value and its
+// PTTL. A server that will not tell its run_id (INFO refused) is named
+// "unknown": the record then tells only whether it is there.
 var jobLockScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == false or v == ARGV[1] or string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  if redis.call('SET', KEYS[2], '1', 'NX') then
+  local info = redis.pcall('INFO', 'server')
+  local id = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or 'unknown'
+  local rec = redis.call('GET', KEYS[2])
+  redis.call('SET', KEYS[2], id)
+  if rec ~= id then
     return 2
   end
   return 1
@@ -360,10 +381,14 @@ return {v, redis.call('PTTL', KEYS[1])}
 `)
 
 // jobUnlockScript deletes KEYS[1] when the token ARGV[1] holds it (as
-// jobLockScript compares it).
+// jobLockScript compares it), and its record KEYS[2] too when ARGV[2] is
+// "1".
 var jobUnlockScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] or (v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ' ') then
+  if ARGV[2] == '1' then
+    redis.call('DEL', KEYS[2])
+  end
   return redis.call('DEL', KEYS[1])
 end
 return 0

@@ -258,7 +258,10 @@ func (s *spanStore) PruneProcessed(ctx context.Context, _ time.Time) (int64, err
 func TestJobLockAfterRedisLostItsDataRunsDoNotOverlap(t *testing.T) {
 	rdb := redisClient(t)
 	ctx := context.Background()
-	const lockTTL = 3 * time.Second
+	// The standby must take the lease (150 ms) and its next tick (100 ms)
+	// come before the holder's next renewal (a third of the TTL) finds
+	// the lock free and takes it back: 2 s leave room on a loaded machine.
+	const lockTTL = 6 * time.Second
 	spans := &runSpans{}
 	jobs := []bsync.Job{{Name: "prune", Kind: bsync.JobMaintenance, Every: 100 * time.Millisecond}}
 	// The holder: the run of a leader, or one by hand (backstop run),
@@ -330,5 +333,70 @@ func TestJobLockAfterRedisLostItsDataRunsDoNotOverlap(t *testing.T) {
 	if !s.start.After(h.end) {
 		t.Errorf("the runs overlapped by %s: the standby's started at %s, the holder's ended at %s",
 			h.end.Sub(s.start), s.start.Format(time.StampMilli), h.end.Format(time.StampMilli))
+	}
+}
+
+// lockTook takes job's lock with l and returns how long LockJob took,
+// releasing the lock at once.
+func lockTook(t *testing.T, ctx context.Context, l *bsync.RedisJobLocks, job string) (time.Duration, error) {
+	t.Helper()
+	start := time.Now()
+	_, release, err := l.LockJob(ctx, job)
+	took := time.Since(start)
+	if err == nil {
+		release()
+	}
+	return took, err
+}
+
+// Redis restarted from a snapshot that kept the lock's record but not the
+// lock (taken after the snapshot): the record names the server of before
+// the restart, so the next lock waits the fence out, as after a FLUSHALL;
+// taken again on the same server, it does not. (A record that only said
+// "Redis kept its data" was restored with the snapshot, and the lock was
+// taken at once while a run that held it could still go on.)
+func TestJobLockAfterRedisRestartedFromASnapshotWaitsTheFence(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 3})
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	const ttl = time.Second
+	l := newJobLocks(t, rdb, ttl)
+	if took, err := lockTook(t, ctx, l, "nightly"); err != nil || took < ttl*9/10 {
+		t.Fatalf("first lock in a fresh Redis: %v after %s, want the fence (%s)", err, took, ttl)
+	}
+	if took, err := lockTook(t, ctx, l, "nightly"); err != nil || took > ttl/2 {
+		t.Fatalf("lock on the same server: %v after %s, want no fence", err, took)
+	}
+	if err := rdb.Save(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Restart()
+	if n, err := rdb.Exists(ctx, bsync.DefaultJobLockPrefix+"nightly:record").Result(); err != nil || n != 1 {
+		t.Fatalf("the snapshot did not keep the record: %d %v", n, err)
+	}
+	if took, err := lockTook(t, ctx, l, "nightly"); err != nil || took < ttl*9/10 {
+		t.Errorf("lock after Redis restarted from a snapshot: %v after %s, want the fence (%s)", err, took, ttl)
+	}
+	if took, err := lockTook(t, ctx, l, "nightly"); err != nil || took > ttl/2 {
+		t.Errorf("lock again on the restarted server: %v after %s, want no fence", err, took)
+	}
+}
+
+// A fence given up (its ctx ended) takes the lock's record away with the
+// lock: the next process to take the lock waits the fence out too, since
+// a run that held the lost lock was not waited for.
+func TestJobLockFenceGivenUpLeavesTheNextOneFenced(t *testing.T) {
+	rdb := redisClient(t)
+	ctx := context.Background()
+	const ttl = time.Second
+	a, b := newJobLocks(t, rdb, ttl), newJobLocks(t, rdb, ttl)
+	short, cancel := context.WithTimeout(ctx, ttl/5)
+	defer cancel()
+	if _, err := lockTook(t, short, a, "nightly"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a fence cut short by its ctx: %v, want context.DeadlineExceeded", err)
+	}
+	if took, err := lockTook(t, ctx, b, "nightly"); err != nil || took < ttl*9/10 {
+		t.Errorf("the next lock: %v after %s, want the fence (%s)", err, took, ttl)
 	}
 }
