@@ -67,9 +67,14 @@ func (p governorPacer) PausedUntil(ctx context.Context) (time.Time, error) {
 
 var _ delivery.PauseLifter = governorPacer{}
 
-// LiftPause implements delivery.PauseLifter: both governors' pauses end.
+// LiftPause implements delivery.PauseLifter: both governors' pauses end
+// (g's only while requests go through it: else it has none, and lifting
+// it would write a budget for nothing).
 func (p governorPacer) LiftPause(ctx context.Context) error {
-	err := p.g.LiftPause(ctx)
+	var err error
+	if p.useTarget() {
+		err = p.g.LiftPause(ctx)
+	}
 	if p.limit != nil {
 		err = errors.Join(err, p.limit.LiftPause(ctx))
 	}

@@ -579,10 +579,16 @@ func (d *Dispatcher) targetQueue(ctx context.Context, w *worker) (TargetState, e
 // enable): w's own pause ends, and so does its pacer's (PauseLifter), so
 // that the target is sent to again at once rather than when the 429's
 // Retry-After ends.
+//
+// Only a store with no pause left counts as a lift: one shorter than the
+// one noted is a newer 429's, got after a lift by another process sharing
+// the store (whose pacer holds that pause), and w keeps to the longer one
+// it knows. A read begun before w stored a pause of its own (seq behind
+// w.pauseSeq) may not show that pause yet, and is not taken for a lift.
 func (d *Dispatcher) notePause(ctx context.Context, w *worker, st TargetState, seq int) {
 	now := d.now()
 	w.mu.Lock()
-	lifted := seq == w.pauseSeq && w.storedPause.After(now) && st.PausedUntil.Before(w.storedPause)
+	lifted := seq == w.pauseSeq && w.storedPause.After(now) && !st.PausedUntil.After(now)
 	switch {
 	case lifted:
 		w.storedPause, w.pauseUntil = time.Time{}, time.Time{}
@@ -596,7 +602,9 @@ func (d *Dispatcher) notePause(ctx context.Context, w *worker, st TargetState, s
 	}
 	w.logger.Info("target's pause lifted (deliveries targets enable): sending again")
 	if l, ok := d.pacers[w.t.Name].(PauseLifter); ok {
-		if err := l.LiftPause(context.WithoutCancel(ctx)); err != nil {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		defer cancel()
+		if err := l.LiftPause(lctx); err != nil {
 			w.logger.Error("lift the pacer's pause", "err", err)
 		}
 	}

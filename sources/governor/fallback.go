@@ -198,16 +198,22 @@ func (f *FallbackStore) Observe(ctx context.Context, key string, now time.Time, 
 }
 
 // LiftPause implements PauseLifter: in the local budget, and in the
-// shared store when it lifts pauses and answers (an error of its is
-// returned, the local pause lifted all the same).
+// shared store when it lifts pauses and is not known to be unreachable
+// (as Reserve asks it; an error of its is returned, the local pause
+// lifted all the same).
 func (f *FallbackStore) LiftPause(ctx context.Context, key string, now time.Time, p Policy) error {
 	f.mu.Lock()
 	f.budget(key).LiftPause()
+	local := f.local
+	live := f.live
 	f.mu.Unlock()
-	if l, ok := f.shared.(PauseLifter); ok {
-		return l.LiftPause(ctx, key, now, p)
+	l, ok := f.shared.(PauseLifter)
+	if !ok || local {
+		return nil
 	}
-	return nil
+	sctx, stop := whileLive(ctx, live)
+	defer stop()
+	return l.LiftPause(sctx, key, now, p)
 }
 
 // Snapshot implements Store: the shared state, or the local one (scaled)
