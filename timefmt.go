@@ -15,16 +15,26 @@ const canonicalLayout = "2006-01-02T15:04:05.000000000Z"
 func CanonicalTime(t time.Time) string { return t.UTC().Format(canonicalLayout) }
 
 // ParseTime parses an RFC 3339 timestamp with or without fractional
-// seconds. The instant must fall in the years 0001 to 9999 in UTC: outside
-// them (an offset can take 9999-12-31 into year 10000) CanonicalTime's
-// text no longer sorts in time order, and the mirror compares versions as
-// text.
+// seconds.
 func ParseTime(s string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("invalid timestamp %q: want RFC 3339", s)
 	}
-	t = t.UTC()
+	return t.UTC(), nil
+}
+
+// ParseCanonicalRange parses s as ParseTime does, and refuses an instant
+// outside the years 0001 to 9999 in UTC: outside them (an offset can take
+// 9999-12-31 into year 10000) CanonicalTime's text no longer sorts in time
+// order, and the mirror compares versions as text. The webhook intake
+// parses what senders write with it; what the store reads back, written
+// by an earlier version perhaps, goes through ParseTime.
+func ParseCanonicalRange(s string) (time.Time, error) {
+	t, err := ParseTime(s)
+	if err != nil {
+		return t, err
+	}
 	if y := t.Year(); y < 1 || y > 9999 {
 		return time.Time{}, fmt.Errorf("invalid timestamp %q: year %d in UTC, outside 0001 to 9999", s, y)
 	}

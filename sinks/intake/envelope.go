@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/backstop-sync/backstop"
@@ -533,7 +532,7 @@ func CheckID(s string) error {
 		if isControl(r) {
 			return fmt.Errorf("contains a control character (U+%04X)", r)
 		}
-		if r >= 0xAD && unicode.Is(unicode.Cf, r) {
+		if isDisguising(r) {
 			// Invisible, or reordering what follows (U+202E): an id
 			// printed by deliveries list or the dashboard would not
 			// read as what it is.
@@ -541,6 +540,23 @@ func CheckID(s string) error {
 		}
 	}
 	return nil
+}
+
+// isDisguising reports whether r is a format character that hides itself
+// or reorders the text around it: the bidirectional controls (U+061C,
+// U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069) and the invisible
+// spaces and joiners without a use in words (U+180E, U+200B, U+2060 to
+// U+2064, U+FEFF). The format characters that text needs are allowed: the
+// zero-width non-joiner and joiner (U+200C, U+200D: Persian and Indic
+// words, emoji sequences), the soft hyphen, tag characters of flags.
+func isDisguising(r rune) bool {
+	switch {
+	case r == 0x061C, r == 0x180E, r == 0x200B, r == 0x200E, r == 0x200F, r == 0xFEFF:
+		return true
+	case r >= 0x202A && r <= 0x202E, r >= 0x2060 && r <= 0x2064, r >= 0x2066 && r <= 0x2069:
+		return true
+	}
+	return false
 }
 
 // isControl reports whether r is a C0 control, DEL or a C1 control.
@@ -554,7 +570,7 @@ func timeField(name string, raw json.RawMessage) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, malformed("%s must be a string (an RFC 3339 timestamp)", name)
 	}
-	parsed, err := backstop.ParseTime(s)
+	parsed, err := backstop.ParseCanonicalRange(s)
 	if err != nil {
 		return time.Time{}, malformed("%s: %v", name, err)
 	}

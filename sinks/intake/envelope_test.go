@@ -241,3 +241,17 @@ func TestParseEnvelopeNumbersInRange(t *testing.T) {
 		}
 	}
 }
+
+// The format characters that words and emoji need are taken in ids: the
+// zero-width non-joiner (Persian), the joiner (an emoji sequence), the
+// soft hyphen, a flag's tag characters; the ones that hide or reorder
+// text are refused (TestParseEnvelopeRejects).
+func TestParseEnvelopeAcceptsFormatCharactersOfText(t *testing.T) {
+	for _, id := range []string{"می‌خواهم", "pay_👨‍💻", "soft­hyphen", "flag_🏴󠁧󠁢󠁳󠁣󠁴󠁿"} {
+		body, _ := json.Marshal(map[string]any{"event_id": "evt_" + id, "event": "payment.succeeded",
+			"data": map[string]any{"id": id, "updated_at": "2026-03-01T12:00:00Z"}})
+		if ev, err := ParseEnvelope(body); err != nil || ev.ObjectID != id {
+			t.Errorf("id %q: %+v, %v", id, ev, err)
+		}
+	}
+}
