@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -159,8 +160,8 @@ type envelopeFields struct {
 
 // read fills f from body, a valid JSON object.
 func (f *envelopeFields) read(body []byte) error {
-	return readMembers(body, func(key string, val json.RawMessage) {
-		switch key {
+	return readMembers(body, func(key []byte, val json.RawMessage) {
+		switch string(key) {
 		case "event_id":
 			f.eventID = val
 		case "event":
@@ -182,8 +183,8 @@ type objectFields struct {
 
 // read fills f from data, a valid JSON object.
 func (f *objectFields) read(data []byte) error {
-	return readMembers(data, func(key string, val json.RawMessage) {
-		switch key {
+	return readMembers(data, func(key []byte, val json.RawMessage) {
+		switch string(key) {
 		case "id":
 			f.id = val
 		case "updated_at":
@@ -200,7 +201,7 @@ func (f *objectFields) read(data []byte) error {
 // json_extract, which the mirror's columns use, the first), so the event
 // would mean one thing here and another there. Objects whose keys hold
 // escapes, which the fast scan does not decode, go through encoding/json.
-func readMembers(obj []byte, member func(key string, val json.RawMessage)) error {
+func readMembers(obj []byte, member func(key []byte, val json.RawMessage)) error {
 	switch ok, dup := scanMembers(obj, member); {
 	case dup != "":
 		return &duplicateKeyError{key: dup}
@@ -234,7 +235,7 @@ func readMembers(obj []byte, member func(key string, val json.RawMessage)) error
 		pairs = append(pairs, pair{key, val})
 	}
 	for _, p := range pairs {
-		member(p.key, p.val)
+		member([]byte(p.key), p.val)
 	}
 	return nil
 }
@@ -251,7 +252,7 @@ func (e *duplicateKeyError) Error() string {
 // reports false, having called member for nothing, when a key holds an
 // escape or obj is not as expected, and a key given twice, having called
 // member for nothing either.
-func scanMembers(obj []byte, member func(key string, val json.RawMessage)) (ok bool, dup string) {
+func scanMembers(obj []byte, member func(key []byte, val json.RawMessage)) (ok bool, dup string) {
 	type span struct{ key, val []byte }
 	var buf [16]span
 	spans := buf[:0]
@@ -306,16 +307,20 @@ func scanMembers(obj []byte, member func(key string, val json.RawMessage)) (ok b
 			}
 		}
 	} else {
-		seen := make(map[string]bool, len(spans))
-		for _, s := range spans {
-			if seen[string(s.key)] {
-				return false, string(s.key)
+		// Sorted by key, a key given twice has its twin beside it.
+		byKey := make([]int, len(spans))
+		for i := range byKey {
+			byKey[i] = i
+		}
+		slices.SortFunc(byKey, func(a, b int) int { return bytes.Compare(spans[a].key, spans[b].key) })
+		for i := 1; i < len(byKey); i++ {
+			if k := spans[byKey[i]].key; bytes.Equal(k, spans[byKey[i-1]].key) {
+				return false, string(k)
 			}
-			seen[string(s.key)] = true
 		}
 	}
 	for _, s := range spans {
-		member(string(s.key), s.val)
+		member(s.key, s.val)
 	}
 	return true, ""
 }
@@ -420,7 +425,7 @@ func scanData(b []byte, limit int) (deepest int, hugeNumber string) {
 				exp = exp || b[end] == 'e' || b[end] == 'E'
 				end++
 			}
-			if num := b[i:end]; hugeNumber == "" && (exp || len(num) > 300) {
+			if num := b[i:end]; hugeNumber == "" && (exp || len(num) > 300) && magnitude(num) > 300 {
 				if f, err := strconv.ParseFloat(string(num), 64); err != nil && math.IsInf(f, 0) {
 					hugeNumber = string(num)
 				}
@@ -429,6 +434,53 @@ func scanData(b []byte, limit int) (deepest int, hugeNumber string) {
 		}
 	}
 	return deepest, hugeNumber
+}
+
+// magnitude returns, for num a valid JSON number, the place of its
+// leading digit's power of ten plus one (1 for 1.5, 3 for 250, 0 for 0.5,
+// 311 for 2e310; capped, and 0 for zero), so that only a number that may
+// be past a float64's range (about 1.8e308) is parsed to make sure.
+func magnitude(num []byte) int {
+	j := 0
+	if j < len(num) && num[j] == '-' {
+		j++
+	}
+	for j < len(num) && num[j] == '0' {
+		j++
+	}
+	mag, digits := 0, false
+	for ; j < len(num) && num[j] >= '0' && num[j] <= '9'; j++ {
+		mag, digits = mag+1, true
+	}
+	if j < len(num) && num[j] == '.' {
+		for j++; !digits && j < len(num) && num[j] == '0'; j++ {
+			mag--
+		}
+		for ; j < len(num) && num[j] >= '0' && num[j] <= '9'; j++ {
+			digits = true
+		}
+	}
+	if !digits {
+		return 0 // zero, whatever its exponent
+	}
+	if j < len(num) && (num[j] == 'e' || num[j] == 'E') {
+		j++
+		neg := j < len(num) && num[j] == '-'
+		if j < len(num) && (num[j] == '-' || num[j] == '+') {
+			j++
+		}
+		exp := 0
+		for ; j < len(num) && num[j] >= '0' && num[j] <= '9'; j++ {
+			if exp < 1_000_000 {
+				exp = exp*10 + int(num[j]-'0')
+			}
+		}
+		if neg {
+			exp = -exp
+		}
+		mag += exp
+	}
+	return mag
 }
 
 // isDelimiter reports whether c ends a JSON number.

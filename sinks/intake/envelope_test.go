@@ -190,6 +190,7 @@ func TestParseEnvelopeRejects(t *testing.T) {
 		{"data key twice among many", `{` + ok + `,"data":{"id":"pay_1","updated_at":"2026-03-01T12:00:00Z",` + manyKeys(40) + `,"k7":0}}`, `data has the key "k7" twice`},
 		{"data number past float64", `{` + ok + `,"data":{"id":"pay_1","updated_at":"2026-03-01T12:00:00Z","amount":1e999}}`, "data holds the number 1e999, too large"},
 		{"data nested number past float64", `{"event_id":"evt_1","event":"unknown.type","data":{"a":[1,{"b":-2.5E+400}]}}`, "data holds the number -2.5E+400"},
+		{"data number just past float64", `{` + ok + `,"data":{"id":"pay_1","updated_at":"2026-03-01T12:00:00Z","n":1.8e308}}`, "data holds the number 1.8e308"},
 		{"data integer of 400 digits", `{` + ok + `,"data":{"id":"pay_1","updated_at":"2026-03-01T12:00:00Z","n":` + strings.Repeat("9", 400) + `}}`, "too large for a JSON parser"},
 		{"over MaxBody", `{"event_id":"evt_1","event":"x.y","pad":"` + strings.Repeat("a", MaxBody) + `"}`, "more than the 65536 allowed"},
 	} {
@@ -234,7 +235,7 @@ func manyKeys(n int) string {
 // Numbers a float64 holds are taken however they are written, underflow
 // (read as 0) included; only those past its range are refused.
 func TestParseEnvelopeNumbersInRange(t *testing.T) {
-	for _, n := range []string{"0", "-0", "1e308", "-1.7976931348623157e308", "1e-999", "12345678901234567890", "2.5E+10"} {
+	for _, n := range []string{"0", "-0", "1e308", "-1.7976931348623157e308", "1e-999", "12345678901234567890", "2.5E+10", "0e99999", "0.000e999", "-0.0e-5", "1e-99999", "0.001e310"} {
 		body := `{"event_id":"evt_1","event":"payment.succeeded","data":{"id":"pay_1","updated_at":"2026-03-01T12:00:00Z","amount":` + n + `,"list":[` + n + `]}}`
 		if _, err := ParseEnvelope([]byte(body)); err != nil {
 			t.Errorf("amount %s: %v", n, err)
