@@ -138,11 +138,11 @@ func (f *Fetcher) Wake() {
 // returns once every fetch has stopped.
 func (f *Fetcher) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	for range f.workers {
+	for i := range f.workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f.work(ctx)
+			f.work(ctx, i == 0)
 		}()
 	}
 	wg.Wait()
@@ -150,12 +150,14 @@ func (f *Fetcher) Run(ctx context.Context) {
 
 // work is one of Run's workers: it fetches due events one after another
 // until none is left, then waits to be woken or for the next interval.
-// A Wake reaches one idle worker, or the first to finish its fetch.
-func (f *Fetcher) work(ctx context.Context) {
+// A Wake reaches one idle worker, or the first to finish its fetch; a
+// worker that claims an event wakes another, so that a burst is shared
+// out at once. The first worker (counts) keeps the pending gauge.
+func (f *Fetcher) work(ctx context.Context, counts bool) {
 	t := time.NewTicker(f.interval)
 	defer t.Stop()
 	for {
-		f.drain(ctx)
+		f.drain(ctx, counts)
 		select {
 		case <-ctx.Done():
 			return
@@ -168,7 +170,7 @@ func (f *Fetcher) work(ctx context.Context) {
 // drain fetches every due event, claiming one at a time so that each
 // fetch starts well within its lease and the fetchers of other processes
 // share the work.
-func (f *Fetcher) drain(ctx context.Context) {
+func (f *Fetcher) drain(ctx context.Context, counts bool) {
 	for ctx.Err() == nil {
 		now := f.now()
 		due, err := f.store.ClaimTruncated(ctx, now, 1, f.lease)
@@ -181,9 +183,10 @@ func (f *Fetcher) drain(ctx context.Context) {
 		if len(due) == 0 {
 			break
 		}
+		f.Wake() // more may be due: an idle worker looks
 		f.fetch(ctx, due[0], now, now.Add(f.lease))
 	}
-	if f.metrics != nil && ctx.Err() == nil {
+	if counts && f.metrics != nil && ctx.Err() == nil {
 		if n, err := f.store.CountTruncatedPending(ctx); err == nil {
 			f.metrics.TruncatedPending.Set(float64(n))
 		}

@@ -552,7 +552,11 @@ func TestSlowTruncatedFetchDoesNotHoldUpOthers(t *testing.T) {
 
 	emitTruncated(t, db, truncatedPayment(t, "evt_slow", slowID), routes)
 	f.Wake()
-	<-started
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the slow object's fetch did not start in 20s")
+	}
 	emitTruncated(t, db, truncatedPayment(t, "evt_fast", fastID), routes)
 	f.Wake()
 	waitFor(t, func() bool {
