@@ -206,17 +206,28 @@ func (g *Governor) Acquire(ctx context.Context) (*Ticket, error) {
 		if granted {
 			return &Ticket{g: g, ctx: context.WithoutCancel(ctx), waited: now.Sub(start), granted: now}, nil
 		}
-		// A long wait (a 429's pause) is asked again now and then, so
+		// A long wait for a 429's pause is asked again now and then, so
 		// that a pause lifted meanwhile (LiftPause, here or in another
-		// process sharing the store) lets the request go.
-		if err := g.clock.Sleep(ctx, min(wait, pauseRecheck)); err != nil {
+		// process sharing the store) lets the request go; one for the
+		// budget's next window is slept whole.
+		if wait > pauseRecheck && g.paused(ctx, now) {
+			wait = pauseRecheck
+		}
+		if err := g.clock.Sleep(ctx, wait); err != nil {
 			return nil, err
 		}
 	}
 }
 
-// pauseRecheck is the longest Acquire sleeps before it asks the store
-// again.
+// paused reports whether the key is in a 429's pause at now (true when
+// the store cannot tell: the wait is then asked again).
+func (g *Governor) paused(ctx context.Context, now time.Time) bool {
+	st, err := g.store.Snapshot(ctx, g.key, now, g.policy)
+	return err != nil || st.PausedUntil.After(now)
+}
+
+// pauseRecheck is the longest Acquire sleeps in a 429's pause before it
+// asks the store again.
 const pauseRecheck = 2 * time.Second
 
 // LiftPause ends the key's 429 pause now, for every process sharing its
