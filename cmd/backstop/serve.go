@@ -881,8 +881,11 @@ func parseHop(s string) (netip.Addr, error) {
 	if a, err := netip.ParseAddr(s); err == nil {
 		return a, nil
 	}
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr(), nil
+	if host, port, err := net.SplitHostPort(s); err == nil {
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return netip.Addr{}, fmt.Errorf("X-Forwarded-For entry %q has no port number after its address", s)
+		}
+		return netip.ParseAddr(host) // ip:port, [ip]:port
 	}
 	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
 		return netip.ParseAddr(s[1 : len(s)-1])
