@@ -286,7 +286,7 @@ func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFun
 	expired := time.AfterFunc(time.Until(held.Add(l.ttl)), func() {
 		if ctx.Err() == nil {
 			l.log.Warn("job lock: not renewed within its TTL: stopping this run", "key", key, "ttl", l.ttl)
-			cancel(ErrJobLockLost)
+			cancel(fmt.Errorf("%w: not renewed within its TTL (%s; Redis not answering)", ErrJobLockLost, l.ttl))
 		}
 	})
 	defer expired.Stop()
@@ -302,7 +302,7 @@ func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFun
 			holder.Run, named = req.id, req.done
 		}
 		start := time.Now()
-		ok, _, _, _, err := l.lock(ctx, key, token, jobLockValue(token, holder))
+		ok, _, held, _, err := l.lock(ctx, key, token, jobLockValue(token, holder))
 		if named != nil {
 			if err != nil {
 				l.log.Debug("job lock: naming the run in it", "key", key, "err", err)
@@ -318,8 +318,18 @@ func (l *RedisJobLocks) renew(ctx context.Context, cancel context.CancelCauseFun
 			}
 			expired.Reset(time.Until(start.Add(l.ttl)))
 		case err == nil:
-			l.log.Warn("job lock: taken by another process: stopping this run", "key", key)
-			cancel(ErrJobLockLost)
+			// Another token holds it: another process's, or one Redis
+			// brought back with a snapshot (a run since ended may hold it
+			// until it expires).
+			by := "another holder"
+			if h := parseJobLockHolder(held); h != nil {
+				by = fmt.Sprintf("host %s pid %d", h.Host, h.PID)
+				if h.Run > 0 {
+					by += fmt.Sprintf(" run %d", h.Run)
+				}
+			}
+			l.log.Warn("job lock: now held by "+by+" (another process, or a lock Redis restored from a snapshot): stopping this run", "key", key)
+			cancel(fmt.Errorf("%w: now held by %s", ErrJobLockLost, by))
 			return
 		default:
 			l.log.Debug("job lock: renewal failed (the lock still holds until its TTL)", "key", key, "err", err)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	stdsync "sync"
 	"testing"
 	"time"
@@ -61,13 +62,15 @@ func TestRedisJobLockLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer release()
-	if err := rdb.Set(ctx, bsync.DefaultJobLockPrefix+"nightly", "someone-else", 10*time.Second).Err(); err != nil {
+	if err := rdb.Set(ctx, bsync.DefaultJobLockPrefix+"nightly", `someone-else {"host":"h2","pid":7,"run":242}`, 10*time.Second).Err(); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-rctx.Done():
-		if cause := context.Cause(rctx); !errors.Is(cause, bsync.ErrJobLockLost) {
-			t.Errorf("run cancelled with %v, want ErrJobLockLost", cause)
+		// The cause names who holds it now: another process, or a lock
+		// Redis brought back with a snapshot (run 242 may have ended).
+		if cause := context.Cause(rctx); !errors.Is(cause, bsync.ErrJobLockLost) || !strings.Contains(cause.Error(), "now held by host h2 pid 7 run 242") {
+			t.Errorf("run cancelled with %v, want ErrJobLockLost naming host h2 pid 7 run 242", cause)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the run went on after another process took its lock")
@@ -179,7 +182,8 @@ func TestJobLockRefusalNamesTheHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := bsync.NewScheduler(jobs, bsync.SchedulerOptions{Engine: &bsync.Engine{}, Store: &countingStore{},
+	skips := &skipRecorder{}
+	second, err := bsync.NewScheduler(jobs, bsync.SchedulerOptions{Engine: &bsync.Engine{}, Store: skips,
 		Locker: newJobLocks(t, rdb, ttl)})
 	if err != nil {
 		t.Fatal(err)
@@ -200,6 +204,11 @@ func TestJobLockRefusalNamesTheHolder(t *testing.T) {
 		` pid ` + strconv.Itoa(os.Getpid()) + `, run 45, lock expires in [12]s\)$`)
 	if !errors.Is(err, bsync.ErrJobRunning) || !want.MatchString(err.Error()) {
 		t.Errorf("refused with %v, want ErrJobRunning matching %s", err, want)
+	}
+	// The skipped run is stored naming the holder too, for backstop jobs
+	// and the dashboard: it was stored without an error.
+	if saved := skips.saved(); len(saved) != 1 || saved[0].Status != bsync.JobSkipped || saved[0].Err == nil || !want.MatchString(saved[0].Err.Error()) {
+		t.Errorf("stored skipped runs %+v, want one whose error matches %s", saved, want)
 	}
 	stop()
 	<-done
@@ -399,4 +408,25 @@ func TestJobLockFenceGivenUpLeavesTheNextOneFenced(t *testing.T) {
 	if took, err := lockTook(t, ctx, b, "nightly"); err != nil || took < ttl*9/10 {
 		t.Errorf("the next lock: %v after %s, want the fence (%s)", err, took, ttl)
 	}
+}
+
+// skipRecorder is a countingStore that keeps the runs saved without
+// starting (skipped ones).
+type skipRecorder struct {
+	countingStore
+	mu   stdsync.Mutex
+	runs []bsync.JobRun
+}
+
+func (s *skipRecorder) SaveJobRun(ctx context.Context, run bsync.JobRun) (int64, error) {
+	s.mu.Lock()
+	s.runs = append(s.runs, run)
+	s.mu.Unlock()
+	return s.countingStore.SaveJobRun(ctx, run)
+}
+
+func (s *skipRecorder) saved() []bsync.JobRun {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]bsync.JobRun(nil), s.runs...)
 }

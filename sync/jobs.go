@@ -837,7 +837,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func(), retry
 	if s.opts.Locker != nil {
 		lctx, release, err := s.opts.Locker.LockJob(ctx, j.Name)
 		if errors.Is(err, ErrJobRunning) {
-			run.ID = skip(nil)
+			run.ID = skip(err) // it names the run that holds the lock
 			run.Status, run.FinishedAt, run.Err = JobSkipped, run.StartedAt, err
 			return run, err
 		}
@@ -1005,7 +1005,7 @@ func (s *Scheduler) skipBecause(ctx context.Context, st *jobState, why error) in
 	}
 	s.log.Log(ctx, level, "job still running: run skipped", attrs...)
 	now := s.opts.Now()
-	run := JobRun{Job: st.job.Name, Kind: st.job.Kind, StartedAt: now, FinishedAt: now, Status: JobSkipped}
+	run := JobRun{Job: st.job.Name, Kind: st.job.Kind, StartedAt: now, FinishedAt: now, Status: JobSkipped, Err: why}
 	id, err := s.opts.Store.SaveJobRun(context.WithoutCancel(ctx), run)
 	if err != nil {
 		s.log.Error("store skipped run", "job", st.job.Name, "err", err)
