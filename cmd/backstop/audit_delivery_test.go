@@ -632,7 +632,7 @@ func TestTargetsEnableLiftsARunningServesPause(t *testing.T) {
 	var shown string
 	waitFor(t, time.Minute, func() bool {
 		_, shown, _ = e.run(context.Background(), "deliveries", "show", "1")
-		return strings.Contains(shown, "delivered")
+		return strings.Contains(shown, "status delivered")
 	})
 	if took := time.Since(enabled); took > 10*time.Second {
 		t.Errorf("delivered %v after targets enable; want within seconds (the 429 asked for 60 s)\n%s", took.Round(time.Second), shown)

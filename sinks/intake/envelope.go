@@ -402,7 +402,7 @@ func skipValue(b []byte, i int) int {
 func scanData(b []byte, limit int) (deepest int, hugeNumber string) {
 	depth := 0
 	for i := 0; i < len(b); i++ {
-		switch c := b[i]; c {
+		switch b[i] {
 		case '"':
 			end := skipString(b, i)
 			if end < 0 {
@@ -420,12 +420,11 @@ func scanData(b []byte, limit int) (deepest int, hugeNumber string) {
 		case '}', ']':
 			depth--
 		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
-			end, exp := i+1, false
+			end := i + 1
 			for end < len(b) && !isDelimiter(b[end]) {
-				exp = exp || b[end] == 'e' || b[end] == 'E'
 				end++
 			}
-			if num := b[i:end]; hugeNumber == "" && (exp || len(num) > 300) && magnitude(num) > 300 {
+			if num := b[i:end]; hugeNumber == "" && magnitude(num) > 300 {
 				if f, err := strconv.ParseFloat(string(num), 64); err != nil && math.IsInf(f, 0) {
 					hugeNumber = string(num)
 				}

@@ -273,7 +273,15 @@ func TestTruncatedFetchSeriesExistFromTheStart(t *testing.T) {
 func truncatedSetup(t *testing.T, o sim.Options) (*sim.Sim, *sources.Client, *store.DB) {
 	t.Helper()
 	s := sim.New(o)
-	api := httptest.NewServer(s.Handler())
+	client, db := truncatedSetupOver(t, s, s.Handler())
+	return s, client, db
+}
+
+// truncatedSetupOver is truncatedSetup with the simulator s served by h
+// (s's handler, or one in front of it).
+func truncatedSetupOver(t *testing.T, s *sim.Sim, h http.Handler) (*sources.Client, *store.DB) {
+	t.Helper()
+	api := httptest.NewServer(h)
 	t.Cleanup(api.Close)
 	client, err := sources.New(sources.Options{BaseURL: api.URL, APIKey: s.APIKey(), RetryMax: -1,
 		Governor: governor.New(s.APIKey(), governor.Options{})})
@@ -285,7 +293,7 @@ func truncatedSetup(t *testing.T, o sim.Options) (*sim.Sim, *sources.Client, *st
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	return s, client, db
+	return client, db
 }
 
 // truncatedPayment is a truncated payment.succeeded webhook, eventID,
@@ -513,7 +521,7 @@ func TestSlowTruncatedFetchDoesNotHoldUpOthers(t *testing.T) {
 	slowID, fastID := pays[0].ID, pays[1].ID
 	started, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	client, db := truncatedSetupOver(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet && path.Base(r.URL.Path) == slowID {
 			once.Do(func() { close(started) })
 			select {
@@ -524,7 +532,6 @@ func TestSlowTruncatedFetchDoesNotHoldUpOthers(t *testing.T) {
 		}
 		s.Handler().ServeHTTP(w, r)
 	}))
-	t.Cleanup(api.Close)
 	t.Cleanup(func() {
 		select {
 		case <-release:
@@ -532,16 +539,6 @@ func TestSlowTruncatedFetchDoesNotHoldUpOthers(t *testing.T) {
 			close(release)
 		}
 	})
-	client, err := sources.New(sources.Options{BaseURL: api.URL, APIKey: s.APIKey(), RetryMax: -1,
-		Governor: governor.New(s.APIKey(), governor.Options{})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
 	// The governor holds every request while a key's first one, which
 	// learns its budget, is in flight: one answered first.
 	if _, _, err := client.Get(context.Background(), backstop.Payments, pays[2].ID); err != nil {
