@@ -197,6 +197,7 @@ func (g *Governor) Acquire(ctx context.Context) (*Ticket, error) {
 		return nil, err
 	}
 	start := g.clock.Now()
+	askedAgain := false
 	for {
 		now := g.clock.Now()
 		wait, granted, err := g.store.Reserve(ctx, g.key, now, g.policy)
@@ -208,10 +209,20 @@ func (g *Governor) Acquire(ctx context.Context) (*Ticket, error) {
 		}
 		// A long wait for a 429's pause is asked again now and then, so
 		// that a pause lifted meanwhile (LiftPause, here or in another
-		// process sharing the store) lets the request go; one for the
-		// budget's next window is slept whole.
-		if wait > pauseRecheck && g.paused(ctx, now) {
-			wait = pauseRecheck
+		// process sharing the store) lets the request go. A long wait
+		// with no pause to be seen is asked again once at once (the
+		// pause it waited for may have been lifted since the Reserve),
+		// then, the budget's next window, slept whole.
+		if wait > pauseRecheck {
+			switch {
+			case g.paused(ctx, now):
+				wait, askedAgain = pauseRecheck, false
+			case !askedAgain:
+				askedAgain = true
+				continue
+			}
+		} else {
+			askedAgain = false
 		}
 		if err := g.clock.Sleep(ctx, wait); err != nil {
 			return nil, err
