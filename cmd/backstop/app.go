@@ -107,7 +107,7 @@ func (m *Main) openAppWith(ctx context.Context, g *globals, logw io.Writer, sync
 			return nil, usageError{err}
 		}
 		fallback = governor.NewFallbackStore(
-			governor.NewRedisStore(rdb, governor.RedisOptions{HolderTTL: max(governor.DefaultHolderTTL, 2*src.Timeout.Std())}),
+			governor.NewRedisStore(rdb, governor.RedisOptions{}),
 			governor.FallbackOptions{Share: cfg.Governor.FallbackShare, Logger: govLog},
 		)
 		govStore = fallback

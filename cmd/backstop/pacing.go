@@ -254,14 +254,10 @@ func targetGovernorStore(ctx context.Context, rdb *redis.Client, cfg *config.Con
 	if rdb == nil || len(cfg.Targets) == 0 {
 		return nil
 	}
-	// A process's requests in flight count until it last wrote plus this:
-	// longer than any delivery can take.
-	ttl := governor.DefaultHolderTTL
-	for _, t := range cfg.Targets {
-		ttl = max(ttl, 2*(t.ConnectTimeout.Std()+t.Timeout.Std()))
-	}
+	// A process's requests in flight count for the others until its last
+	// write plus DefaultHolderTTL, renewed while they are in flight.
 	f := governor.NewFallbackStore(
-		governor.NewRedisStore(rdb, governor.RedisOptions{Prefix: targetRedisPrefix, HolderTTL: ttl}),
+		governor.NewRedisStore(rdb, governor.RedisOptions{Prefix: targetRedisPrefix}),
 		governor.FallbackOptions{Share: cfg.Governor.FallbackShare, Logger: log},
 	)
 	context.AfterFunc(ctx, func() { f.Close() })

@@ -3,6 +3,7 @@ package governor
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"math"
 	"sync"
@@ -346,11 +347,13 @@ func (f *FallbackStore) probe(ctx context.Context, key string, p Policy) {
 	}
 }
 
-// Close ends the background probe, if one runs, and waits for it. The
-// store stays usable: while pacing locally, its calls still try the shared
-// store once per Retry, but nothing does in the background any more. It
-// does not close the shared store (the caller owns its Redis client).
-// Close is idempotent and always returns nil.
+// Close ends the background probe, if one runs, and waits for it, and
+// closes the shared store when it is an io.Closer (a RedisStore: its
+// renewals of the process's holder entries end; the Redis client stays
+// open, the caller owns it). The store stays usable: while pacing locally,
+// its calls still try the shared store once per Retry, but nothing does in
+// the background any more. Close is idempotent and returns the shared
+// store's error.
 func (f *FallbackStore) Close() error {
 	f.mu.Lock()
 	f.closed = true
@@ -360,6 +363,9 @@ func (f *FallbackStore) Close() error {
 	}
 	f.mu.Unlock()
 	f.probes.Wait()
+	if c, ok := f.shared.(io.Closer); ok {
+		return c.Close()
+	}
 	return nil
 }
 

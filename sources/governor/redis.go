@@ -23,7 +23,9 @@ const (
 	// DefaultHolderTTL is how long the requests a process has in flight
 	// keep counting against the shared budget after it last wrote it: a
 	// process that died with requests in flight stops holding them then.
-	DefaultHolderTTL = 2 * time.Minute
+	// A live process renews its entry every third of it while it has
+	// requests in flight, however long they take.
+	DefaultHolderTTL = 15 * time.Second
 	// DefaultKeyTTL is how long an untouched budget stays in Redis.
 	DefaultKeyTTL = time.Hour
 )
@@ -47,8 +49,9 @@ type RedisOptions struct {
 	// Prefix namespaces the Redis keys: a budget lives at Prefix + KeyID.
 	Prefix string
 	// HolderTTL bounds how long a process's in-flight requests count after
-	// its last write (see DefaultHolderTTL). It should exceed the longest
-	// request.
+	// its last write (see DefaultHolderTTL): how long the budget a process
+	// that died held stays taken. The store renews its entry every third
+	// of it while it has requests in flight, so a request may take longer.
 	HolderTTL time.Duration
 	// KeyTTL is how long an untouched budget is kept.
 	KeyTTL time.Duration
@@ -65,8 +68,12 @@ type RedisOptions struct {
 // home, Budget, and a reservation is as atomic as with MemoryStore.
 //
 // In-flight requests are counted per process (a holder), each entry
-// expiring HolderTTL after that process last wrote: the requests of a
-// process that died stop counting. Keys are KeyID values, never API keys.
+// expiring HolderTTL after that process last wrote, and renewed in the
+// background every third of it while the process has requests in flight:
+// the requests of a process that died stop counting within HolderTTL (a
+// probe request among them, which holds the key for every process until
+// it is answered), however long a live process's requests take. Keys are
+// KeyID values, never API keys.
 //
 // The times in the shared state (a 429 pause's end, a holder's expiry,
 // the last grant) are Redis's time, so that processes whose clocks differ
@@ -87,6 +94,11 @@ type RedisStore struct {
 
 	mu   sync.Mutex
 	keys map[string]*redisKey
+	// done ends the renewals (Close, which sets closed under mu);
+	// renewals counts those running.
+	done     chan struct{}
+	closed   bool
+	renewals sync.WaitGroup
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -106,6 +118,12 @@ type redisKey struct {
 	version int64
 	raw     []byte
 	known   bool
+	// at is the time of the last call (the caller's clock), atReal when it
+	// came (the monotonic clock): a renewal runs at at plus the time
+	// since. renewing is set while a goroutine renews this process's
+	// holder entry (see renew).
+	at, atReal time.Time
+	renewing   bool
 }
 
 // NewRedisStore returns a Store kept in the Redis that rdb talks to (a
@@ -125,8 +143,65 @@ func NewRedisStore(rdb redis.Scripter, opts RedisOptions) *RedisStore {
 	return &RedisStore{
 		rdb: rdb, prefix: opts.Prefix, id: hex.EncodeToString(id[:]),
 		holderTTL: opts.HolderTTL, keyTTL: opts.KeyTTL, clock: time.Now,
-		keys: make(map[string]*redisKey),
+		keys: make(map[string]*redisKey), done: make(chan struct{}),
 	}
+}
+
+// Close stops renewing this store's holder entries, as a process that
+// died would: the requests it still has in flight stop counting HolderTTL
+// after its last write. The store still answers calls, without renewing.
+func (s *RedisStore) Close() error {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.done)
+	}
+	s.mu.Unlock()
+	s.renewals.Wait()
+	return nil
+}
+
+// renew keeps this process's holder entry on key alive while it has
+// requests in flight: every third of HolderTTL it writes the entry again
+// when half of it has gone (see hold), and it ends once none is in flight,
+// or at Close. A renewal that fails is tried again at the next tick; the
+// entry may then expire, and the process's requests stop counting for the
+// others until its next write.
+func (s *RedisStore) renew(key string, k *redisKey) {
+	defer s.renewals.Done()
+	tick := time.NewTicker(s.holderTTL / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.done:
+			s.stopRenewing(k)
+			return
+		case <-tick.C:
+		}
+		select {
+		case k.lock <- struct{}{}:
+		case <-s.done:
+			s.stopRenewing(k)
+			return
+		}
+		if k.out == 0 {
+			k.renewing = false
+			<-k.lock
+			return
+		}
+		at := k.at.Add(time.Since(k.atReal))
+		<-k.lock
+		ctx, cancel := context.WithTimeout(context.Background(), s.holderTTL/3)
+		_ = s.update(ctx, key, at, false, func(*Budget, time.Time, time.Duration) bool { return false })
+		cancel()
+	}
+}
+
+// stopRenewing marks k as renewed by no goroutine.
+func (s *RedisStore) stopRenewing(k *redisKey) {
+	k.lock <- struct{}{}
+	k.renewing = false
+	<-k.lock
 }
 
 // Reserve implements Store. Its errors are Redis's (wrapped),
@@ -226,7 +301,19 @@ func (s *RedisStore) update(ctx context.Context, key string, local time.Time, ob
 			return fmt.Errorf("governor: redis: %w", ctx.Err())
 		}
 	}
-	defer func() { <-k.lock }()
+	defer func() {
+		k.at, k.atReal = local, time.Now()
+		if k.out > 0 && !k.renewing {
+			s.mu.Lock()
+			if !s.closed {
+				k.renewing = true
+				s.renewals.Add(1)
+				go s.renew(key, k)
+			}
+			s.mu.Unlock()
+		}
+		<-k.lock
+	}()
 	rkey := s.prefix + key
 	fail := func(err error) error {
 		if observe {

@@ -696,3 +696,54 @@ func TestRedisStoreProcessesWithSkewedClocks(t *testing.T) {
 		t.Errorf("in flight = %d (%v), want the 3 of the process %s behind", st.InFlight, err, skew)
 	}
 }
+
+// A live process's request keeps counting however long it takes: its
+// holder entry is renewed while it is in flight. Here it is the probe of a
+// new key, which holds the key for every process until it is answered. A
+// process that dies (Close: its renewals end, nothing observed) holds it
+// only until its entry expires, HolderTTL after its last write: a new
+// leader's first request waited the 2 minutes of the old default when the
+// entry was not renewed and had to outlast any request.
+func TestRedisStoreRenewsInFlightAndForgetsDeadProbe(t *testing.T) {
+	_, rdb := newRedis(t)
+	ctx := context.Background()
+	const ttl = 600 * time.Millisecond
+	holder, other := NewRedisStore(rdb, RedisOptions{HolderTTL: ttl}), NewRedisStore(rdb, RedisOptions{HolderTTL: ttl})
+	t.Cleanup(func() { holder.Close(); other.Close() })
+	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+	if _, ok, err := holder.Reserve(ctx, "k", time.Now(), pol); err != nil || !ok {
+		t.Fatalf("the probe of a new key: %v %v", ok, err)
+	}
+	// For four times the ttl, the probe still holds the key.
+	for end := time.Now().Add(4 * ttl); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		wait, ok, err := other.Reserve(ctx, "k", time.Now(), pol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			t.Fatalf("granted while the first process's probe is in flight (wait %s): its entry was not renewed", wait)
+		}
+		if st, err := other.Snapshot(ctx, "k", time.Now(), pol); err != nil || st.InFlight != 1 {
+			t.Fatalf("in flight = %d (%v), want the probe's 1", st.InFlight, err)
+		}
+	}
+	// The holder dies with its probe in flight.
+	if err := holder.Close(); err != nil {
+		t.Fatal(err)
+	}
+	died := time.Now()
+	for {
+		_, ok, err := other.Reserve(ctx, "k", time.Now(), pol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			break
+		}
+		if time.Since(died) > 2*ttl+time.Second {
+			t.Fatalf("still refused %s after the holder died: its probe should stop counting within the ttl (%s)", time.Since(died), ttl)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("granted %s after the holder died (ttl %s)", time.Since(died).Round(time.Millisecond), ttl)
+}
