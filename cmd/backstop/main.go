@@ -7,12 +7,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/spf13/cobra"
 	"io"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/backstop-sync/backstop/internal/gctune"
 )
 
 // Exit codes, as documented in the README and DESIGN.md.
@@ -25,6 +28,7 @@ const (
 )
 
 func main() {
+	gctune.Start() // unless GOGC is set: see the package
 	m := NewMain()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
