@@ -41,7 +41,7 @@ import (
 // also gives each side's CPU time per delivery (this process's, the
 // targets' included) and the cores it kept busy.
 //
-// Each figure is the median of three rounds, each round running the four
+// Each figure is the median of five rounds, each round running the four
 // (the two bare loops, the dispatcher with and without the slow target),
 // the dispatcher's two in turn first: a p99 of 2 ms on two busy cores
 // moves by a third from one run to the next.
@@ -54,7 +54,7 @@ func BenchmarkDeliveryFanout(b *testing.B) {
 	const (
 		targets   = 10
 		perTarget = 2000
-		rounds    = 3
+		rounds    = 5
 	)
 	gctune.Start()
 	for range b.N {
