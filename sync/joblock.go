@@ -224,6 +224,9 @@ func (l *RedisJobLocks) LockJob(ctx context.Context, job string) (context.Contex
 // jobs lease needs no fence of its own: every run, scheduled or not, takes
 // its job's lock.
 func (l *RedisJobLocks) fence(ctx, rctx context.Context, job string) error {
+	if f, ok := ctx.Value(lockWaitKey{}).(func(time.Duration)); ok {
+		f(l.ttl)
+	}
 	l.log.Info("job lock: Redis had no record of this lock (its first use, or Redis lost its data): "+
 		"waiting its TTL before the run, for a run that may hold it unseen to stop", "job", job, "ttl", l.ttl)
 	t := time.NewTimer(l.ttl)
@@ -237,6 +240,18 @@ func (l *RedisJobLocks) fence(ctx, rctx context.Context, job string) error {
 		return fmt.Errorf("sync: lock job %s: %w", job, err)
 	}
 	return fmt.Errorf("sync: lock job %s: %w", job, context.Cause(rctx))
+}
+
+// lockWaitKey is the context key of WithLockWait's function.
+type lockWaitKey struct{}
+
+// WithLockWait returns ctx carrying f, which RedisJobLocks.LockJob calls,
+// with how long, when, having taken the job's lock, it waits before the
+// run may begin (a lock Redis had no record of: see LockJob). A caller that
+// shows a run's progress, or answers for it, tells its user so: the run
+// has not stalled and has not started either.
+func WithLockWait(ctx context.Context, f func(wait time.Duration)) context.Context {
+	return context.WithValue(ctx, lockWaitKey{}, f)
 }
 
 // nameRun writes the stored run id into the key of job's lock, which this

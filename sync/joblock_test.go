@@ -430,3 +430,41 @@ func (s *skipRecorder) saved() []bsync.JobRun {
 	defer s.mu.Unlock()
 	return append([]bsync.JobRun(nil), s.runs...)
 }
+
+// A caller that asked (WithLockWait) is told, before LockJob returns, that
+// the lock was taken and how long it waits before the run: the fence of a
+// lock new to this Redis. A lock Redis has a record of is not waited for,
+// and the caller hears nothing.
+func TestJobLockTellsTheCallerItWaitsTheFence(t *testing.T) {
+	rdb := redisClient(t)
+	const ttl = time.Second
+	l := newJobLocks(t, rdb, ttl)
+	var told []time.Duration
+	var toldAt time.Time
+	ctx := bsync.WithLockWait(context.Background(), func(wait time.Duration) {
+		told = append(told, wait)
+		toldAt = time.Now()
+	})
+	start := time.Now()
+	_, release, err := l.LockJob(ctx, "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	returned := time.Now()
+	release()
+	if len(told) != 1 || told[0] != ttl {
+		t.Fatalf("told %v, want one wait of the lock's TTL (%s)", told, ttl)
+	}
+	if toldAt.Sub(start) > ttl/2 || returned.Sub(toldAt) < ttl*9/10 {
+		t.Errorf("told %s after the call and %s before it returned, want at once and a TTL before", toldAt.Sub(start), returned.Sub(toldAt))
+	}
+	told = nil
+	_, release, err = l.LockJob(ctx, "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if len(told) != 0 {
+		t.Errorf("a lock with its record: told %v, want nothing", told)
+	}
+}

@@ -44,6 +44,9 @@ type progress struct {
 
 	mu    stdsync.Mutex
 	state map[backstop.Resource]*resourceProgress
+	// lockUntil is when the run may begin, while it waits for its job's
+	// lock (lockWait); zero otherwise.
+	lockUntil time.Time
 }
 
 type resourceProgress struct {
@@ -186,7 +189,9 @@ func (p *progress) logIdle(log *slog.Logger, now time.Time) {
 		rp.lastLog = now
 		if rp.lastPage.IsZero() {
 			waiting := "for its first page"
-			if ahead := p.runningAhead(r); ahead != "" {
+			if lock := p.lockWaitLocked(now); lock != "" {
+				waiting = lock
+			} else if ahead := p.runningAhead(r); ahead != "" {
 				waiting = "queued after " + string(ahead) + " (the job runs its resources one after another)"
 			}
 			log.Info(p.op+" progress", "resource", r, "pages", 0, "waiting", waiting, "elapsed", round(now.Sub(p.started)))
@@ -231,7 +236,33 @@ func (p *progress) stopTicker() {
 func (p *progress) line(r backstop.Resource) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if rp := p.state[r]; rp.lastPage.IsZero() {
+		if lock := p.lockWaitLocked(time.Now()); lock != "" {
+			return "waiting " + lock
+		}
+	}
 	return p.state[r].counts.line
+}
+
+// lockWait records that the run waits wait from now before it begins: its
+// job's lock in Redis was new there (see bsync.WithLockWait). p may be nil.
+func (p *progress) lockWait(wait time.Duration) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.lockUntil = time.Now().Add(wait)
+	p.mu.Unlock()
+}
+
+// lockWaitLocked says what the run waits for at now while it waits for its
+// job's lock, or "" when it does not; p.mu is held.
+func (p *progress) lockWaitLocked(now time.Time) string {
+	if !now.Before(p.lockUntil) {
+		return ""
+	}
+	return fmt.Sprintf("for the job's lock, new to Redis (its first use there, or Redis lost its data): the run starts in %s, "+
+		"once a run that may still hold it elsewhere has stopped", round(p.lockUntil.Sub(now)))
 }
 
 // page records a committed page of a sync or backfill (Engine.OnPage).

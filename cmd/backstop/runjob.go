@@ -75,6 +75,14 @@ again later; 130 interrupted.`,
 				a.engine.OnPage, a.engine.OnDone = prog.page, prog.finish
 				a.engine.OnReconcilePage, a.engine.OnReconcileDone = prog.reconcilePage, prog.reconcileFinish
 			}
+			// A lock new to Redis is waited for before the run begins
+			// (RedisJobLocks.fence): the progress says so, and so does
+			// the run's summary, whose duration is the run's alone.
+			var lockWait time.Duration
+			ctx = bsync.WithLockWait(ctx, func(wait time.Duration) {
+				lockWait = wait
+				prog.lockWait(wait)
+			})
 			run, runErr := s.RunJob(ctx, args[0])
 			if prog != nil {
 				prog.wait()
@@ -88,7 +96,7 @@ again later; 130 interrupted.`,
 			if errors.Is(runErr, bsync.ErrUnknownJob) {
 				return usagef("run %s: no such job in %s (see backstop jobs)", args[0], m.configName(g))
 			}
-			if err := printJobRun(m.Stdout, run, asJSON); err != nil {
+			if err := printJobRun(m.Stdout, run, lockWait, asJSON); err != nil {
 				return err
 			}
 			if errors.Is(runErr, bsync.ErrJobRunning) {
@@ -179,7 +187,9 @@ func jobStartOver(s *bsync.Scheduler, name string) func(backstop.Resource) strin
 	return nil
 }
 
-func printJobRun(w io.Writer, run bsync.JobRun, asJSON bool) error {
+// printJobRun prints run, which waited lockWait for its job's lock
+// before it began (0: it did not).
+func printJobRun(w io.Writer, run bsync.JobRun, lockWait time.Duration, asJSON bool) error {
 	if asJSON {
 		out := struct {
 			ID         int64              `json:"id"`
@@ -191,8 +201,11 @@ func printJobRun(w io.Writer, run bsync.JobRun, asJSON bool) error {
 			Counts     backstop.JobCounts `json:"counts"`
 			Error      string             `json:"error,omitempty"`
 			Output     string             `json:"output,omitempty"`
+			// LockWait is how long the run waited for its job's lock
+			// before started_at, in seconds (a lock new to Redis).
+			LockWait float64 `json:"lock_wait_seconds,omitempty"`
 		}{ID: run.ID, Job: run.Job, Kind: string(run.Kind), StartedAt: run.StartedAt, FinishedAt: run.FinishedAt,
-			Status: string(run.Status), Counts: run.Counts, Output: run.Output}
+			Status: string(run.Status), Counts: run.Counts, Output: run.Output, LockWait: lockWait.Seconds()}
 		if run.Err != nil {
 			out.Error = run.Err.Error()
 		}
@@ -208,6 +221,9 @@ func printJobRun(w io.Writer, run bsync.JobRun, asJSON bool) error {
 	}
 	fmt.Fprintf(tw, "result\t%s\n", run.Status)
 	fmt.Fprintf(tw, "duration\t%s\n", round(run.FinishedAt.Sub(run.StartedAt)))
+	if lockWait > 0 {
+		fmt.Fprintf(tw, "lock wait\t%s before the run began (its lock was new to Redis: its first use there, or Redis lost its data)\n", round(lockWait))
+	}
 	switch run.Kind {
 	case bsync.JobMaintenance:
 		fmt.Fprintf(tw, "pruned\t%d\n", c.Pruned)

@@ -247,8 +247,9 @@ func liveRun(r store.JobRun, now time.Time) bool {
 // RunJob runs job name through the scheduler, which refuses it
 // (ErrJobRunning) while the job runs already, scheduled or in another
 // process; started is called once the run is past that check and stored
-// as running, as its work begins.
-func (b *uiBackend) RunJob(ctx context.Context, name string, started func()) error {
+// as running, as its work begins, and waiting when its lock in Redis,
+// taken, makes it wait first (see bsync.WithLockWait).
+func (b *uiBackend) RunJob(ctx context.Context, name string, started func(), waiting func(time.Duration)) error {
 	// A run going on in another process (backstop run from system cron)
 	// holds no lock this scheduler sees without governor.redis: its
 	// stored row, alive, refuses the press.
@@ -257,6 +258,9 @@ func (b *uiBackend) RunJob(ctx context.Context, name string, started func()) err
 	} else if ok && liveRun(last, b.now()) {
 		return fmt.Errorf("%w: job %s: %w (run %d, started %s)", dashboard.ErrJobRunning, name, bsync.ErrJobRunning,
 			last.ID, last.StartedAt.UTC().Format(time.RFC3339))
+	}
+	if waiting != nil {
+		ctx = bsync.WithLockWait(ctx, waiting)
 	}
 	_, err := b.deps.sched.RunJobNotify(ctx, name, started)
 	switch {

@@ -47,10 +47,12 @@ type Backend interface {
 	Jobs(ctx context.Context, runs int) ([]Job, error)
 	// RunJob runs a job now and returns when it ends; it calls started,
 	// once, when the run has started (not before it is known not to be
-	// refused). It wraps ErrUnknownJob for a name that is not configured,
-	// and ErrJobRunning when the job is running already, so this run did
-	// not start.
-	RunJob(ctx context.Context, name string, started func()) error
+	// refused), and waiting, before that, when the run is not refused but
+	// waits that long first (its lock in Redis is new there: see
+	// sync.RedisJobLocks.LockJob). It wraps ErrUnknownJob for a name that
+	// is not configured, and ErrJobRunning when the job is running
+	// already, so this run did not start.
+	RunJob(ctx context.Context, name string, started func(), waiting func(time.Duration)) error
 	// ReconcileRuns returns the last reconcile reports, newest first.
 	ReconcileRuns(ctx context.Context, limit int) ([]ReconcileRun, error)
 	// Cursors returns the saved cursors of every resource.

@@ -112,7 +112,7 @@ func (f *fakeBackend) Jobs(context.Context, int) ([]Job, error) {
 	return f.jobs, nil
 }
 
-func (f *fakeBackend) RunJob(context.Context, string, func()) error { return nil }
+func (f *fakeBackend) RunJob(context.Context, string, func(), func(time.Duration)) error { return nil }
 
 func (f *fakeBackend) ReconcileRuns(context.Context, int) ([]ReconcileRun, error) { return nil, nil }
 

@@ -84,6 +84,7 @@ func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 	d.runs.Add(1)
 	d.mu.Unlock()
 	started := make(chan struct{})
+	waiting := make(chan time.Duration, 1)
 	result := make(chan error, 1)
 	go func() {
 		defer d.runs.Done()
@@ -92,8 +93,9 @@ func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 			delete(d.running, name)
 			d.mu.Unlock()
 		}()
-		var once sync.Once
-		err := d.opts.Backend.RunJob(d.runCtx, name, func() { once.Do(func() { close(started) }) })
+		var once, waits sync.Once
+		err := d.opts.Backend.RunJob(d.runCtx, name, func() { once.Do(func() { close(started) }) },
+			func(wait time.Duration) { waits.Do(func() { waiting <- wait }) })
 		result <- err
 		switch {
 		case err == nil:
@@ -115,6 +117,14 @@ func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 		}
 	case err = <-result:
 		ended = true
+	case wait := <-waiting:
+		// The lock is taken, and the run starts once the wait is over:
+		// no need to hold the answer that long.
+		d.log.Info("dashboard: job run starts after its lock's wait", "job", name, "wait", wait)
+		d.answer(w, r, http.StatusAccepted, fmt.Sprintf("Job %s starts in %s: its lock in Redis is new there (its first use, or Redis lost its data), "+
+			"so backstop waits that long for a run that may still hold the job elsewhere to stop. Its run shows here as running once it starts.",
+			name, wait.Round(time.Second)), Prefix+"/jobs")
+		return
 	case <-r.Context().Done():
 		return
 	}
