@@ -117,6 +117,12 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 			}
 			return backstop.Event{}, malformed("data is not a valid JSON object: %v", err)
 		}
+		// And every object inside it: a target reads those too.
+		for _, n := range obj.nested {
+			if where, err := nestedDuplicate(n.val, "data"+pathStep(n.key)); err != nil {
+				return backstop.Event{}, malformed("%s %v", where, err)
+			}
+		}
 		// A copy: the event must not alias the caller's body.
 		ev.Data = append(json.RawMessage(nil), data...)
 	}
@@ -176,9 +182,18 @@ func (f *envelopeFields) read(body []byte) error {
 	})
 }
 
-// objectFields are the raw values of the data keys ParseEnvelope reads.
+// objectFields are the raw values of the data keys ParseEnvelope reads,
+// and the members whose values are objects or arrays (nested), to be
+// looked into for keys given twice.
 type objectFields struct {
 	id, updatedAt json.RawMessage
+	nested        []member
+}
+
+// member is one member of a JSON object: its decoded key and raw value.
+type member struct {
+	key []byte
+	val json.RawMessage
 }
 
 // read fills f from data, a valid JSON object.
@@ -190,7 +205,72 @@ func (f *objectFields) read(data []byte) error {
 		case "updated_at":
 			f.updatedAt = val
 		}
+		if len(val) > 0 && (val[0] == '{' || val[0] == '[') {
+			f.nested = append(f.nested, member{key, val})
+		}
 	})
+}
+
+// nestedDuplicate looks into val, a valid JSON value at path, for an
+// object, at any depth, that gives one key twice, and returns the path of
+// the first one found with a *duplicateKeyError (nil when there is none).
+// scanData has bounded the depth already.
+func nestedDuplicate(val []byte, path string) (string, error) {
+	val = val[skipSpace(val, 0):]
+	if len(val) == 0 {
+		return "", nil
+	}
+	switch val[0] {
+	case '{':
+		var nested []member
+		err := readMembers(val, func(key []byte, v json.RawMessage) {
+			if len(v) > 0 && (v[0] == '{' || v[0] == '[') {
+				nested = append(nested, member{key, v})
+			}
+		})
+		if err != nil {
+			return path, err
+		}
+		for _, m := range nested {
+			if where, err := nestedDuplicate(m.val, path+pathStep(m.key)); err != nil {
+				return where, err
+			}
+		}
+	case '[':
+		i := skipSpace(val, 1)
+		for n := 0; i < len(val) && val[i] != ']'; n++ {
+			end := skipValue(val, i)
+			if end < 0 {
+				return "", nil // not as expected: encoding/json found it valid
+			}
+			if c := val[i]; c == '{' || c == '[' {
+				if where, err := nestedDuplicate(val[i:end], path+"["+strconv.Itoa(n)+"]"); err != nil {
+					return where, err
+				}
+			}
+			i = skipSpace(val, end)
+			if i < len(val) && val[i] == ',' {
+				i = skipSpace(val, i+1)
+			}
+		}
+	}
+	return "", nil
+}
+
+// pathStep is how a path names the member key of an object: ".key", or
+// ["key"] for a key that is not a plain name.
+func pathStep(key []byte) string {
+	plain := len(key) > 0
+	for _, c := range key {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return "." + string(key)
+	}
+	return "[" + strconv.Quote(string(key)) + "]"
 }
 
 // readMembers calls member for each member of obj, a valid JSON object, in

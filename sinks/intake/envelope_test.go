@@ -68,6 +68,12 @@ func TestParseEnvelopeAccepts(t *testing.T) {
 			want: backstop.Event{ID: "evt_6", Type: "invoice.paid", Origin: backstop.OriginWebhook, Data: json.RawMessage(`{"whatever":[1,2]}`)},
 		},
 		{
+			name: "nested objects with keys of their own, the same in siblings",
+			body: `{"event_id":"evt_8","event":"order.placed","data":{"id":"o_1","lines":[{"sku":"a","qty":1},{"sku":"b","qty":2,"meta":{"id":"m","sku":"c"}}],"id2":{"id":1},"e":[],"o":{}}}`,
+			want: backstop.Event{ID: "evt_8", Type: "order.placed", Origin: backstop.OriginWebhook,
+				Data: json.RawMessage(`{"id":"o_1","lines":[{"sku":"a","qty":1},{"sku":"b","qty":2,"meta":{"id":"m","sku":"c"}}],"id2":{"id":1},"e":[],"o":{}}`)},
+		},
+		{
 			name: "unknown type without data, nulls count as absent",
 			body: `{"event_id":"evt_7","event":"ping","data":null,"created_at":null,"truncated":null}`,
 			want: backstop.Event{ID: "evt_7", Type: "ping", Origin: backstop.OriginWebhook},
@@ -187,6 +193,9 @@ func TestParseEnvelopeRejects(t *testing.T) {
 		{"event_id right-to-left override", `{"event_id":"evt_\u202e1","event":"x.y"}`, "event_id contains an invisible Unicode format character (U+202E)"},
 		{"data.id zero-width space", "{" + ok + ",\"data\":{\"id\":\"pay\u200b_1\",\"updated_at\":\"2026-03-01T12:00:00Z\"}}", "data.id contains an invisible Unicode format character (U+200B)"},
 		{"event BOM", `{"event_id":"evt_1","event":"\ufeffpayment.succeeded"}`, "event (the event type) contains an invisible Unicode format character (U+FEFF)"},
+		{"nested key twice", `{` + ok + `,"data":{"id":"pay_1","updated_at":"2026-03-01T12:00:00Z","refund":{"amount":1,"amount":1000}}}`, `data.refund has the key "amount" twice`},
+		{"nested key twice in an array", `{"event_id":"evt_1","event":"unknown.type","data":{"items":[{"sku":"a"},{"sku":"b","qty":1,"qty":9}]}}`, `data.items[1] has the key "qty" twice`},
+		{"nested key twice, escaped, deep", `{"event_id":"evt_1","event":"unknown.type","data":{"a b":[[{"x":{"k":1,"\u006b":2}}]]}}`, `data["a b"][0][0].x has the key "k" twice`},
 		{"data key twice among many", `{` + ok + `,"data":{"id":"pay_1","updated_at":"2026-03-01T12:00:00Z",` + manyKeys(40) + `,"k7":0}}`, `data has the key "k7" twice`},
 		{"data number past float64", `{` + ok + `,"data":{"id":"pay_1","updated_at":"2026-03-01T12:00:00Z","amount":1e999}}`, "data holds the number 1e999, too large"},
 		{"data nested number past float64", `{"event_id":"evt_1","event":"unknown.type","data":{"a":[1,{"b":-2.5E+400}]}}`, "data holds the number -2.5E+400"},

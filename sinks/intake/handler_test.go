@@ -231,6 +231,7 @@ func TestRefusedRequestsStoreNothing(t *testing.T) {
 		{"missing event id", []byte(`{"event":"payment.pending","data":{"id":"pay_1","updated_at":"2026-03-01T10:00:00Z"}}`), nil, 400},
 		{"control character in id", []byte(`{"event_id":"evt\u0001x","event":"payment.pending","data":{"id":"pay_1","updated_at":"2026-03-01T10:00:00Z"}}`), nil, 400},
 		{"a data key twice", []byte(`{"event_id":"evt_dup","event":"payment.pending","data":{"id":"pay_1","status":"failed","updated_at":"2026-03-01T10:00:00Z","status":"succeeded"}}`), nil, 400},
+		{"a nested key twice", []byte(`{"event_id":"evt_dup2","event":"payment.pending","data":{"id":"pay_1","updated_at":"2026-03-01T10:00:00Z","refund":{"amount":1,"amount":1000}}}`), nil, 400},
 		{"updated_at past year 9999", []byte(`{"event_id":"evt_y","event":"payment.pending","data":{"id":"pay_1","updated_at":"9999-12-31T23:30:00-01:00"}}`), nil, 400},
 		{"right-to-left override in an id", []byte(`{"event_id":"evt_\u202ex","event":"payment.pending","data":{"id":"pay_1","updated_at":"2026-03-01T10:00:00Z"}}`), nil, 400},
 		{"wrong content type", good, func(r *http.Request) { r.Header.Set("Content-Type", "text/plain") }, 415},
