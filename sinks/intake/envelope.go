@@ -117,9 +117,10 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 			}
 			return backstop.Event{}, malformed("data is not a valid JSON object: %v", err)
 		}
-		// And every object inside it: a target reads those too.
-		for _, n := range obj.nested {
-			if where, err := nestedDuplicate(n.val, "data"+pathStep(n.key)); err != nil {
+		// And every object inside it, a target reads those too: looked
+		// for only when data holds an object or an array.
+		if obj.nested {
+			if where, err := nestedDuplicate(data); err != nil {
 				return backstop.Event{}, malformed("%s %v", where, err)
 			}
 		}
@@ -183,17 +184,11 @@ func (f *envelopeFields) read(body []byte) error {
 }
 
 // objectFields are the raw values of the data keys ParseEnvelope reads,
-// and the members whose values are objects or arrays (nested), to be
+// and whether a member's value is an object or an array (nested), to be
 // looked into for keys given twice.
 type objectFields struct {
 	id, updatedAt json.RawMessage
-	nested        []member
-}
-
-// member is one member of a JSON object: its decoded key and raw value.
-type member struct {
-	key []byte
-	val json.RawMessage
+	nested        bool
 }
 
 // read fills f from data, a valid JSON object.
@@ -206,55 +201,113 @@ func (f *objectFields) read(data []byte) error {
 			f.updatedAt = val
 		}
 		if len(val) > 0 && (val[0] == '{' || val[0] == '[') {
-			f.nested = append(f.nested, member{key, val})
+			f.nested = true
 		}
 	})
 }
 
-// nestedDuplicate looks into val, a valid JSON value at path, for an
-// object, at any depth, that gives one key twice, and returns the path of
-// the first one found with a *duplicateKeyError (nil when there is none).
-// scanData has bounded the depth already.
-func nestedDuplicate(val []byte, path string) (string, error) {
-	val = val[skipSpace(val, 0):]
-	if len(val) == 0 {
-		return "", nil
-	}
-	switch val[0] {
-	case '{':
-		var nested []member
-		err := readMembers(val, func(key []byte, v json.RawMessage) {
-			if len(v) > 0 && (v[0] == '{' || v[0] == '[') {
-				nested = append(nested, member{key, v})
-			}
-		})
-		if err != nil {
-			return path, err
-		}
-		for _, m := range nested {
-			if where, err := nestedDuplicate(m.val, path+pathStep(m.key)); err != nil {
-				return where, err
-			}
-		}
-	case '[':
-		i := skipSpace(val, 1)
-		for n := 0; i < len(val) && val[i] != ']'; n++ {
-			end := skipValue(val, i)
-			if end < 0 {
+// nestedDuplicate looks through data, a valid JSON object, for an object
+// at any depth that gives one key twice, and returns the path of the first
+// one found (from "data") with a *duplicateKeyError, or nil. It reads data
+// once, front to back, whatever the nesting: a body of arrays nested 500
+// deep must not cost 500 passes over it.
+func nestedDuplicate(data []byte) (string, error) {
+	var stack []dupFrame
+	for i := 0; i < len(data); i++ {
+		switch c := data[i]; c {
+		case '{':
+			stack = append(stack, dupFrame{object: true, expectKey: true})
+		case '[':
+			stack = append(stack, dupFrame{})
+		case '}', ']':
+			if len(stack) == 0 {
 				return "", nil // not as expected: encoding/json found it valid
 			}
-			if c := val[i]; c == '{' || c == '[' {
-				if where, err := nestedDuplicate(val[i:end], path+"["+strconv.Itoa(n)+"]"); err != nil {
-					return where, err
+			top := &stack[len(stack)-1]
+			if top.object {
+				if dup := twinKey(top.keys); dup != "" {
+					return framePath(stack), &duplicateKeyError{key: dup}
 				}
 			}
-			i = skipSpace(val, end)
-			if i < len(val) && val[i] == ',' {
-				i = skipSpace(val, i+1)
+			stack = stack[:len(stack)-1]
+		case ',':
+			if n := len(stack); n > 0 {
+				if stack[n-1].object {
+					stack[n-1].expectKey = true
+				} else {
+					stack[n-1].index++
+				}
 			}
+		case ':':
+			if n := len(stack); n > 0 {
+				stack[n-1].expectKey = false
+			}
+		case '"':
+			end := skipString(data, i)
+			if end < 0 {
+				return "", nil
+			}
+			if n := len(stack); n > 0 && stack[n-1].object && stack[n-1].expectKey {
+				key := data[i+1 : end-1]
+				if bytes.IndexByte(key, '\\') >= 0 {
+					decoded, err := stringField(data[i:end])
+					if err != nil {
+						return "", nil
+					}
+					key = []byte(decoded)
+				}
+				stack[n-1].keys = append(stack[n-1].keys, key)
+			}
+			i = end - 1
 		}
 	}
 	return "", nil
+}
+
+// dupFrame is an object or array nestedDuplicate is reading: an object's
+// keys so far and whether a key comes next, an array's elements so far.
+type dupFrame struct {
+	object    bool
+	expectKey bool
+	keys      [][]byte
+	index     int
+}
+
+// twinKey returns a key that keys holds twice, or "".
+func twinKey(keys [][]byte) string {
+	if len(keys) <= 32 {
+		for i := 1; i < len(keys); i++ {
+			for _, earlier := range keys[:i] {
+				if bytes.Equal(keys[i], earlier) {
+					return string(keys[i])
+				}
+			}
+		}
+		return ""
+	}
+	sorted := slices.Clone(keys)
+	slices.SortFunc(sorted, bytes.Compare)
+	for i := 1; i < len(sorted); i++ {
+		if bytes.Equal(sorted[i], sorted[i-1]) {
+			return string(sorted[i])
+		}
+	}
+	return ""
+}
+
+// framePath names the innermost of stack, nestedDuplicate's frames from
+// data's own object down: each frame above it names the member or element
+// it is in (an object's last key, an array's element count).
+func framePath(stack []dupFrame) string {
+	path := "data"
+	for _, f := range stack[:len(stack)-1] {
+		if f.object {
+			path += pathStep(f.keys[len(f.keys)-1])
+		} else {
+			path += "[" + strconv.Itoa(f.index) + "]"
+		}
+	}
+	return path
 }
 
 // pathStep is how a path names the member key of an object: ".key", or
