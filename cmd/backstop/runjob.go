@@ -78,12 +78,20 @@ again later; 130 interrupted.`,
 			// A lock new to Redis is waited for before the run begins
 			// (RedisJobLocks.fence): the progress says so, and so does
 			// the run's summary, whose duration is the run's alone.
-			var lockWait time.Duration
+			var waitFrom time.Time
 			ctx = bsync.WithLockWait(ctx, func(wait time.Duration) {
-				lockWait = wait
+				waitFrom = time.Now()
 				prog.lockWait(wait)
 			})
 			run, runErr := s.RunJob(ctx, args[0])
+			var lockWait time.Duration
+			if !waitFrom.IsZero() {
+				end := time.Now() // stopped while it waited
+				if run.Locked {
+					end = run.StartedAt
+				}
+				lockWait = max(end.Sub(waitFrom), time.Millisecond)
+			}
 			if prog != nil {
 				prog.wait()
 				// The bars are gone, and with them what was written
@@ -188,7 +196,8 @@ func jobStartOver(s *bsync.Scheduler, name string) func(backstop.Resource) strin
 }
 
 // printJobRun prints run, which waited lockWait for its job's lock
-// before it began (0: it did not).
+// before it began, or before it stopped when run.Locked is false (0: it
+// did not wait).
 func printJobRun(w io.Writer, run bsync.JobRun, lockWait time.Duration, asJSON bool) error {
 	if asJSON {
 		out := struct {
@@ -221,8 +230,11 @@ func printJobRun(w io.Writer, run bsync.JobRun, lockWait time.Duration, asJSON b
 	}
 	fmt.Fprintf(tw, "result\t%s\n", run.Status)
 	fmt.Fprintf(tw, "duration\t%s\n", round(run.FinishedAt.Sub(run.StartedAt)))
-	if lockWait > 0 {
+	switch {
+	case lockWait > 0 && run.Locked:
 		fmt.Fprintf(tw, "lock wait\t%s before the run began (its lock was new to Redis: its first use there, or Redis lost its data)\n", round(lockWait))
+	case lockWait > 0:
+		fmt.Fprintf(tw, "lock wait\t%s, and the run stopped before it began (its lock was new to Redis: its first use there, or Redis lost its data)\n", round(lockWait))
 	}
 	switch run.Kind {
 	case bsync.JobMaintenance:

@@ -8,8 +8,8 @@
 // (scanning a few hundred goroutine stacks, the write barrier while it
 // marks) took about a tenth of the CPU on 2 cores. Start lets the heap
 // grow to Floor before a cycle while the live heap is small, and keeps
-// Go's default once it is large: the goal is twice the live heap or
-// Floor, whichever is larger. GOGC set in the environment wins.
+// Go's default once that is the larger goal. GOGC set in the environment
+// wins.
 package gctune
 
 import (
@@ -21,21 +21,25 @@ import (
 	"sync"
 )
 
-// Floor is the heap goal while the live heap is under half of it.
+// Floor is the heap goal while the live heap is small.
 const Floor = 32 << 20
 
-// Percents bound the GOGC that Start sets: Go's default, at or above
-// Floor/2 of live heap, and at most maxPercent (a live heap under 1.5 MiB
-// gets a goal under Floor).
+// Percents bound the GOGC that Start sets: Go's default at least, and at
+// most the one whose minimum goal is Floor. The runtime's goal is the
+// live heap plus GOGC% of the live heap, the goroutine stacks and the
+// globals, and never under 4 MiB × GOGC/100: beyond maxPercent that
+// minimum alone would pass Floor.
 const (
 	minPercent = 100
-	maxPercent = 2000
+	maxPercent = Floor / (4 << 20) * 100
 )
 
-// liveMetric is the heap the last cycle found live, and percentMetric
-// the GOGC in force.
+// The runtime's figures Start reads: the heap the last cycle found live,
+// the stacks and globals it scanned, and the GOGC in force.
 const (
 	liveMetric    = "/gc/heap/live:bytes"
+	stacksMetric  = "/gc/scan/stack:bytes"
+	globalsMetric = "/gc/scan/globals:bytes"
 	percentMetric = "/gc/gogc:percent"
 )
 
@@ -81,27 +85,42 @@ func arm() {
 	}, struct{}{})
 }
 
-// tuneLocked sets GOGC from the live heap of the last cycle when it
-// differs from the one in force; mu is held.
+// tuneLocked sets GOGC from the last cycle's figures when it differs from
+// the one in force; mu is held.
 func tuneLocked() {
-	s := []metrics.Sample{{Name: liveMetric}, {Name: percentMetric}}
+	s := []metrics.Sample{{Name: liveMetric}, {Name: stacksMetric}, {Name: globalsMetric}, {Name: percentMetric}}
 	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 || s[1].Value.Kind() != metrics.KindUint64 {
-		return
+	for _, m := range s {
+		if m.Value.Kind() != metrics.KindUint64 {
+			return
+		}
 	}
-	if p := Percent(s[0].Value.Uint64()); uint64(p) != s[1].Value.Uint64() {
+	p := Percent(s[0].Value.Uint64(), s[1].Value.Uint64()+s[2].Value.Uint64())
+	if uint64(p) != s[3].Value.Uint64() {
 		debug.SetGCPercent(p)
 	}
 }
 
-// Percent is the GOGC that makes the heap goal max(2 × live, Floor), within
-// its bounds, for a live heap of live bytes.
-func Percent(live uint64) int {
-	if live == 0 {
+// Percent is the GOGC that makes the heap goal Floor, or Go's default once
+// that is larger, for a live heap of live bytes and roots (goroutine
+// stacks and globals) of roots bytes: the runtime's goal is live + (live +
+// roots) × GOGC/100.
+func Percent(live, roots uint64) int {
+	if live+roots == 0 {
 		return maxPercent
 	}
-	p := (float64(Floor)/float64(live) - 1) * 100
+	p := (float64(Floor) - float64(live)) / float64(live+roots) * 100
 	return int(math.Round(min(max(p, minPercent), maxPercent)))
+}
+
+// Goal is the heap goal in force, as the runtime computes it.
+func Goal() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/goal:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s[0].Value.Uint64()
 }
 
 // Current is the GOGC in force.

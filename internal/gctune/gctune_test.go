@@ -8,21 +8,26 @@ import (
 )
 
 func TestPercent(t *testing.T) {
+	const mib = 1 << 20
 	for _, c := range []struct {
-		live uint64
-		want int
+		live, roots uint64
+		want        int
 	}{
-		{0, maxPercent},
-		{1 << 20, maxPercent}, // goal 32 MiB would take 3100%
-		{2 << 20, 1500},       // 2 MiB live: goal 32 MiB
-		{8 << 20, 300},
-		{16 << 20, minPercent}, // twice the live heap is the floor itself
-		{64 << 20, minPercent},
-		{4 << 30, minPercent},
+		{0, 0, maxPercent},
+		{1 * mib, 0, maxPercent},  // 3100% would make the goal Floor; the minimum goal at 800% is Floor already
+		{4 * mib, 0, 700},         // 4 + 4 × 7 = 32
+		{3 * mib, 1 * mib, 725},   // stacks count: 3 + 4 × 7.25 = 32
+		{8 * mib, 0, 300},         // 8 + 8 × 3 = 32
+		{16 * mib, 0, minPercent}, // twice the live heap is Floor itself
+		{64 * mib, 0, minPercent},
+		{4 << 30, 0, minPercent},
 	} {
-		if got := Percent(c.live); got != c.want {
-			t.Errorf("Percent(%d MiB) = %d, want %d", c.live>>20, got, c.want)
+		if got := Percent(c.live, c.roots); got != c.want {
+			t.Errorf("Percent(%d MiB live, %d MiB roots) = %d, want %d", c.live>>20, c.roots>>20, got, c.want)
 		}
+	}
+	if maxPercent != 800 {
+		t.Errorf("maxPercent = %d, want 800: its minimum goal (4 MiB × GOGC/100) is Floor", maxPercent)
 	}
 }
 
@@ -52,6 +57,11 @@ func TestStart(t *testing.T) {
 		}
 	}
 	waitFor("over 500 for a heap of a few MiB", func(p int) bool { return p > 500 })
+	// The goal the runtime computes from it is Floor, not more: it counts
+	// the stacks and globals, and never goes under 4 MiB × GOGC/100.
+	if g := Goal(); g > Floor*11/10 || g < Floor*9/10 {
+		t.Errorf("heap goal %d MiB with GOGC %d, want about Floor (%d MiB)", g>>20, Current(), Floor>>20)
+	}
 
 	big := make([][]byte, 48) // 48 MiB live: over the floor
 	for i := range big {

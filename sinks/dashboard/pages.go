@@ -57,7 +57,9 @@ func (d *Dashboard) jobsPage(w http.ResponseWriter, r *http.Request) {
 // minutes); its result is stored like any run and shows on the jobs page.
 // It answers once the run has started, or has been refused: a job already
 // running (started here, by its schedule, or in another process) is not
-// started twice, and the answer says so (409).
+// started twice, and the answer says so (409). A run that holds its lock
+// but waits before it begins (a lock new to Redis) is answered at once,
+// 202, saying how long it waits.
 func (d *Dashboard) runJob(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	jobs, err := d.opts.Backend.Jobs(r.Context(), 0)

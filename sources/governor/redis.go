@@ -30,6 +30,10 @@ const (
 	DefaultKeyTTL = time.Hour
 )
 
+// maxRenewIdle is how long after a process's last call on a key its
+// requests in flight there are renewed at most (see renew).
+const maxRenewIdle = 2 * time.Minute
+
 // skewTolerance is the difference between this process's clock and
 // Redis's below which the shared state is read and written in this
 // process's time as it is: network delays make smaller measures noise.
@@ -95,10 +99,12 @@ type RedisStore struct {
 	mu   sync.Mutex
 	keys map[string]*redisKey
 	// done ends the renewals (Close, which sets closed under mu);
-	// renewals counts those running.
-	done     chan struct{}
-	closed   bool
-	renewals sync.WaitGroup
+	// renewals counts those running. renewIdle is maxRenewIdle (tests
+	// shorten it).
+	done      chan struct{}
+	closed    bool
+	renewals  sync.WaitGroup
+	renewIdle time.Duration
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -120,8 +126,8 @@ type redisKey struct {
 	known   bool
 	// at is the time of the last call (the caller's clock), atReal when it
 	// came (the monotonic clock): a renewal runs at at plus the time
-	// since. renewing is set while a goroutine renews this process's
-	// holder entry (see renew).
+	// since, and ends once that is too long ago. renewing is set while a
+	// goroutine renews this process's holder entry (see renew).
 	at, atReal time.Time
 	renewing   bool
 }
@@ -143,7 +149,7 @@ func NewRedisStore(rdb redis.Scripter, opts RedisOptions) *RedisStore {
 	return &RedisStore{
 		rdb: rdb, prefix: opts.Prefix, id: hex.EncodeToString(id[:]),
 		holderTTL: opts.HolderTTL, keyTTL: opts.KeyTTL, clock: time.Now,
-		keys: make(map[string]*redisKey), done: make(chan struct{}),
+		keys: make(map[string]*redisKey), done: make(chan struct{}), renewIdle: maxRenewIdle,
 	}
 }
 
@@ -162,15 +168,24 @@ func (s *RedisStore) Close() error {
 }
 
 // renew keeps this process's holder entry on key alive while it has
-// requests in flight: every third of HolderTTL it writes the entry again
-// when half of it has gone (see hold), and it ends once none is in flight,
-// or at Close. A renewal that fails is tried again at the next tick; the
-// entry may then expire, and the process's requests stop counting for the
-// others until its next write.
+// requests in flight: every third of HolderTTL it writes the entry again,
+// and it ends once none is in flight, or at Close. A tick finding another
+// call of this process on the key under way, or the last one failed (Redis
+// not answering: the FallbackStore paces locally meanwhile), is skipped,
+// so that a renewal never keeps a request's Observe waiting behind a
+// Redis that hangs; the entry may then expire, and the process's requests
+// stop counting for the others until its next write.
+//
+// Requests still counted maxRenewIdle after the process's last call on
+// the key are taken for ones it lost (a Ticket never ended: none takes
+// that long, source.timeout and a target's timeouts being far shorter),
+// and renewed no more: they stop counting one HolderTTL later, rather than
+// holding the key for every process for as long as this one runs.
 func (s *RedisStore) renew(key string, k *redisKey) {
 	defer s.renewals.Done()
-	tick := time.NewTicker(s.holderTTL / 3)
+	tick := time.NewTicker(max(s.holderTTL/3, time.Millisecond))
 	defer tick.Stop()
+	idle := max(s.renewIdle, 4*s.holderTTL)
 	for {
 		select {
 		case <-s.done:
@@ -180,20 +195,21 @@ func (s *RedisStore) renew(key string, k *redisKey) {
 		}
 		select {
 		case k.lock <- struct{}{}:
-		case <-s.done:
-			s.stopRenewing(k)
-			return
+		default:
+			continue // a call under way writes the entry, or fails
 		}
-		if k.out == 0 {
+		if k.out == 0 || time.Since(k.atReal) > idle {
 			k.renewing = false
 			<-k.lock
 			return
 		}
-		at := k.at.Add(time.Since(k.atReal))
+		if k.known {
+			ctx, cancel := context.WithTimeout(context.Background(), max(s.holderTTL/3, time.Millisecond))
+			_ = s.updateLocked(ctx, key, k, k.at.Add(time.Since(k.atReal)), false, true,
+				func(*Budget, time.Time, time.Duration) bool { return false })
+			cancel()
+		}
 		<-k.lock
-		ctx, cancel := context.WithTimeout(context.Background(), s.holderTTL/3)
-		_ = s.update(ctx, key, at, false, func(*Budget, time.Time, time.Duration) bool { return false })
-		cancel()
 	}
 }
 
@@ -314,6 +330,13 @@ func (s *RedisStore) update(ctx context.Context, key string, local time.Time, ob
 		}
 		<-k.lock
 	}()
+	return s.updateLocked(ctx, key, k, local, observe, false, op)
+}
+
+// updateLocked is update with k's lock held; renew, set, writes this
+// process's holder entry whether or not it is due (see hold).
+func (s *RedisStore) updateLocked(ctx context.Context, key string, k *redisKey, local time.Time, observe, renew bool,
+	op func(b *Budget, now time.Time, skew time.Duration) (granted bool)) error {
 	rkey := s.prefix + key
 	fail := func(err error) error {
 		if observe {
@@ -341,7 +364,7 @@ func (s *RedisStore) update(ctx context.Context, key string, local time.Time, ob
 		// call on a key held by others learns it from their answer.
 		skew := s.skewNow()
 		now := local.Add(skew)
-		st.hold(s.id, k.out, now, s.holderTTL)
+		st.hold(s.id, k.out, now, s.holderTTL, renew)
 		out := k.out
 		switch {
 		case op(&st.Budget, now, skew):
@@ -349,7 +372,7 @@ func (s *RedisStore) update(ctx context.Context, key string, local time.Time, ob
 		case observe:
 			out = max(out-1, 0)
 		}
-		st.hold(s.id, out, now, s.holderTTL)
+		st.hold(s.id, out, now, s.holderTTL, renew)
 		next, err := json.Marshal(st)
 		if err != nil {
 			return fail(fmt.Errorf("governor: encode budget: %w", err))
@@ -543,13 +566,13 @@ func (st *shared) inFlight(now time.Time) int {
 }
 
 // hold records that holder id has out requests in flight at now, renewing
-// its entry when less than half its ttl is left, and restates the
-// Budget's in-flight count as the sum over holders.
-func (st *shared) hold(id string, out int, now time.Time, ttl time.Duration) {
+// its entry when less than half its ttl is left, or at once with renew,
+// and restates the Budget's in-flight count as the sum over holders.
+func (st *shared) hold(id string, out int, now time.Time, ttl time.Duration, renew bool) {
 	switch h, ok := st.Holders[id]; {
 	case out == 0:
 		delete(st.Holders, id)
-	case ok && h.InFlight == out && h.Until.Sub(now) > ttl/2:
+	case ok && h.InFlight == out && !renew && h.Until.Sub(now) > ttl/2:
 	default:
 		if st.Holders == nil {
 			st.Holders = make(map[string]holder)

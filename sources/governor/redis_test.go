@@ -747,3 +747,39 @@ func TestRedisStoreRenewsInFlightAndForgetsDeadProbe(t *testing.T) {
 	}
 	t.Logf("granted %s after the holder died (ttl %s)", time.Since(died).Round(time.Millisecond), ttl)
 }
+
+// A request a process lost track of (a Ticket never ended: no Observe) is
+// renewed only until the process has made no call on its key for a while
+// (maxRenewIdle): then it stops counting for the others one HolderTTL
+// later, instead of holding the key, a probe here, for as long as the
+// process runs.
+func TestRedisStoreStopsRenewingALostRequest(t *testing.T) {
+	_, rdb := newRedis(t)
+	ctx := context.Background()
+	const ttl, idle = 300 * time.Millisecond, 1200 * time.Millisecond
+	holder, other := NewRedisStore(rdb, RedisOptions{HolderTTL: ttl}), NewRedisStore(rdb, RedisOptions{HolderTTL: ttl})
+	holder.renewIdle = idle
+	t.Cleanup(func() { holder.Close(); other.Close() })
+	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+	reserved := time.Now()
+	if _, ok, err := holder.Reserve(ctx, "k", reserved, pol); err != nil || !ok {
+		t.Fatalf("the probe of a new key: %v %v", ok, err)
+	}
+	for {
+		_, ok, err := other.Reserve(ctx, "k", time.Now(), pol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		since := time.Since(reserved)
+		if ok {
+			if since < idle {
+				t.Fatalf("granted %s after the probe, before the holder's renewals were due to end (%s): it was not renewed", since, idle)
+			}
+			break
+		}
+		if since > idle+2*ttl+time.Second {
+			t.Fatalf("still refused %s after the probe: a request lost %s ago should have stopped being renewed", since, idle)
+		}
+		time.Sleep(20 * time.Millisecond) // polling, with a deadline
+	}
+}
