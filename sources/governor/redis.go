@@ -171,10 +171,11 @@ func (s *RedisStore) Close() error {
 // requests in flight: every third of HolderTTL it writes the entry again,
 // and it ends once none is in flight, or at Close. A tick finding another
 // call of this process on the key under way, or the last one failed (Redis
-// not answering: the FallbackStore paces locally meanwhile), is skipped,
-// so that a renewal never keeps a request's Observe waiting behind a
-// Redis that hangs; the entry may then expire, and the process's requests
-// stop counting for the others until its next write.
+// not answering: the FallbackStore paces locally meanwhile), is skipped:
+// once Redis hangs, a renewal keeps a request's Observe waiting at most
+// once, for the one call that found out (bounded by the client's read
+// timeout, as any call on the key is). The entry may then expire, and the
+// process's requests stop counting for the others until its next write.
 //
 // Requests still counted maxRenewIdle after the process's last call on
 // the key are taken for ones it lost (a Ticket never ended: none takes
