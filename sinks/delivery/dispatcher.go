@@ -409,6 +409,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	wg.Wait()
 	d.batcher.close()
 	<-d.batcher.stopped
+	// The targets' keep-alive connections end with the run, rather than
+	// when they have idled for 90 s.
+	for _, w := range d.workers {
+		w.client.CloseIdleConnections()
+		if w.redirects != nil {
+			w.redirects.CloseIdleConnections()
+		}
+	}
 	return nil
 }
 

@@ -1457,3 +1457,49 @@ func TestRequestIDsAreNewRandomUUIDs(t *testing.T) {
 		seen[s] = true
 	}
 }
+
+// Run's keep-alive connections to the targets end with it: they stayed
+// open until they had idled 90 s, and a target (or a benchmark running
+// the dispatcher again and again) kept a connection and its goroutine per
+// worker of every run that had ended.
+func TestRunClosesItsConnectionsWhenItEnds(t *testing.T) {
+	t.Parallel()
+	var open atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	q := newStoreQueue(t)
+	id := q.add(t, "crm", "evt_1", "payment.succeeded", `{"id":"pay_1"}`)
+	d, err := New(q, []Target{{Name: "crm", URL: srv.URL, AllowPrivate: true}}, Options{Poll: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	q.waitFor(t, 10*time.Second, "delivery", q.rowStatus(t, id, StatusDelivered))
+	if n := open.Load(); n != 1 {
+		t.Fatalf("%d connections open to the target while the dispatcher runs, want its one keep-alive connection", n)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for open.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections still open to the target 5 s after Run returned", open.Load())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the server's count, with a deadline
+	}
+}
