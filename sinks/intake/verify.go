@@ -7,15 +7,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/keyedmac"
 )
 
 // ErrSignature is wrapped by every error a Verifier returns: the request's
@@ -151,31 +149,12 @@ func hmacSHA256(key []byte, parts ...[]byte) []byte {
 	return m.Sum(nil)
 }
 
-// macKey is one secret's HMAC-SHA256, keyed once: its pool holds keyed
-// hashes, which Reset brings back to the keyed state without hashing the
-// key again (hmac.New hashed the key's two pads on every request, a
-// sixteenth of serve's CPU per webhook).
-type macKey struct{ pool sync.Pool }
-
-// macKeys keys an HMAC-SHA256 with each of keys.
-func macKeys(keys [][]byte) []*macKey {
-	out := make([]*macKey, len(keys))
+// macKeys keys an HMAC-SHA256 with each of keys, once.
+func macKeys(keys [][]byte) []*keyedmac.Key {
+	out := make([]*keyedmac.Key, len(keys))
 	for i, k := range keys {
-		k := slices.Clone(k)
-		out[i] = &macKey{pool: sync.Pool{New: func() any { return hmac.New(sha256.New, k) }}}
+		out[i] = keyedmac.New(k)
 	}
-	return out
-}
-
-// sum returns HMAC-SHA256(the key, parts...).
-func (k *macKey) sum(parts ...[]byte) []byte {
-	m := k.pool.Get().(hash.Hash)
-	m.Reset()
-	for _, p := range parts {
-		m.Write(p)
-	}
-	out := m.Sum(make([]byte, 0, sha256.Size))
-	k.pool.Put(m)
 	return out
 }
 
@@ -183,7 +162,7 @@ func (k *macKey) sum(parts ...[]byte) []byte {
 // with any of the keys. Every key and every signature is compared in
 // constant time; the loop does not stop early on a match so that timing
 // does not tell which secret of the rotation is in use.
-func anyMatch(keys []*macKey, sigs [][]byte, mac func(key *macKey) []byte) bool {
+func anyMatch(keys []*keyedmac.Key, sigs [][]byte, mac func(key *keyedmac.Key) []byte) bool {
 	ok := 0
 	for _, k := range keys {
 		want := mac(k)
@@ -236,7 +215,7 @@ func parseUnix(s string) (time.Time, bool) {
 // hexBodyVerifier verifies schemes whose header carries one hex
 // HMAC-SHA256 of the raw body (botix, github).
 type hexBodyVerifier struct {
-	keys   []*macKey
+	keys   []*keyedmac.Key
 	header string
 	parse  func(string) ([]byte, error)
 }
@@ -251,7 +230,7 @@ func (v *hexBodyVerifier) Verify(h http.Header, body []byte, _ time.Time) error 
 	if err != nil {
 		return sigErr("%s: %v", v.header, err)
 	}
-	if !anyMatch(v.keys, [][]byte{sig}, func(k *macKey) []byte { return k.sum(body) }) {
+	if !anyMatch(v.keys, [][]byte{sig}, func(k *keyedmac.Key) []byte { return k.Sum(nil, body) }) {
 		return sigErr("%s does not match the body (wrong secret, or the body was changed)", v.header)
 	}
 	return nil
@@ -305,7 +284,7 @@ func SignGitHub(secret string, body []byte) string {
 
 // standardVerifier verifies Standard Webhooks signatures.
 type standardVerifier struct {
-	keys      []*macKey
+	keys      []*keyedmac.Key
 	tolerance time.Duration
 }
 
@@ -371,7 +350,7 @@ func (v *standardVerifier) Verify(h http.Header, body []byte, now time.Time) err
 		return err
 	}
 	prefix := []byte(id + "." + tsValue + ".")
-	if !anyMatch(v.keys, sigs, func(k *macKey) []byte { return k.sum(prefix, body) }) {
+	if !anyMatch(v.keys, sigs, func(k *keyedmac.Key) []byte { return k.Sum(nil, prefix, body) }) {
 		return sigErr("no %s signature matches the body (wrong secret, or the body, id or timestamp was changed)", HeaderWebhookSignature)
 	}
 	return nil
@@ -394,7 +373,7 @@ func SignStandardWebhooks(secret, id string, ts time.Time, body []byte) (string,
 // stripeVerifier verifies Stripe-Signature headers. The HMAC key is the
 // whole secret string, "whsec_" included.
 type stripeVerifier struct {
-	keys      []*macKey
+	keys      []*keyedmac.Key
 	tolerance time.Duration
 }
 
@@ -464,7 +443,7 @@ func (v *stripeVerifier) Verify(h http.Header, body []byte, now time.Time) error
 		return err
 	}
 	prefix := []byte(sh.timestamp + ".")
-	if !anyMatch(v.keys, sh.v1, func(k *macKey) []byte { return k.sum(prefix, body) }) {
+	if !anyMatch(v.keys, sh.v1, func(k *keyedmac.Key) []byte { return k.Sum(nil, prefix, body) }) {
 		return sigErr("no %s v1 signature matches the body (wrong secret, or the body or timestamp was changed)", HeaderStripeSignature)
 	}
 	return nil
