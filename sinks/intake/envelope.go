@@ -273,7 +273,9 @@ type dupFrame struct {
 	index     int
 }
 
-// twinKey returns a key that keys holds twice, or "".
+// twinKey returns a key that keys holds twice, or "": pair by pair for a
+// few keys, and among many sorted, where a key given twice has its twin
+// beside it.
 func twinKey(keys [][]byte) string {
 	if len(keys) <= 32 {
 		for i := 1; i < len(keys); i++ {
@@ -431,26 +433,13 @@ func scanMembers(obj []byte, member func(key []byte, val json.RawMessage)) (ok b
 		}
 		i = skipSpace(obj, i+1)
 	}
-	if len(spans) <= 32 {
-		for i := 1; i < len(spans); i++ {
-			for _, earlier := range spans[:i] {
-				if bytes.Equal(spans[i].key, earlier.key) {
-					return false, string(spans[i].key)
-				}
-			}
-		}
-	} else {
-		// Sorted by key, a key given twice has its twin beside it.
-		byKey := make([]int, len(spans))
-		for i := range byKey {
-			byKey[i] = i
-		}
-		slices.SortFunc(byKey, func(a, b int) int { return bytes.Compare(spans[a].key, spans[b].key) })
-		for i := 1; i < len(byKey); i++ {
-			if k := spans[byKey[i]].key; bytes.Equal(k, spans[byKey[i-1]].key) {
-				return false, string(k)
-			}
-		}
+	var kbuf [16][]byte
+	keys := kbuf[:0]
+	for _, sp := range spans {
+		keys = append(keys, sp.key)
+	}
+	if dup := twinKey(keys); dup != "" {
+		return false, dup
 	}
 	for _, s := range spans {
 		member(s.key, s.val)
