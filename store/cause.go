@@ -13,7 +13,13 @@ const lockHeld = "another process holds the store's write lock"
 // LockHeld reports whether err is the store's write lock held by another
 // connection past the busy timeout: a passing condition, unlike the
 // others Cause names.
-func LockHeld(err error) bool { return Cause(err) == lockHeld }
+func LockHeld(err error) bool {
+	c := Cause(err)
+	return c == lockHeld || c == writerBusy
+}
+
+// writerBusy is Cause's phrase for ErrWriterBusy.
+const writerBusy = "the store's writes are waiting for its write lock (another process may hold it)"
 
 // Damaged reports whether err says the store file is damaged (SQLite's
 // SQLITE_CORRUPT or SQLITE_NOTADB): unlike a full disk or a lock held
@@ -35,6 +41,9 @@ func Damaged(err error) bool {
 func Cause(err error) string {
 	if errors.Is(err, errDiskLow) {
 		return "the disk is full"
+	}
+	if errors.Is(err, ErrWriterBusy) {
+		return writerBusy
 	}
 	var se *sqlite.Error
 	if !errors.As(err, &se) {

@@ -1339,7 +1339,12 @@ func (db *DB) enqueue(ctx context.Context, target, key, eventType string, payloa
 		return 0, err
 	}
 	stamp := backstop.CanonicalTime(now)
-	tx, err := db.w.BeginTxx(ctx, nil)
+	conn, err := db.writer(ctx, db.busy) // as a webhook's commit (emit)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTxx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("begin: %w", err)
 	}

@@ -73,7 +73,16 @@ func (db *DB) emit(ctx context.Context, events []backstop.Event, routes []backst
 	now := db.now()
 	stamp := backstop.CanonicalTime(now)
 
-	tx, err := db.w.BeginTxx(ctx, nil)
+	// A webhook's commit waits for the writer no longer than for a lock
+	// held elsewhere: while another process holds the store's write lock,
+	// each write before it (a delivery claim, say) waits the busy timeout
+	// in turn, and a webhook behind several would go unanswered.
+	conn, err := db.writer(ctx, db.busy)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTxx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}

@@ -262,13 +262,42 @@ func (db *DB) Close() error {
 // reader, so a readiness probe fails when either is unusable or ctx ends
 // first. It returns an error on a closed store.
 func (db *DB) Ping(ctx context.Context) error {
-	if err := db.w.PingContext(ctx); err != nil {
+	conn, err := db.writer(ctx, pingWriterWait)
+	if err == nil {
+		err = conn.PingContext(ctx)
+		conn.Close()
+	}
+	if err != nil {
 		return fmt.Errorf("ping store %s: writer: %w", db.path, err)
 	}
 	if err := db.r.PingContext(ctx); err != nil {
 		return fmt.Errorf("ping store %s: reader: %w", db.path, err)
 	}
 	return nil
+}
+
+// ErrWriterBusy is returned when the store's one writer connection stays
+// taken by other writes for longer than the caller may wait: a webhook
+// commit waits at most the busy timeout, a readiness probe a second. It
+// passes (LockHeld): the usual cause is another process holding the
+// store's write lock while this one's writes each wait their busy timeout
+// for it, one after the other.
+var ErrWriterBusy = errors.New("the store's writer is taken by other writes")
+
+// pingWriterWait bounds how long Ping waits for the writer connection.
+const pingWriterWait = time.Second
+
+// writer returns the writer connection once the writes before have let
+// it go, waiting at most wait (then ErrWriterBusy) or until ctx ends. The
+// caller closes it.
+func (db *DB) writer(ctx context.Context, wait time.Duration) (*sqlx.Conn, error) {
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	conn, err := db.w.Connx(wctx)
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		return nil, fmt.Errorf("%w: waited %s for it", ErrWriterBusy, wait)
+	}
+	return conn, err
 }
 
 // pingWriteBusy bounds how long PingWrite waits for a lock that another
@@ -290,7 +319,7 @@ func (db *DB) PingWrite(ctx context.Context) error {
 }
 
 func (db *DB) pingWrite(ctx context.Context) error {
-	conn, err := db.w.Connx(ctx)
+	conn, err := db.writer(ctx, pingWriterWait)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,108 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/backstop-sync/backstop"
+)
+
+// stuckWriters opens a store with the busy timeout busy, lets another
+// connection hold its write lock, and queues n writes (a delivery
+// worker's target update each) on the store's writer: each waits the busy
+// timeout for the lock in turn, holding the writer meanwhile. It returns
+// the store once all n are under way; they end with the test.
+func stuckWriters(t *testing.T, busy time.Duration, n int) *DB {
+	t.Helper()
+	ctx := context.Background()
+	db, err := Open(ctx, filepath.Join(t.TempDir(), "busy.db"), Options{Synchronous: "FULL", BusyTimeout: busy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := sql.Open(driverName, db.path+"?_pragma=busy_timeout(0)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		conn.ExecContext(ctx, "ROLLBACK")
+		conn.Close()
+		other.Close()
+		wg.Wait()
+		db.Close()
+	})
+	waits := db.w.Stats().WaitCount
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			db.PauseTarget(ctx, "crm", time.Now().Add(time.Hour))
+		}()
+	}
+	// One holds the writer; the others wait for it.
+	deadline := time.Now().Add(5 * time.Second)
+	for db.w.Stats().WaitCount < waits+int64(n-1) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the %d writes did not queue up (%d waits)", n, db.w.Stats().WaitCount-waits)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return db
+}
+
+// While another process holds the store's write lock, a webhook's commit
+// fails within about the busy timeout, however many writes queue on the
+// writer before it (each waiting that long for the lock in turn): a
+// webhook behind five delivery workers' claims went unanswered for 50 s,
+// past serve's write timeout. The error says the lock is held. (The
+// writer passes to a waiter at random, so the code before this check
+// passed it now and then, when its Emit was among the first served.)
+func TestEmitDoesNotWaitBehindWritesStuckOnALock(t *testing.T) {
+	const busy, queued = 400 * time.Millisecond, 8 // 3.2 s of writes before it
+	db := stuckWriters(t, busy, queued)
+	begin := time.Now()
+	_, err := db.Emit(context.Background(), []backstop.Event{payment(t, "evt_1", "pay_1", "2024-05-01T09:00:00Z")}, nil)
+	took := time.Since(begin)
+	if err == nil {
+		t.Fatal("Emit committed while another connection held the write lock")
+	}
+	if !LockHeld(err) {
+		t.Errorf("Emit error %v: LockHeld = false, Cause %q", err, Cause(err))
+	}
+	if took > 2*busy+time.Second {
+		t.Errorf("Emit took %v, want at most about twice the busy timeout of %v (the writes queued before it take %v)", took, busy, queued*busy)
+	}
+}
+
+// Ping (serve's /readyz) answers within about a second while the writer
+// is taken by writes stuck on a lock held elsewhere, and says so. (The
+// busy timeout is longer than Ping's wait, so that the writer cannot pass
+// to Ping meanwhile: database/sql hands it to a waiter at random.)
+func TestPingDoesNotWaitBehindWritesStuckOnALock(t *testing.T) {
+	const busy, queued = 1500 * time.Millisecond, 4 // 6 s of writes before it
+	db := stuckWriters(t, busy, queued)
+	begin := time.Now()
+	err := db.Ping(context.Background())
+	took := time.Since(begin)
+	if !errors.Is(err, ErrWriterBusy) || !LockHeld(err) {
+		t.Errorf("Ping = %v, want ErrWriterBusy (LockHeld)", err)
+	}
+	if got := Cause(err); got != "the store's writes are waiting for its write lock (another process may hold it)" {
+		t.Errorf("Cause = %q", got)
+	}
+	if took > pingWriterWait+time.Second {
+		t.Errorf("Ping took %v, want about %v", took, pingWriterWait)
+	}
+}
