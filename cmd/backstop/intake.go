@@ -32,7 +32,8 @@ type intakeStack struct {
 // intakeOptions are what startIntake's writer is told besides the store.
 type intakeOptions struct {
 	routes   []backstop.Route
-	maxBatch int // intake.max_batch; 0 means the writer's default
+	maxBatch int           // intake.max_batch; 0 means the writer's default
+	linger   time.Duration // intake.linger
 	// onQueued, when set, is told the targets each commit queued rows for
 	// (the dispatcher's Wake).
 	onQueued func(target string)
@@ -53,7 +54,7 @@ func startIntake(ctx context.Context, db *store.DB, src backstop.Source, v intak
 		}
 	}
 	writer := intake.NewBatcher(db, intake.BatcherOptions{
-		MaxBatch: opts.maxBatch, Routes: routes, Logger: log.With("component", "emit"), Observe: observe,
+		MaxBatch: opts.maxBatch, Linger: opts.linger, Routes: routes, Logger: log.With("component", "emit"), Observe: observe,
 		OnQueued: opts.onQueued,
 	})
 	fetcher := intake.NewFetcher(db, src, intake.FetcherOptions{

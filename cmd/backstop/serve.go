@@ -73,7 +73,8 @@ POST {intake.path}. Each request's signature is verified over the raw body
 accepted during a rotation), its event is de-duplicated on processed_events,
 applied to the mirror when newer and queued for every target whose events match,
 all in one transaction, and only then answered 2xx. Concurrent requests share
-commits (group commit, at most intake.max_batch per commit). Truncated events
+commits (group commit, at most intake.max_batch per commit; a commit smaller
+than the one before waits intake.linger for more to join it). Truncated events
 are completed by fetching their object from the API.
 
 serve also delivers the outbox to the targets (one worker per target, retries,
@@ -241,7 +242,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	a.engine.Mirror = waking
 	a.engine.EmitGuard = waking
 	stack := startIntake(ctx, a.db, meter, verifier,
-		intakeOptions{routes: routes, maxBatch: cfg.Intake.MaxBatch, onQueued: dispatcher.Wake}, log, reg)
+		intakeOptions{routes: routes, maxBatch: cfg.Intake.MaxBatch, linger: cfg.Intake.Linger.Std(), onQueued: dispatcher.Wake}, log, reg)
 	handler := stack.handler
 	dash, err := startUI(ctx, uiDeps{a: a, sched: sched, dispatcher: dispatcher, intake: stack.metrics, meter: meter})
 	if err != nil {

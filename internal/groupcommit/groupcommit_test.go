@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -246,5 +247,179 @@ func TestSubmitCancelled(t *testing.T) {
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("Submit = %v, want context.Canceled", err)
+	}
+}
+
+// lingerWriter returns a started writer with Linger linger whose commits
+// record their sizes, and which has committed a batch of one and then a
+// batch of three, so that its next batch of fewer than three lingers. Each
+// time a batch starts to linger, the writer sends on lingered and then
+// waits to receive from gate before its wait begins.
+func lingerWriter(t *testing.T, linger time.Duration, gate chan struct{}) (w *groupcommit.Writer[int, int], sizes func() []int, lingered chan struct{}) {
+	t.Helper()
+	release := make(chan struct{})
+	entered := make(chan struct{}, 8)
+	var mu sync.Mutex
+	var got []int
+	first := true
+	w = groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
+		mu.Lock()
+		got = append(got, len(items))
+		wait := first
+		first = false
+		mu.Unlock()
+		if wait {
+			entered <- struct{}{}
+			<-release
+		}
+		return items, nil
+	}, groupcommit.Options{Linger: linger})
+	lingered = make(chan struct{}, 8)
+	groupcommit.OnLinger(w, func() {
+		lingered <- struct{}{}
+		<-gate
+	})
+	start(t, w)
+
+	results := make(chan error, 4)
+	submit := func(i int) {
+		_, err := w.Submit(context.Background(), i)
+		results <- err
+	}
+	go submit(0)
+	<-entered
+	for i := 1; i <= 3; i++ {
+		go submit(i)
+	}
+	waitQueued(t, w, 3)
+	close(release)
+	for range 4 {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+	sizes = func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+	if s := sizes(); !slices.Equal(s, []int{1, 3}) {
+		t.Fatalf("commit sizes before the test = %v, want [1 3]", s)
+	}
+	select {
+	case <-lingered:
+		t.Fatal("a batch lingered after a smaller one")
+	default:
+	}
+	return w, sizes, lingered
+}
+
+// opened is a gate that never holds the writer.
+func opened() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
+// waitLinger waits until the writer's next batch lingers.
+func waitLinger(t *testing.T, lingered chan struct{}) {
+	t.Helper()
+	select {
+	case <-lingered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the batch did not linger")
+	}
+}
+
+// A batch smaller than the one before waits, and takes the items
+// submitted meanwhile into the same commit: the three callers the last
+// commit answered share one commit again.
+func TestLingerGathersTheItemsSubmittedMeanwhile(t *testing.T) {
+	gate := make(chan struct{})
+	w, sizes, lingered := lingerWriter(t, time.Millisecond, gate)
+	results := make(chan error, 3)
+	submit := func(i int) {
+		got, err := w.Submit(context.Background(), i)
+		if err == nil && got != i {
+			err = fmt.Errorf("Submit(%d) = %d", i, got)
+		}
+		results <- err
+	}
+	go submit(4)
+	waitLinger(t, lingered)
+	go submit(5)
+	go submit(6)
+	waitQueued(t, w, 2)
+	close(gate)
+	for range 3 {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := sizes(); !slices.Equal(s, []int{1, 3, 3}) {
+		t.Errorf("commit sizes = %v, want [1 3 3]", s)
+	}
+}
+
+// A lingering batch is committed once Linger has passed, with what it has.
+func TestLingerLastsLinger(t *testing.T) {
+	const linger = 30 * time.Millisecond
+	w, sizes, lingered := lingerWriter(t, linger, opened())
+	begin := time.Now()
+	if _, err := w.Submit(context.Background(), 4); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(begin)
+	waitLinger(t, lingered)
+	if took < linger {
+		t.Errorf("Submit returned after %v, before the linger of %v ended", took, linger)
+	}
+	if s := sizes(); !slices.Equal(s, []int{1, 3, 1}) {
+		t.Errorf("commit sizes = %v, want [1 3 1]", s)
+	}
+}
+
+// One caller at a time never waits: a batch lingers only after a larger one.
+func TestLingerNeverDelaysALoneCaller(t *testing.T) {
+	var sizes []int
+	w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
+		sizes = append(sizes, len(items))
+		return items, nil
+	}, groupcommit.Options{Linger: time.Hour})
+	groupcommit.OnLinger(w, func() { t.Error("a batch lingered after one no larger") })
+	start(t, w)
+	for i := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := w.Submit(ctx, i)
+		cancel()
+		if err != nil {
+			t.Fatalf("Submit(%d): %v", i, err)
+		}
+	}
+	if !slices.Equal(sizes, []int{1, 1, 1, 1, 1}) {
+		t.Errorf("commit sizes = %v, want five of 1", sizes)
+	}
+}
+
+// Close ends a linger at once: the batch is committed and its caller
+// answered, and Close returns.
+func TestCloseEndsALinger(t *testing.T) {
+	w, sizes, lingered := lingerWriter(t, time.Hour, opened())
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.Submit(context.Background(), 4)
+		done <- err
+	}()
+	waitLinger(t, lingered)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Submit: %v", err)
+	}
+	if s := sizes(); !slices.Equal(s, []int{1, 3, 1}) {
+		t.Errorf("commit sizes = %v, want [1 3 1]", s)
 	}
 }

@@ -27,6 +27,9 @@ type BatcherOptions struct {
 	// MaxBatch caps the events per transaction (default 512). 1 makes one
 	// commit per request (the baseline the benchmark compares against).
 	MaxBatch int
+	// Linger is how long a batch smaller than the one before waits for
+	// more events to join it (see groupcommit.Options); 0 commits at once.
+	Linger time.Duration
 	// Routes are the delivery targets' subscriptions, for outbox rows.
 	Routes []backstop.Route
 	Logger *slog.Logger
@@ -60,7 +63,7 @@ func NewBatcher(log backstop.EventLog, opts BatcherOptions) *Batcher {
 		}
 		return results, err
 	}
-	return &Batcher{w: groupcommit.New(emit, groupcommit.Options{MaxBatch: opts.MaxBatch, Observe: opts.Observe})}
+	return &Batcher{w: groupcommit.New(emit, groupcommit.Options{MaxBatch: opts.MaxBatch, Linger: opts.Linger, Observe: opts.Observe})}
 }
 
 // Submit queues ev and waits for the commit that holds it. A nil error means

@@ -128,6 +128,10 @@ func TestParseErrors(t *testing.T) {
 			nil, `schedules.yaml:5: intake.listen: want host:port, got "8080"`, 5, "intake.listen"},
 		{"max batch", base + "intake:\n  max_batch: 0\n",
 			nil, `schedules.yaml:5: intake.max_batch: want 1..10000 webhooks per commit, got 0`, 5, "intake.max_batch"},
+		{"linger over its bound", base + "intake:\n  linger: 1s\n",
+			nil, `schedules.yaml:5: intake.linger: want 0 (commit at once) up to 100ms, got 1s`, 5, "intake.linger"},
+		{"linger negative", base + "intake:\n  linger: -1ms\n",
+			nil, `schedules.yaml:5: intake.linger: want 0 (commit at once) up to 100ms, got -1ms`, 5, "intake.linger"},
 		{"intake path relative", base + "intake:\n  path: webhooks\n",
 			nil, `schedules.yaml:5: intake.path: want a path starting with /, got "webhooks"`, 5, "intake.path"},
 		{"intake path root", base + "intake:\n  path: /\n",
@@ -441,8 +445,26 @@ func TestDefaults(t *testing.T) {
 		d.Store != (Store{"./backstop.db", "NORMAL"}) || d.Intake.Listen != "127.0.0.1:8080" ||
 		d.Intake.Path != "/webhooks/botix" || d.Intake.Scheme != "botix" ||
 		d.Intake.Tolerance.Std() != 5*time.Minute || d.Intake.Synchronous != "FULL" ||
+		d.Intake.MaxBatch != 512 || d.Intake.Linger.Std() != 500*time.Microsecond ||
 		d.Governor != (Governor{FallbackShare: 0.25, JobLease: Duration(15 * time.Second)}) {
 		t.Errorf("Default() = %+v", d)
+	}
+}
+
+// intake.linger takes a duration such as 500us, and 0 turns it off.
+func TestIntakeLinger(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want time.Duration
+	}{{"500us", 500 * time.Microsecond}, {"0", 0}, {"100ms", 100 * time.Millisecond}} {
+		cfg, err := Parse("schedules.yaml", []byte(base+"intake:\n  linger: "+c.in+"\n"), env(nil))
+		if err != nil {
+			t.Errorf("linger %s: %v", c.in, err)
+			continue
+		}
+		if got := cfg.Intake.Linger.Std(); got != c.want {
+			t.Errorf("linger %s = %v, want %v", c.in, got, c.want)
+		}
 	}
 }
 

@@ -161,6 +161,9 @@ func (c *Config) validate(p *problems) {
 	if in.MaxBatch < 1 || in.MaxBatch > 10000 {
 		p.add(c.errorf("intake.max_batch", "want 1..10000 webhooks per commit, got %d", in.MaxBatch))
 	}
+	if in.Linger < 0 || in.Linger > maxLinger {
+		p.add(c.errorf("intake.linger", "want 0 (commit at once) up to %s, got %s", maxLinger, in.Linger))
+	}
 	for i, tp := range in.TrustedProxies {
 		if _, err := parseTrustedProxy(tp); err != nil {
 			p.add(c.errorf(fmt.Sprintf("intake.trusted_proxies[%d]", i), "want an IP address or a CIDR range such as 10.0.0.0/8, got %q", tp))
@@ -455,6 +458,10 @@ func (c *Config) emptyMsg(key string) string {
 }
 
 // positive reports a duration that is not above zero.
+// maxLinger bounds intake.linger: every webhook of a lingering commit waits
+// that much longer for its answer.
+const maxLinger = Duration(100 * time.Millisecond)
+
 func (c *Config) positive(key string, d Duration) *Error {
 	if d > 0 {
 		return nil
