@@ -140,6 +140,7 @@ var (
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
+		closeUnread(w, r)
 		h.refuse(w, refuseMethod, "use POST to deliver webhooks")
 		return
 	}
@@ -149,13 +150,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "application/json" && !isJSONMediaType(ct) {
+		closeUnread(w, r)
 		h.refuse(w, refuseMediaType, fmt.Sprintf("Content-Type must be application/json (or application/…+json), got %q", r.Header.Get("Content-Type")))
 		return
 	}
 	if r.ContentLength > MaxBody {
-		// Closed: net/http would otherwise read (up to 256 KiB) the
-		// body not read, for as long as ReadTimeout, before answering.
-		w.Header().Set("Connection", "close")
+		closeUnread(w, r)
 		h.refuse(w, refuseTooLarge, fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, MaxBody))
 		return
 	}
@@ -210,6 +210,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.count(string(res.Status))
 	h.closeIfDraining(w)
 	writeStatus(w, res.Status)
+}
+
+// closeUnread makes an answer given before the body of r is read the last
+// one on its connection. Otherwise net/http reads what is left of the body
+// (up to 256 KiB) before it sends the answer: a sender whose body was slow
+// or cut short got no answer at all until the read timeout (30 s).
+func closeUnread(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength != 0 {
+		w.Header().Set("Connection", "close")
+	}
 }
 
 // closeIfDraining makes an answer given while draining the last one on its

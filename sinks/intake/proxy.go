@@ -102,17 +102,21 @@ func NewProxy(queue Enqueuer, opts ProxyOptions) *Proxy {
 // within AuthFailureWindow is answered 429, with Retry-After, until the
 // window ends, whatever token it sends meanwhile.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Every answer before the body is read ends the connection (closeUnread).
 	if len(p.tokenSums) == 0 {
+		closeUnread(w, r)
 		WriteError(w, http.StatusNotFound, "proxy_off", "webhook-proxy mode is off: set intake.proxy_token to turn it on")
 		return
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
+		closeUnread(w, r)
 		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST to queue a payload")
 		return
 	}
 	addr := ClientAddr(r)
 	if wait := p.failed.Blocked(addr, p.now()); wait > 0 {
+		closeUnread(w, r)
 		secs := strconv.Itoa(int((wait + time.Second - 1) / time.Second))
 		w.Header().Set("Retry-After", secs)
 		WriteError(w, http.StatusTooManyRequests, "too_many_failures",
@@ -125,16 +129,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			p.logger.Warn("proxy: missing or wrong bearer token", "remote", r.RemoteAddr, "not_logged_since_last", held)
 		}
 		p.failed.Fail(addr, now)
+		closeUnread(w, r)
 		WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
 		return
 	}
 	target := r.PathValue("target")
 	if !p.targets[target] {
+		closeUnread(w, r)
 		WriteError(w, http.StatusNotFound, "unknown_target", fmt.Sprintf("no target named %q", target))
 		return
 	}
 	if r.ContentLength > MaxBody {
-		w.Header().Set("Connection", "close") // as the intake's (Handler)
+		closeUnread(w, r)
 		WriteError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, MaxBody))
 		return
 	}
@@ -197,8 +203,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // tokenOK reports whether an Authorization header value carries one of the
 // proxy's bearer tokens, comparing SHA-256 hashes in constant time.
 func (p *Proxy) tokenOK(authorization string) bool {
-	tok, ok := strings.CutPrefix(authorization, "Bearer ")
-	if !ok {
+	// The scheme's name is case-insensitive (RFC 9110, 11.1).
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(authorization), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
