@@ -8,6 +8,7 @@ import (
 	"path"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Origin says where an event came from.
@@ -100,14 +101,135 @@ func ResourceOfEventType(eventType string) (Resource, bool) {
 }
 
 // MatchEvents reports whether an event type matches any of the globs
-// ("payment.*", "*", "contact.created"). A malformed glob matches nothing.
+// ("payment.*", "*", "contact.created"), written as path.Match's patterns
+// but with '*' and '?' matching any character, '/' included: an event type
+// is not a path, and "*" must take every one ("a/b" too, which path.Match's
+// '*' did not, so that such an event was stored but reached no target). A
+// malformed glob matches nothing.
 func MatchEvents(globs []string, eventType string) bool {
 	for _, g := range globs {
-		if ok, err := path.Match(g, eventType); err == nil && ok {
+		if MatchGlob(g, eventType) {
 			return true
 		}
 	}
 	return false
+}
+
+// MatchGlob reports whether name matches pattern, in path.Match's syntax:
+// '*' any run of characters, '?' any one, '[…]' a class of them ('^' to
+// negate, ranges such as a-z), '\\' to take the next one as it is. Unlike
+// path.Match, '*' and '?' match '/' too. A malformed pattern (see
+// path.Match's ErrBadPattern) matches nothing.
+func MatchGlob(pattern, name string) bool {
+	if strings.ContainsAny(pattern, "[\\") {
+		if _, err := path.Match(pattern, ""); err != nil {
+			return false
+		}
+	}
+	pi, si := 0, 0
+	star, starAt := -1, 0 // the last '*' seen, and where in name it began
+	for si < len(name) {
+		if pi < len(pattern) {
+			r, w := utf8.DecodeRuneInString(name[si:])
+			switch pattern[pi] {
+			case '*':
+				star, starAt = pi, si
+				pi++
+				continue
+			case '?':
+				pi, si = pi+1, si+w
+				continue
+			case '[':
+				ok, n := matchClass(pattern[pi:], r)
+				if n == 0 {
+					return false // malformed
+				}
+				if ok {
+					pi, si = pi+n, si+w
+					continue
+				}
+			case '\\':
+				if pi+1 == len(pattern) {
+					return false // malformed
+				}
+				// Literals compare as bytes, as path.Match's do (two
+				// different invalid bytes are not the same character).
+				_, cw := utf8.DecodeRuneInString(pattern[pi+1:])
+				if pattern[pi+1:pi+1+cw] == name[si:si+w] {
+					pi, si = pi+1+cw, si+w
+					continue
+				}
+			default:
+				_, cw := utf8.DecodeRuneInString(pattern[pi:])
+				if pattern[pi:pi+cw] == name[si:si+w] {
+					pi, si = pi+cw, si+w
+					continue
+				}
+			}
+		}
+		if star < 0 {
+			return false
+		}
+		// Let the last '*' take one more byte and try again (a byte, as
+		// path.Match does: the same answers on names not valid UTF-8).
+		starAt++
+		pi, si = star+1, starAt
+	}
+	for pi < len(pattern) && pattern[pi] == '*' {
+		pi++
+	}
+	return pi == len(pattern)
+}
+
+// matchClass matches r against the class at the start of p ('[' …
+// ']'), and returns how many bytes of p the class takes; 0 means the
+// class is malformed.
+func matchClass(p string, r rune) (ok bool, n int) {
+	i := 1
+	negate := i < len(p) && p[i] == '^'
+	if negate {
+		i++
+	}
+	matched, ranges := false, 0
+	for {
+		if i < len(p) && p[i] == ']' && ranges > 0 {
+			return matched != negate, i + 1
+		}
+		lo, w := classChar(p[i:])
+		if w == 0 {
+			return false, 0
+		}
+		i += w
+		hi := lo
+		if i < len(p) && p[i] == '-' {
+			if hi, w = classChar(p[i+1:]); w == 0 {
+				return false, 0
+			}
+			i += 1 + w
+		}
+		if lo <= r && r <= hi {
+			matched = true
+		}
+		ranges++
+	}
+}
+
+// classChar reads one character of a class, an escaped one included, and
+// its width in bytes; 0 for none (the end of p, or '-' or ']' where a
+// character must be).
+func classChar(p string) (rune, int) {
+	if p == "" || p[0] == '-' || p[0] == ']' {
+		return 0, 0
+	}
+	if p[0] == '\\' {
+		if len(p) == 1 {
+			return 0, 0
+		}
+		r, w := utf8.DecodeRuneInString(p[1:])
+		return r, 1 + w
+	}
+	r, w := utf8.DecodeRuneInString(p)
+	return r, w
 }
 
 // Route is what the emit path needs to know of a delivery target: its name

@@ -1049,8 +1049,8 @@ func outboxQuery(status, target, eventType string) (string, []any, error) {
 	switch {
 	case eventType == "":
 	case strings.ContainsAny(eventType, "*?["):
-		// A glob, as a target's events are (path.Match): SQLite's GLOB
-		// agrees with it on event types, which hold no '/'.
+		// A glob, as a target's events are (backstop.MatchGlob: '*'
+		// takes '/' too, as SQLite's GLOB does; GLOB has no '\' escape).
 		if _, err := path.Match(eventType, ""); err != nil {
 			return "", nil, fmt.Errorf("event type pattern %q: %w", eventType, err)
 		}

@@ -432,6 +432,13 @@ func TestEveryPageRenders(t *testing.T) {
 	if a := do(t, c, "GET", srv.URL+"/ui/deliveries?status=lost", nil, html); a.status != http.StatusBadRequest {
 		t.Errorf("unknown status filter: %d, want 400", a.status)
 	}
+	// A malformed event-type glob is the caller's mistake, not the store's:
+	// it was answered 500 internal.
+	for _, page := range []string{"/ui/deliveries?event=%5B", "/ui/dead-letters?event=payment.%5B"} {
+		if a := do(t, c, "GET", srv.URL+page, nil, html); a.status != http.StatusBadRequest || !strings.Contains(a.body, "is not a glob") {
+			t.Errorf("GET %s: %d %s, want 400 saying it is not a glob", page, a.status, a.body)
+		}
+	}
 	for _, p := range []string{"0", "-1", "two", "9223372036854775807", "1000001"} {
 		if a := do(t, c, "GET", srv.URL+"/ui/deliveries?page="+p, nil, html); a.status != http.StatusBadRequest || !strings.Contains(a.body, "not a page number") {
 			t.Errorf("page %s: %d, want 400 saying it is not a page number", p, a.status)

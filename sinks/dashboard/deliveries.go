@@ -7,6 +7,7 @@ import (
 	"github.com/backstop-sync/backstop/sinks/intake"
 	"net/http"
 	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -125,6 +126,12 @@ func (d *Dashboard) deliveryList(w http.ResponseWriter, r *http.Request, status 
 	}
 	if before == 0 && after == 0 {
 		pageNo = 1 // the newest deliveries
+	}
+	if ev := q.Get("event"); strings.ContainsAny(ev, "*?[") {
+		if _, err := path.Match(ev, ""); err != nil {
+			d.fail(w, r, http.StatusBadRequest, "bad_filter", fmt.Sprintf("Event type pattern %q is not a glob such as payment.* (%v).", ev, err))
+			return
+		}
 	}
 	f := DeliveryFilter{
 		Status: status, Target: q.Get("target"), EventType: q.Get("event"),
