@@ -96,6 +96,7 @@ func (c *Config) validate(p *problems) {
 	case !c.local:
 		p.add(c.required("source.base_url", s.BaseURL), c.url("source.base_url", s.BaseURL, "http", "https"), c.baseURL(s.BaseURL))
 		p.add(c.required("source.api_key", string(s.APIKey)))
+		p.add(c.secretText("source.api_key", s.APIKey))
 	case s.BaseURL != "":
 		p.add(c.url("source.base_url", s.BaseURL, "http", "https"), c.baseURL(s.BaseURL))
 	}
@@ -174,6 +175,16 @@ func (c *Config) validate(p *problems) {
 		c.shortToken(fmt.Sprintf("intake.proxy_tokens[%d]", i), tok)
 	}
 	c.shortToken("dashboard.token", c.Dashboard.Token)
+	p.add(c.secretText("intake.proxy_token", in.ProxyToken), c.secretText("dashboard.token", c.Dashboard.Token))
+	if in.Scheme != "standard-webhooks" { // else webhookSecret checked them
+		p.add(c.secretText("intake.secret", in.Secret))
+		for i, sec := range in.Secrets {
+			p.add(c.secretText(fmt.Sprintf("intake.secrets[%d]", i), sec))
+		}
+	}
+	for i, tok := range in.ProxyTokens {
+		p.add(c.secretText(fmt.Sprintf("intake.proxy_tokens[%d]", i), tok))
+	}
 
 	names := map[string]string{}
 	for i := range c.Targets {
@@ -220,6 +231,8 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 	for _, h := range slices.Sorted(maps.Keys(t.Headers)) {
 		if !isToken(h) {
 			p.add(c.errorf(k+".headers."+h, "want an HTTP header name, got %q", h))
+		} else if err := c.secretText(k+".headers."+h, t.Headers[h]); err != nil {
+			p.add(err)
 		} else if unset := c.unsetVarsOf(k + ".headers." + h); len(unset) > 0 {
 			c.warnf(k+".headers."+h, "uses %s, unset or empty: deliveries to %s carry this header without it", strings.Join(unset, ", "), t.Name)
 		}
@@ -395,12 +408,49 @@ func (c *Config) warnf(key, format string, args ...any) {
 	c.warnings = append(c.warnings, c.errorf(key, format, args...))
 }
 
-// webhookSecret reports a Standard Webhooks secret that is not one (an
-// empty one is left to the checks of the key). The message names the
+// secretText reports a secret or header value holding a control character,
+// which no HTTP header may carry and no one means: most often the line
+// break that ends a file the value was read from. Left in, every request
+// failed (the API key's, a target header's) or every signature did. The
+// message names the character and where, never the value.
+func (c *Config) secretText(key string, s Secret) *Error {
+	for i, r := range s.Value() {
+		if r >= 0x20 && r != 0x7f {
+			continue
+		}
+		var what string
+		switch r {
+		case '\n':
+			what = "a line break (\\n)"
+		case '\r':
+			what = "a carriage return (\\r)"
+		case '\t':
+			what = "a tab"
+		default:
+			what = fmt.Sprintf("the control character U+%04X", r)
+		}
+		msg := fmt.Sprintf("holds %s at byte %d of %d", what, i+1, len(s.Value()))
+		if i == len(s.Value())-1 {
+			msg += ", at its end: a value read from a file often ends with one"
+		}
+		if vars := c.varsOf(key); len(vars) > 0 {
+			msg += " (check " + strings.Join(vars, ", ") + ")"
+		}
+		return c.errorf(key, "%s", msg)
+	}
+	return nil
+}
+
+// webhookSecret reports a Standard Webhooks secret that is not one, or
+// holds a control character (secretText; an empty one is left to the
+// checks of the key). The message names the
 // variables the value came from, never the value.
 func (c *Config) webhookSecret(key string, secret Secret) *Error {
 	if secret == "" {
 		return nil
+	}
+	if err := c.secretText(key, secret); err != nil {
+		return err
 	}
 	if _, err := backstop.DecodeWebhookSecret(secret.Value()); err == nil {
 		return nil
