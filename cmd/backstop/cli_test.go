@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"github.com/backstop-sync/backstop"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/backstop-sync/backstop/sources/sim"
 )
@@ -126,6 +129,45 @@ func TestBadUsageExits2(t *testing.T) {
 		if code != 2 {
 			t.Errorf("%v: exit %d, want 2\n%s", args, code, stderr)
 		}
+	}
+}
+
+// A mistyped subcommand is bad usage under every command that groups
+// others, and so is an unknown help topic: "deliveries retyr 42" printed
+// the group's help and exited 0, so a script took it for done.
+func TestUnknownSubcommandExits2(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	var groups [][]string
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		if c.HasSubCommands() {
+			groups = append(groups, path)
+		}
+		for _, sub := range c.Commands() {
+			if sub.Name() != "help" && sub.Name() != "completion" {
+				walk(sub, append(slices.Clone(path), sub.Name()))
+			}
+		}
+	}
+	walk((&Main{LookupEnv: func(string) (string, bool) { return "", false }}).rootCommand(), nil)
+	if len(groups) < 4 { // the root, cursors, deliveries, deliveries targets
+		t.Fatalf("command groups %v", groups)
+	}
+	for _, g := range groups {
+		args := append(slices.Clone(g), "retyr")
+		code, stdout, stderr := e.run(context.Background(), args...)
+		if code != 2 || !strings.Contains(stderr, `unknown command "retyr"`) || stdout != "" {
+			t.Errorf("%v: exit %d, stderr %q, stdout %d bytes; want 2 and unknown command", args, code, stderr, len(stdout))
+		}
+	}
+	if code, _, stderr := e.run(context.Background(), "help", "nope"); code != 2 || !strings.Contains(stderr, `unknown help topic "nope"`) {
+		t.Errorf("help nope: exit %d, %q; want 2", code, stderr)
+	}
+	if code, stdout, _ := e.run(context.Background(), "help", "deliveries", "retry"); code != 0 || !strings.Contains(stdout, "retry puts a delivery back") {
+		t.Errorf("help deliveries retry: exit %d\n%s", code, stdout)
+	}
+	if code, stdout, _ := e.run(context.Background(), "deliveries"); code != 0 || !strings.Contains(stdout, "Available Commands") {
+		t.Errorf("deliveries alone: exit %d, want its help\n%s", code, stdout)
 	}
 }
 

@@ -32,6 +32,10 @@ func (m *Main) deliveriesCommand(g *globals) *cobra.Command {
 		Long: `deliveries works on the outbox: one row per event and target, delivered by
 serve with a retry schedule, then dead-lettered. Each attempt is logged with its
 URL, status, error, the first 4 KiB of the answer, request id and duration.`,
+		// Runnable, so that a mistyped subcommand is an unknown command
+		// (exit 2) rather than this help and exit 0.
+		Args: cobraArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(
 		m.deliveriesListCommand(g),

@@ -77,6 +77,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 		return err
 	}
 
+	root.SetHelpCommand(helpCommand())
 	root.AddCommand(
 		m.showsProgress(m.syncCommand(g)),
 		m.showsProgress(m.backfillCommand(g)),
@@ -93,6 +94,23 @@ Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.
 		m.versionCommand(),
 	)
 	return root
+}
+
+// helpCommand is cobra's help command, but an unknown topic is bad usage
+// (exit 2): cobra's printed "Unknown help topic" and exited 0.
+func helpCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		Long:  "help prints the help of any command: backstop help deliveries retry.",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			target, rest, err := cmd.Root().Find(args)
+			if err != nil || len(rest) > 0 || target == nil {
+				return usageError{fmt.Errorf("help: unknown help topic %q: backstop --help lists the commands", strings.Join(args, " "))}
+			}
+			return target.Help()
+		},
+	}
 }
 
 // readsStore marks cmd, or with names its subcommands of those names (not
