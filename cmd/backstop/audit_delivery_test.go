@@ -298,6 +298,13 @@ dashboard:
 	if code != http.StatusConflict || !strings.Contains(body, "removed, which is not in the configuration") {
 		t.Errorf("redirect of a removed target's delivery: %d %s; want 409 saying why", code, body)
 	}
+	// A redirect that reaches no one failed: it was answered 200, and a
+	// script could not tell it from one delivered.
+	code, body = redirect(ids["billing"], "http://inspector.invalid/in")
+	if code != http.StatusBadGateway || !strings.Contains(body, "could not be sent to http://inspector.invalid/in") ||
+		!strings.Contains(body, `"code":"bad_gateway"`) {
+		t.Errorf("redirect to an address that does not resolve: %d %s; want 502 saying it could not be sent", code, body)
+	}
 }
 
 // dashboardPost posts form to the dashboard's path on serve at addr,

@@ -417,8 +417,8 @@ func (d *Dashboard) redirect(w http.ResponseWriter, r *http.Request) {
 		d.answer(w, r, http.StatusOK, fmt.Sprintf("Delivery %d sent to %s: %d in %s.", row.ID, a.URL, a.StatusCode, a.Duration.Round(time.Millisecond)), back)
 	case a.StatusCode != 0:
 		d.answer(w, r, http.StatusOK, fmt.Sprintf("Delivery %d sent to %s, which answered %d.", row.ID, a.URL, a.StatusCode), back)
-	default:
-		d.answer(w, r, http.StatusOK, fmt.Sprintf("Delivery %d could not be sent to %s: %s.", row.ID, a.URL, a.Error), back)
+	default: // no answer at all: the redirect failed
+		d.answer(w, r, http.StatusBadGateway, fmt.Sprintf("Delivery %d could not be sent to %s: %s.", row.ID, a.URL, a.Error), back)
 	}
 }
 
