@@ -95,3 +95,16 @@ func (e *APIError) Unwrap() error { return e.Err }
 func (e *APIError) Retryable() bool {
 	return errors.Is(e.Err, ErrUnavailable) || errors.Is(e.Err, ErrRateLimited)
 }
+
+// KeyReusedError is the webhook proxy's refusal of a payload queued under
+// an idempotency key already queued for the target with another payload or
+// event type: a repeat must be the same request, and the first one is what
+// is delivered.
+type KeyReusedError struct {
+	Key string
+	ID  int64 // the delivery queued with it first
+}
+
+func (e *KeyReusedError) Error() string {
+	return fmt.Sprintf("key %q was queued with another payload or event type (delivery %d)", e.Key, e.ID)
+}

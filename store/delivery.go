@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"database/sql"
@@ -1300,7 +1301,9 @@ func (db *DB) execCount(ctx context.Context, q string, args ...any) (int64, erro
 // delivery's id. key is the caller's idempotency key (its X-Event-Id),
 // which the target is sent as X-Event-Id and webhook-id (the row's EventID;
 // Proxied is true). A (target, key) pair is queued once while its row is
-// kept: a repeat changes nothing and returns the id queued first.
+// kept: a repeat changes nothing and returns the id queued first; one with
+// another payload (whitespace aside) or event type is refused with a
+// backstop.KeyReusedError, as the first would be delivered in its place.
 // (Maintenance prunes a delivered row after 14 days; a repeat after that is
 // queued again.) Keys are a space of their own: an event with the same id,
 // emitted before or after, gets its own row, as does a key equal to an
@@ -1320,6 +1323,16 @@ const enqueueSQL = `INSERT INTO outbox
 	(target, event_id, proxy_key, event_type, payload, status, attempts, next_attempt_at, created_at, updated_at)
 	VALUES (?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)
 	ON CONFLICT DO NOTHING`
+
+// sameJSON reports whether stored and payload are the same JSON text but
+// for insignificant whitespace (a sender may re-encode a retry).
+func sameJSON(stored string, payload []byte) bool {
+	if stored == string(payload) {
+		return true
+	}
+	var a, b bytes.Buffer
+	return json.Compact(&a, []byte(stored)) == nil && json.Compact(&b, payload) == nil && bytes.Equal(a.Bytes(), b.Bytes())
+}
 
 func (db *DB) enqueue(ctx context.Context, target, key, eventType string, payload json.RawMessage, now time.Time) (int64, error) {
 	switch {
@@ -1363,8 +1376,19 @@ func (db *DB) enqueue(ctx context.Context, target, key, eventType string, payloa
 		if id, err = res.LastInsertId(); err != nil {
 			return 0, err
 		}
-	} else if err := tx.GetContext(ctx, &id, `SELECT id FROM outbox WHERE target = ? AND proxy_key = ?`, target, key); err != nil {
-		return 0, fmt.Errorf("find the row queued first: %w", err)
+	} else {
+		var first struct {
+			ID        int64  `db:"id"`
+			EventType string `db:"event_type"`
+			Payload   string `db:"payload"`
+		}
+		if err := tx.GetContext(ctx, &first, `SELECT id, event_type, payload FROM outbox WHERE target = ? AND proxy_key = ?`, target, key); err != nil {
+			return 0, fmt.Errorf("find the row queued first: %w", err)
+		}
+		if first.EventType != eventType || !sameJSON(first.Payload, payload) {
+			return 0, &backstop.KeyReusedError{Key: key, ID: first.ID}
+		}
+		id = first.ID
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("commit: %w", err)

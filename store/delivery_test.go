@@ -441,9 +441,21 @@ func TestEnqueue(t *testing.T) {
 		row.Status != StatusPending || row.Attempts != 0 || !row.NextAttemptAt.Equal(t0) || !row.CreatedAt.Equal(t0) {
 		t.Errorf("enqueued row = %+v", row)
 	}
-	again, err := db.Enqueue(ctx, "crm", "evt_1", "order.created", json.RawMessage(`{"other":true}`), t0.Add(time.Hour))
+	// A repeat (re-encoded: whitespace aside) gets the first id; one with
+	// another payload or event type is refused, naming the first.
+	again, err := db.Enqueue(ctx, "crm", "evt_1", "order.created", json.RawMessage(`{ "any": [ "json", 1 ] }`), t0.Add(time.Hour))
 	if err != nil || again != id {
 		t.Errorf("repeated Enqueue = %d, %v; want the first id %d", again, err, id)
+	}
+	for _, c := range []struct {
+		typ     string
+		payload json.RawMessage
+	}{{"order.created", json.RawMessage(`{"other":true}`)}, {"order.paid", payload}} {
+		_, err := db.Enqueue(ctx, "crm", "evt_1", c.typ, c.payload, t0.Add(time.Hour))
+		var reused *backstop.KeyReusedError
+		if !errors.As(err, &reused) || reused.ID != id || reused.Key != "evt_1" {
+			t.Errorf("Enqueue of evt_1 again as %s %s: %v; want a KeyReusedError naming delivery %d", c.typ, c.payload, err, id)
+		}
 	}
 	if row := mustDelivery(t, db, id); string(row.Payload) != string(payload) || !row.CreatedAt.Equal(t0) {
 		t.Errorf("a repeated Enqueue changed the row: %+v", row)
@@ -986,7 +998,7 @@ func TestEnqueueKeysNeverMeetEventIDs(t *testing.T) {
 	}
 	for _, key := range []string{"evt_future", "evt_past"} {
 		first := map[string]int64{"evt_future": px, "evt_past": px2}[key]
-		if again, err := db.Enqueue(ctx, "billing", key, "proxy", json.RawMessage(`{"repeat":true}`), t0.Add(time.Hour)); err != nil || again != first {
+		if again, err := db.Enqueue(ctx, "billing", key, "proxy", mustDelivery(t, db, first).Payload, t0.Add(time.Hour)); err != nil || again != first {
 			t.Errorf("repeated Enqueue of %s = %d, %v; want the first id %d", key, again, err, first)
 		}
 	}

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/backstop-sync/backstop"
 )
 
 // Enqueuer queues a payload for a delivery target (the outbox).
@@ -188,6 +190,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, err := p.queue.Enqueue(r.Context(), target, eventID, eventType, body, p.now())
+	if reused := (*backstop.KeyReusedError)(nil); errors.As(err, &reused) {
+		WriteError(w, http.StatusConflict, "key_reused", fmt.Sprintf(
+			"%s %q was already queued for %s (delivery %d) with another payload or event type, and that first one is what is delivered: "+
+				"a repeat must carry the same body; give a new payload a new key", header, eventID, target, reused.ID))
+		return
+	}
 	if err != nil {
 		p.logger.Error("proxy payload not queued", "target", target, "error", err)
 		w.Header().Set("Retry-After", "5")

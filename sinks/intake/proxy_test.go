@@ -61,6 +61,12 @@ func TestProxyQueuesDurablyAndRefusesBadCalls(t *testing.T) {
 	if code, _ := post("discord", "proxy-token", body, map[string]string{"X-Event-Id": "alert-1"}); code != 202 {
 		t.Fatalf("repeat: %d", code)
 	}
+	// The same key with another body is refused: it answered 202 and the
+	// new body was silently never delivered.
+	code, resp = post("discord", "proxy-token", `{"content":"deploy failed"}`, map[string]string{"Idempotency-Key": "alert-1"})
+	if code != http.StatusConflict || !strings.Contains(resp, `"key_reused"`) || !strings.Contains(resp, `Idempotency-Key \"alert-1\" was already queued for discord`) {
+		t.Errorf("the key again with another body: %d %s; want 409 key_reused", code, resp)
+	}
 	rows, err := db.OutboxRows(context.Background(), "discord")
 	if err != nil {
 		t.Fatal(err)
