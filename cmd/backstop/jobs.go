@@ -238,6 +238,7 @@ func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, e
 			if next.Before(now) {
 				next = last.StartedAt.Add(j.Every * (now.Sub(last.StartedAt)/j.Every + 1))
 			}
+			next = next.UTC() // as every time the JSON gives
 			row.NextRun = &next
 			rows = append(rows, row)
 			continue
@@ -261,6 +262,7 @@ func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, e
 		if err != nil {
 			return nil, fmt.Errorf("job %s: next run: %w", j.Name, err)
 		}
+		next = next.UTC() // gocron gives it in the scheduler's location, local
 		row.NextRun = &next
 		rows = append(rows, row)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -210,5 +211,38 @@ func TestJobsNextRunOfARunningIntervalJob(t *testing.T) {
 	// 30 s into the run: the tick at 20 s has passed, the next is at 40 s.
 	if want := running.Add(40 * time.Second); rows[0].NextRun == nil || !rows[0].NextRun.Equal(want) {
 		t.Errorf("busy: next_run %v, want %v (the next tick after now, from the running run's start)", rows[0].NextRun, want)
+	}
+}
+
+// jobs --json gives next_run in UTC, as every other time of the JSON
+// output: it came in the machine's zone ("+05:30"), as gocron computes it.
+func TestJobsJSONTimesAreUTC(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.appendConfig(`jobs:
+  - {name: nightly, kind: maintenance, cron: "30 4 * * *"}
+`)
+	e.openStore().Close() // jobs reads a store that exists
+	cmd := exec.Command(binPath, "--config", e.config, "jobs", "--json")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	cmd.Env = append(e.environ(e.sim.APIKey()), "TZ=Asia/Kolkata")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("jobs --json: %v\n%s%s", err, out, stderr.String())
+	}
+	var rows []struct {
+		Name    string `json:"name"`
+		NextRun string `json:"next_run"`
+	}
+	if err := json.Unmarshal(out, &rows); err != nil || len(rows) != 1 {
+		t.Fatalf("jobs --json: %v\n%s", err, out)
+	}
+	next, err := time.Parse(time.RFC3339, rows[0].NextRun)
+	if err != nil || !strings.HasSuffix(rows[0].NextRun, "Z") {
+		t.Fatalf("next_run %q: want an RFC 3339 time in UTC (%v)", rows[0].NextRun, err)
+	}
+	// 04:30 in Kolkata is 23:00 UTC: the schedule is still the zone's.
+	if next.Hour() != 23 || next.Minute() != 0 {
+		t.Errorf("next_run %s, want 23:00 UTC (04:30 in Asia/Kolkata)", next)
 	}
 }
