@@ -565,9 +565,13 @@ type deliveryRow struct {
 	// the latest, and a retry is refused meanwhile.
 	ClaimedUntil *time.Time `json:"claimed_until,omitempty"`
 	LastStatus   int        `json:"last_status,omitempty"`
-	LastError    string     `json:"last_error,omitempty"`
-	CreatedAt    time.Time  `json:"created_at"`
-	UpdatedAt    time.Time  `json:"updated_at"`
+	// LastError is the last failed attempt's error when the target gave
+	// no answer (a refused connection, a timeout); LastResponse, when it
+	// answered (LastStatus), the start of its answer's body.
+	LastError    string    `json:"last_error,omitempty"`
+	LastResponse string    `json:"last_response,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+	UpdatedAt    time.Time `json:"updated_at"`
 }
 
 // targetsNow is what the targets of listed rows are doing now, for saying
@@ -664,7 +668,12 @@ func deliveryRows(rows []store.OutboxRow) []deliveryRow {
 	out := make([]deliveryRow, len(rows))
 	for i, r := range rows {
 		out[i] = deliveryRow{ID: r.ID, Target: r.Target, EventID: r.EventID, EventType: r.EventType, Proxied: r.Proxied, Status: r.Status,
-			Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: r.LastError, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC()}
+			Attempts: r.Attempts, LastStatus: r.LastStatus, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC()}
+		if r.LastStatus != 0 {
+			out[i].LastResponse = r.LastError // the target's words, not an error of ours
+		} else {
+			out[i].LastError = r.LastError
+		}
 		if !r.NextAttemptAt.IsZero() {
 			t := r.NextAttemptAt.UTC()
 			out[i].NextAttemptAt = &t

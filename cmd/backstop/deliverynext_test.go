@@ -95,3 +95,47 @@ func TestDeliveriesSayWhenAQueuedRowIsSent(t *testing.T) {
 		t.Errorf("show: exit %d, does not give the pause's end\n%s%s", code, stdout, stderr)
 	}
 }
+
+// deliveries --json keeps the target's answer apart from our errors: a
+// 500 whose body was "ok" read as `"last_error": "ok"`.
+func TestDeliveriesJSONTellsAnAnswerFromAnError(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.appendConfig(`targets:
+  - {name: answered, url: "https://crm.example.com/hooks"}
+  - {name: silent, url: "https://crm.example.com/hooks"}
+`)
+	ctx := context.Background()
+	now := time.Now()
+	db := e.openStore()
+	ids := enqueueEach(t, ctx, db, now, "answered", "silent")
+	for target, a := range map[string]store.Attempt{
+		"answered": {StatusCode: 500, Body: "ok"},
+		"silent":   {Error: "dial tcp: connection refused"},
+	} {
+		a.DeliveryID, a.Target, a.URL, a.Attempt, a.RequestID, a.At = ids[target], target, "https://crm.example.com/hooks", 1, "req_1", now
+		if _, err := db.RecordAttempt(ctx, a, store.Outcome{Status: "retrying", NextAttemptAt: now.Add(time.Minute), Failures: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	code, stdout, stderr := e.run(ctx, "deliveries", "list", "--json")
+	if code != exitOK {
+		t.Fatalf("list --json: exit %d\n%s", code, stderr)
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil || len(rows) != 2 {
+		t.Fatalf("list --json: %v\n%s", err, stdout)
+	}
+	for _, r := range rows {
+		switch r["target"] {
+		case "answered":
+			if r["last_status"] != float64(500) || r["last_response"] != "ok" || r["last_error"] != nil {
+				t.Errorf("a 500 answered ok: %v; want last_status 500, last_response ok, no last_error", r)
+			}
+		case "silent":
+			if r["last_status"] != nil || r["last_response"] != nil || r["last_error"] != "dial tcp: connection refused" {
+				t.Errorf("no answer: %v; want last_error only", r)
+			}
+		}
+	}
+}
