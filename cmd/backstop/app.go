@@ -285,21 +285,31 @@ func (m *Main) openStore(ctx context.Context, g *globals) (*store.DB, *config.Co
 	return db, cfg, nil
 }
 
+// storeDirProblem is the usage error of a store.path whose directory is
+// missing, not a directory, or one this user cannot write to (a read-only
+// mount too), naming the file, line and key; nil when there is none.
+func storeDirProblem(cfg *config.Config) error {
+	dir := filepath.Dir(cfg.Store.Path)
+	switch fi, err := os.Stat(dir); {
+	case errors.Is(err, fs.ErrNotExist):
+		return usageError{cfg.Problem("store.path", "directory %s does not exist: create it, or give a path in an existing directory", dir)}
+	case err == nil && !fi.IsDir():
+		return usageError{cfg.Problem("store.path", "%s is not a directory", dir)}
+	case err == nil && syscall.Access(dir, 2|1) != nil: // W_OK|X_OK; EROFS on a read-only mount
+		// SQLite said "attempt to write a readonly database", or, for
+		// the open-lock, "unable to open database file".
+		return usageError{cfg.Problem("store.path", "this user cannot write to the directory %s: backstop creates the store and its -wal, -shm and lock files there, even to read it", dir)}
+	}
+	return nil
+}
+
 // openConfiguredStore opens the database of store.path. A directory that
 // is missing (SQLite creates the file, not its directory) is a
 // configuration error naming the file, line and key; the store's own
 // errors name the path.
 func openConfiguredStore(ctx context.Context, cfg *config.Config, synchronous string) (*store.DB, error) {
-	dir := filepath.Dir(cfg.Store.Path)
-	switch fi, err := os.Stat(dir); {
-	case errors.Is(err, fs.ErrNotExist):
-		return nil, usageError{cfg.Problem("store.path", "directory %s does not exist: create it, or give a path in an existing directory", dir)}
-	case err == nil && !fi.IsDir():
-		return nil, usageError{cfg.Problem("store.path", "%s is not a directory", dir)}
-	case err == nil && syscall.Access(dir, 2|1) != nil: // W_OK|X_OK
-		// SQLite said "attempt to write a readonly database", or, for
-		// the open-lock, "unable to open database file".
-		return nil, usageError{cfg.Problem("store.path", "this user cannot write to the directory %s: backstop creates the store and its -wal, -shm and lock files there, even to read it", dir)}
+	if err := storeDirProblem(cfg); err != nil {
+		return nil, err
 	}
 	db, err := store.Open(ctx, cfg.Store.Path, store.Options{Synchronous: synchronous})
 	if errors.Is(err, store.ErrNotStore) {

@@ -150,7 +150,8 @@ func TestBadProgressIntervalIsRefused(t *testing.T) {
 // TestStoreInADirectoryTheUserCannotWrite: as a user who cannot write to
 // store.path's directory, sync failed with SQLite's "attempt to write a
 // readonly database (1544)" (exit 1), and jobs with "claim
-// backstop.db.open-lock: unable to open database file". Both now exit 2
+// backstop.db.open-lock: unable to open database file", and serve with
+// "claim b.db.serve-lock: attempt to write a readonly database". All now exit 2
 // naming the file, line and key and saying what backstop needs there.
 // It runs the binary as nobody, which takes root.
 func TestStoreInADirectoryTheUserCannotWrite(t *testing.T) {
@@ -170,14 +171,16 @@ func TestStoreInADirectoryTheUserCannotWrite(t *testing.T) {
 	if err := os.WriteFile(bin, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\nstore:\n  path: ./ro/b.db\n"
+	cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\nstore:\n  path: ./ro/b.db\nintake:\n  secret: s\n"
 	if err := os.WriteFile(filepath.Join(base, "schedules.yaml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Mkdir(filepath.Join(base, "ro"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{{"sync", "contacts"}, {"jobs"}} {
+	// serve said "claim b.db.serve-lock: attempt to write a readonly
+	// database (8)", exit 1: it claims the store before opening it.
+	for _, args := range [][]string{{"sync", "contacts"}, {"serve"}, {"jobs"}} {
 		if args[0] == "jobs" {
 			// A store there, readable by all: jobs only reads it.
 			s, err := store.Open(context.Background(), filepath.Join(base, "ro", "b.db"), store.Options{})

@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -472,8 +471,10 @@ func (m *Main) claimStore(ctx context.Context, g *globals) (release func() error
 	if err != nil {
 		return none, nil
 	}
-	if fi, err := os.Stat(filepath.Dir(cfg.Store.Path)); err != nil || !fi.IsDir() {
-		return none, nil
+	if err := storeDirProblem(cfg); err != nil {
+		// The claim's own error ("claim ….serve-lock: attempt to write a
+		// readonly database") would hide what is wrong.
+		return nil, err
 	}
 	if cfg.Governor.Redis != "" {
 		// Serves sharing the work through Redis hold the claim together,
