@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	stdsync "sync"
 	"sync/atomic"
 	"time"
@@ -125,8 +126,10 @@ type JobRun struct {
 	// no other run of the job is going on anywhere, so the store closes
 	// the job's runs left running by a killed process at once.
 	Locked bool
-	// Output is what the run made that its counts do not tell: the file a
-	// backup job wrote. Empty for the other kinds.
+	// Output is what the run made or found that its counts do not tell:
+	// the file a backup job wrote; for a backfill job, the resources whose
+	// backfill had finished already, so that it read nothing of them.
+	// Empty otherwise.
 	Output string
 }
 
@@ -891,7 +894,7 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func(), retry
 	if j.Kind == JobBackup {
 		run.Output, err = s.backup(ctx, j, &run.Counts, log)
 	} else {
-		run.Counts, err = s.work(ctx, j, live)
+		run.Counts, run.Output, err = s.work(ctx, j, live)
 	}
 	stopBeat()
 	run.FinishedAt = s.opts.Now()
@@ -1013,14 +1016,20 @@ func (s *Scheduler) skipBecause(ctx context.Context, st *jobState, why error) in
 	return id
 }
 
-// work does j's work over its resources. A failing resource does not stop
-// the others (except on cancellation); the errors are joined.
-func (s *Scheduler) work(ctx context.Context, j Job, live *runProgress) (backstop.JobCounts, error) {
+// BackfillDone begins the Output of a backfill job's run that found some
+// of its resources' backfills finished already, and read nothing of them.
+const BackfillDone = "already done, nothing read"
+
+// work does j's work over its resources, and returns its counts and the
+// run's Output. A failing resource does not stop the others (except on
+// cancellation); the errors are joined.
+func (s *Scheduler) work(ctx context.Context, j Job, live *runProgress) (backstop.JobCounts, string, error) {
 	var c backstop.JobCounts
 	e := live.engine(s.opts.Engine)
 	if j.Kind == JobMaintenance {
-		return c, s.maintain(ctx, &c)
+		return c, "", s.maintain(ctx, &c)
 	}
+	var done []string // backfills finished before this run
 	var errs []error
 	if j.Kind == JobBackfill && !j.Emit {
 		// A backfill that would lose events fails the run before it reads
@@ -1034,7 +1043,7 @@ func (s *Scheduler) work(ctx context.Context, j Job, live *runProgress) (backsto
 			}
 		}
 		if len(errs) > 0 {
-			return c, errors.Join(errs...)
+			return c, "", errors.Join(errs...)
 		}
 	}
 	for _, r := range j.resources() {
@@ -1059,6 +1068,9 @@ func (s *Scheduler) work(ctx context.Context, j Job, live *runProgress) (backsto
 			} else {
 				st, em, err = e.BackfillQuiet(ctx, r, false, s.opts.Routes)
 			}
+			if err == nil && st.AlreadyDone {
+				done = append(done, string(r))
+			}
 			addRun(&c, st, em)
 		case JobReconcile:
 			var rep ReconcileReport
@@ -1077,7 +1089,13 @@ func (s *Scheduler) work(ctx context.Context, j Job, live *runProgress) (backsto
 			errs = append(errs, err)
 		}
 	}
-	return c, errors.Join(errs...)
+	var out string
+	if len(done) > 0 {
+		// A backfill job is one pass: once done it reads nothing again,
+		// and an ok with nothing read should say why.
+		out = fmt.Sprintf("%s: %s (backstop backfill --restart RESOURCE reads one again)", BackfillDone, strings.Join(done, ", "))
+	}
+	return c, out, errors.Join(errs...)
 }
 
 // JobProgressStore is a JobStore that stores a running run's counts so far

@@ -201,7 +201,8 @@ type lastJobRun struct {
 	Status      string             `json:"status"`
 	Counts      backstop.JobCounts `json:"counts"`
 	Error       string             `json:"error,omitempty"`
-	// Output is the file a backup job's run wrote.
+	// Output is the file a backup job's run wrote, or for a backfill job
+	// the resources it found done already (bsync.JobRun.Output).
 	Output string `json:"output,omitempty"`
 }
 
@@ -309,6 +310,9 @@ const resultWidth = 64
 // that starts with the status ("abandoned: no heartbeat since …") is not
 // prefixed with it again.
 func resultCell(run *lastJobRun) string {
+	if run.Status == string(bsync.JobOK) && strings.HasPrefix(run.Output, bsync.BackfillDone) {
+		return run.Status + ": " + bsync.BackfillDone // a backfill job is one pass
+	}
 	if run.Error == "" || run.Status == string(bsync.JobOK) || run.Status == string(bsync.JobRunning) {
 		return run.Status
 	}

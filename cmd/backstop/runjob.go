@@ -247,6 +247,9 @@ func printJobRun(w io.Writer, run bsync.JobRun, lockWait time.Duration, asJSON b
 	case bsync.JobReconcile:
 		fmt.Fprintf(tw, "pages\t%d\nscanned\t%d\nmissing\t%d\nbehind\t%d\n", c.Pages, c.Objects, c.Missing, c.Behind)
 	default:
+		if run.Output != "" { // a backfill job's resources done already
+			fmt.Fprintf(tw, "note\t%s\n", run.Output)
+		}
 		fmt.Fprintf(tw, "pages\t%d\nobjects\t%d\nnew\t%d\nupdated\t%d\n", c.Pages, c.Objects, c.New, c.Updated)
 	}
 	if run.Kind != bsync.JobMaintenance && run.Kind != bsync.JobBackup {

@@ -122,7 +122,8 @@ type JobRun struct {
 	Status string
 	Counts backstop.JobCounts
 	Error  string
-	// Output is the file a backup job's run wrote; empty otherwise.
+	// Output is the file a backup job's run wrote, or the resources a
+	// backfill job's found done already; empty otherwise.
 	Output string
 }
 
