@@ -471,6 +471,19 @@ func ownerGone(stored string) (runOwner, bool) {
 	return o, errors.Is(p.Signal(syscall.Signal(0)), os.ErrProcessDone)
 }
 
+// OwnerGone reports whether the process that started a run (its Owner) is
+// known to be gone, as the next start of the job would find it
+// (StartJobRun closes such a run as abandoned), and names it ("pid 4242 on
+// host vm"). A run of another host, or whose process this one cannot
+// see, is never taken for gone.
+func OwnerGone(owner string) (process string, gone bool) {
+	o, gone := ownerGone(owner)
+	if !gone {
+		return "", false
+	}
+	return fmt.Sprintf("pid %d on host %s", o.pid, o.host), true
+}
+
 // JobRunHeartbeat records that run id is still going, so that it is not
 // taken for abandoned (JobRunStaleAfter). A run no longer running (closed
 // as abandoned while it went on) is left alone and an error says so; it

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,6 +62,14 @@ func TestKilledJobRunIsShownRunningThenAbandoned(t *testing.T) {
 	if last == nil || last.Status != "running" || last.FinishedAt != nil || last.HeartbeatAt == nil ||
 		last.HeartbeatAt.Before(last.StartedAt) {
 		t.Fatalf("backstop jobs after the kill: last run %+v, want it running with a heartbeat", last)
+	}
+	// It is still stored as running, but jobs knows its process is gone
+	// (it said only "running" until the job ran again).
+	if want := fmt.Sprintf("pid %d on host ", cmd.Process.Pid); !strings.HasPrefix(last.ProcessGone, want) {
+		t.Errorf("jobs --json process_gone = %q, want %q…", last.ProcessGone, want)
+	}
+	if code, stdout, _ := e.run(context.Background(), "jobs"); code != exitOK || !strings.Contains(stdout, fmt.Sprintf("running? its process (pid %d on host ", cmd.Process.Pid)) {
+		t.Errorf("jobs: exit %d, want the run shown running with its process gone\n%s", code, stdout)
 	}
 	// Right away it might be a run going on in another process:
 	// maintenance leaves it.

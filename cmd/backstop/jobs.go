@@ -204,6 +204,10 @@ type lastJobRun struct {
 	// Output is the file a backup job's run wrote, or for a backfill job
 	// the resources it found done already (bsync.JobRun.Output).
 	Output string `json:"output,omitempty"`
+	// ProcessGone names the process of a run shown running that is known
+	// to be gone (killed on this host): the job's next run closes it as
+	// abandoned.
+	ProcessGone string `json:"process_gone,omitempty"`
 }
 
 func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, error) {
@@ -223,6 +227,9 @@ func jobRows(ctx context.Context, db *store.DB, s *bsync.Scheduler) ([]jobRow, e
 			row.LastRun = &lastJobRun{StartedAt: last.StartedAt, Status: last.Status, Counts: last.Counts, Error: last.Error, Output: last.Output}
 			if last.Status == string(bsync.JobRunning) {
 				row.LastRun.HeartbeatAt = &last.HeartbeatAt
+				if process, gone := store.OwnerGone(last.Owner); gone {
+					row.LastRun.ProcessGone = process
+				}
 			} else {
 				row.LastRun.FinishedAt = &last.FinishedAt
 			}
@@ -310,6 +317,9 @@ const resultWidth = 64
 // that starts with the status ("abandoned: no heartbeat since …") is not
 // prefixed with it again.
 func resultCell(run *lastJobRun) string {
+	if run.ProcessGone != "" {
+		return fmt.Sprintf("running? its process (%s) is gone", run.ProcessGone)
+	}
 	if run.Status == string(bsync.JobOK) && strings.HasPrefix(run.Output, bsync.BackfillDone) {
 		return run.Status + ": " + bsync.BackfillDone // a backfill job is one pass
 	}
