@@ -53,6 +53,13 @@ func (db *DB) Backup(ctx context.Context, dest string) (BackupInfo, error) {
 	return info, nil
 }
 
+// backupTempPrefix begins the name of the file a backup is built in.
+const backupTempPrefix = ".backstop-backup-"
+
+// StaleBackupTemp is how old a temporary file of a backup that did not
+// finish (killed) must be before a backup to its directory removes it.
+const StaleBackupTemp = 24 * time.Hour
+
 func (db *DB) backup(ctx context.Context, dest string) (info BackupInfo, err error) {
 	if _, err := os.Lstat(dest); err == nil {
 		return info, fmt.Errorf("%w: a backup is written to a new file", fs.ErrExist)
@@ -60,7 +67,12 @@ func (db *DB) backup(ctx context.Context, dest string) (info BackupInfo, err err
 		return info, err
 	}
 	dir := filepath.Dir(dest)
-	f, err := os.CreateTemp(dir, ".backstop-backup-*.db")
+	// Before writing: a disk that killed backups filled must get its room
+	// back for this one. A backup in progress writes its file all along,
+	// so one untouched for a day is a killed backup's.
+	// Best effort: a file that cannot be removed must not stop a backup.
+	_ = removeTemps(dir, backupTempPrefix, db.now().Add(-StaleBackupTemp))
+	f, err := os.CreateTemp(dir, backupTempPrefix+"*.db")
 	if err != nil {
 		return info, err
 	}

@@ -83,7 +83,12 @@ func restore(ctx context.Context, backup, path string, now time.Time) (info Rest
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return info, err
 	}
-	tmp, err := copyBackup(ctx, backup, filepath.Dir(path), old)
+	// The copy of a restore killed before: under the claim no other
+	// restore of this store goes on, so it is a leftover, whatever its age.
+	// Best effort: one that cannot be removed must not stop the restore.
+	prefix := restoreTempPrefix(path)
+	_ = removeTemps(filepath.Dir(path), prefix, time.Time{})
+	tmp, err := copyBackup(ctx, backup, filepath.Dir(path), prefix, old)
 	if err != nil {
 		return info, err
 	}
@@ -138,12 +143,44 @@ func restore(ctx context.Context, backup, path string, now time.Time) (info Rest
 	return info, syncFile(filepath.Dir(path))
 }
 
+// restoreTempPrefix begins the name of the copy a restore of the store at
+// path builds beside it: the store's own, so that a restore removes the
+// copies only of its store's killed restores.
+func restoreTempPrefix(path string) string {
+	return ".backstop-restore-" + filepath.Base(path) + "-"
+}
+
+// removeTemps removes, in dir, the regular files whose names begin with
+// prefix and end in .db or .db-journal (SQLite's journal beside one), last
+// written before before (any, when before is zero).
+func removeTemps(dir, prefix string, before time.Time) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasPrefix(name, prefix) ||
+			!(strings.HasSuffix(name, ".db") || strings.HasSuffix(name, ".db-journal")) {
+			continue
+		}
+		if fi, err := e.Info(); err != nil || (!before.IsZero() && !fi.ModTime().Before(before)) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // copyBackup copies the backup at backup to a new temporary file in dir,
 // no longer marked as a backup, with the mode (and, for root, the owner)
 // of old, the store it is to replace (when there is one), written and
-// synced, and returns its name.
-func copyBackup(ctx context.Context, backup, dir string, old fs.FileInfo) (tmp string, err error) {
-	f, err := os.CreateTemp(dir, ".backstop-restore-*.db")
+// synced, and returns its name, which begins with prefix.
+func copyBackup(ctx context.Context, backup, dir, prefix string, old fs.FileInfo) (tmp string, err error) {
+	f, err := os.CreateTemp(dir, prefix+"*.db")
 	if err != nil {
 		return "", err
 	}

@@ -20,11 +20,6 @@ import (
 // second, so that names sort in time order.
 const backupStamp = "20060102T150405Z"
 
-// staleBackupTemp is how old a temporary file of a backup that did not
-// finish (its process killed) must be before a backup job removes it:
-// far older than any backup still being written.
-const staleBackupTemp = 24 * time.Hour
-
 // backup runs backup job j: it writes a copy of the store into j.Dir as
 // <j.Name>-<time>.db, then deletes the job's older copies there beyond
 // j.Keep (counted in c.Pruned) and temporary files that backups killed
@@ -40,12 +35,9 @@ func (s *Scheduler) backup(ctx context.Context, j Job, c *backstop.JobCounts, lo
 	} else if !fi.IsDir() {
 		return "", fmt.Errorf("backup directory %s: not a directory", j.Dir)
 	}
+	// The files of killed backups there are removed by the backup
+	// itself (store.Backup), before it writes.
 	now := s.opts.Now().UTC()
-	// Before writing: a disk that killed backups filled must get its
-	// room back for this one.
-	if err := removeStaleTemps(j.Dir, now); err != nil {
-		log.Warn("removing temporary files of killed backups", "dir", j.Dir, "err", err)
-	}
 	base := j.Name + "-" + now.Format(backupStamp)
 	var path string
 	var size int64
@@ -80,30 +72,6 @@ func (s *Scheduler) backup(ctx context.Context, j Job, c *backstop.JobCounts, lo
 		return path, fmt.Errorf("backup written to %s, but pruning the older ones: %w", path, err)
 	}
 	return path, nil
-}
-
-// removeStaleTemps removes, in dir, the temporary files of backups that
-// never finished (store.Backup's .backstop-backup-*.db, and SQLite's
-// -journal beside one), last written a day or more before now.
-func removeStaleTemps(dir string, now time.Time) error {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, e := range entries {
-		name := e.Name()
-		if !e.Type().IsRegular() || !strings.HasPrefix(name, ".backstop-backup-") ||
-			!(strings.HasSuffix(name, ".db") || strings.HasSuffix(name, ".db-journal")) {
-			continue
-		}
-		if fi, err := e.Info(); err == nil && now.Sub(fi.ModTime()) >= staleBackupTemp {
-			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // pruneBackups deletes, in dir, the backups of the job named job (the
