@@ -166,12 +166,24 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// What the target is sent, when its max_payload cuts it.
+			var sent json.RawMessage
+			limit := delivery.DefaultMaxPayload
+			for _, t := range cfg.Targets {
+				if t.Name == row.Target && t.MaxPayload > 0 {
+					limit = t.MaxPayload
+				}
+			}
+			if b := delivery.SentBody(row.Payload, limit); !bytes.Equal(b, row.Payload) {
+				sent = b
+			}
 			if asJSON {
 				return writeJSONOut(m.Stdout, struct {
 					Delivery deliveryRow  `json:"delivery"`
 					Payload  any          `json:"payload"`
+					Sent     any          `json:"sent_payload,omitempty"` // what the target gets, when cut
 					Attempts []attemptRow `json:"attempts"`
-				}{when.rows([]store.OutboxRow{row})[0], json.RawMessage(row.Payload), attemptRows(attempts)})
+				}{when.rows([]store.OutboxRow{row})[0], json.RawMessage(row.Payload), omitNil(sent), attemptRows(attempts)})
 			}
 			w := m.Stdout
 			what := "event"
@@ -187,6 +199,15 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 				pretty.Write(row.Payload)
 			}
 			fmt.Fprintf(w, "  %s\n", pretty.Bytes())
+			if sent != nil {
+				pretty.Reset()
+				if json.Indent(&pretty, sent, "  ", "  ") != nil {
+					pretty.Reset()
+					pretty.Write(sent)
+				}
+				fmt.Fprintf(w, "\nsent to %s cut to fit its max_payload of %d bytes (the payload is %d): data as its id alone, and \"truncated\": true:\n  %s\n",
+					row.Target, limit, len(row.Payload), pretty.Bytes())
+			}
 			fmt.Fprintln(w, "\nattempts:")
 			switch {
 			case len(attempts) == 0 && row.Attempts > 0:
@@ -662,6 +683,14 @@ func (t targetsNow) rows(rows []store.OutboxRow) []deliveryRow {
 		}
 	}
 	return out
+}
+
+// omitNil is b as a JSON value, or nil (omitted) when there is none.
+func omitNil(b json.RawMessage) any {
+	if b == nil {
+		return nil
+	}
+	return b
 }
 
 func deliveryRows(rows []store.OutboxRow) []deliveryRow {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -137,5 +138,44 @@ func TestDeliveriesJSONTellsAnAnswerFromAnError(t *testing.T) {
 				t.Errorf("no answer: %v; want last_error only", r)
 			}
 		}
+	}
+}
+
+// deliveries show says what a target whose max_payload cuts a payload is
+// really sent: it showed the whole payload as stored, as if sent.
+func TestDeliveriesShowSaysWhatIsSentWhenCut(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.appendConfig(`targets:
+  - {name: small, url: "https://small.example.com/hooks", max_payload: 300}
+  - {name: big, url: "https://big.example.com/hooks"}
+`)
+	ctx := context.Background()
+	payload := []byte(`{"event_id":"evt_1","event":"payment.succeeded","data":{"id":"pay_1","pad":"` + strings.Repeat("x", 1000) + `"}}`)
+	db := e.openStore()
+	small, err := db.Enqueue(ctx, "small", "evt_1", "payment.succeeded", payload, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	big, err := db.Enqueue(ctx, "big", "evt_1", "payment.succeeded", payload, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	code, stdout, stderr := e.run(ctx, "deliveries", "show", fmt.Sprint(small))
+	if code != exitOK || !strings.Contains(stdout, "sent to small cut to fit its max_payload of 300 bytes (the payload is 1079)") ||
+		!strings.Contains(stdout, `"truncated": true`) {
+		t.Errorf("show %d: exit %d\n%s%s", small, code, stdout, stderr)
+	}
+	code, stdout, _ = e.run(ctx, "deliveries", "show", fmt.Sprint(small), "--json")
+	var shown struct {
+		Sent map[string]any `json:"sent_payload"`
+	}
+	if code != exitOK || json.Unmarshal([]byte(stdout), &shown) != nil || shown.Sent["truncated"] != true ||
+		fmt.Sprint(shown.Sent["data"]) != "map[id:pay_1]" {
+		t.Errorf("show --json: exit %d, sent_payload %v\n%s", code, shown.Sent, stdout)
+	}
+	code, stdout, _ = e.run(ctx, "deliveries", "show", fmt.Sprint(big), "--json")
+	if code != exitOK || strings.Contains(stdout, "sent_payload") {
+		t.Errorf("show --json of one sent whole: exit %d, want no sent_payload\n%s", code, stdout)
 	}
 }

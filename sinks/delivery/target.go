@@ -97,6 +97,10 @@ func (t Target) Validate() error {
 	return nil
 }
 
+// SentBody returns the body a target whose max_payload is limit is sent
+// for payload (cutPayload), for showing it beside the payload stored.
+func SentBody(payload json.RawMessage, limit int) []byte { return cutPayload(payload, limit) }
+
 // cutPayload returns the body to send for payload: payload itself when it
 // fits in limit bytes, else the envelope with its data cut to {"id":…} and
 // "truncated": true. A payload that is not an envelope with a data object
