@@ -147,17 +147,23 @@ had, under the reconcile's event id).`,
 				}{cfg.Store.Path, backup, taken, info.Backup.SchemaVersion, info.Replaced})
 			}
 			w := m.Stdout
-			asOf, since := "", "THE-BACKUP'S-TIME"
+			// A copy that is not a backstop backup (a store set aside by a
+			// restore, a copy made by hand) does not say when it was
+			// taken: the whole feed is compared instead.
+			asOf, window := "", "--full"
 			if !info.Backup.TakenAt.IsZero() {
 				asOf = " (taken " + info.Backup.TakenAt.Format(time.RFC3339) + ")"
-				since = info.Backup.TakenAt.Format(time.RFC3339)
+				window = "--since " + info.Backup.TakenAt.Format(time.RFC3339)
 			}
 			fmt.Fprintf(w, "restored %s%s to %s\n", backup, asOf, cfg.Store.Path)
 			if info.Replaced != "" {
 				fmt.Fprintf(w, "the store it replaced is kept as %s (delete it once the restore is checked)\n", info.Replaced)
 			}
 			prefix := commandPrefix(cmd)
-			_, err = fmt.Fprintf(w, "to catch up with what came after the backup, run:\n  %s sync\n  %s reconcile --since %s\n", prefix, prefix, since)
+			if info.Backup.TakenAt.IsZero() {
+				fmt.Fprintf(w, "%s is not a backstop backup, so when it was taken is unknown: the reconcile below compares the whole feed\n", backup)
+			}
+			_, err = fmt.Fprintf(w, "to catch up with what came after the backup, run:\n  %s sync\n  %s reconcile %s\n", prefix, prefix, window)
 			return err
 		},
 	}

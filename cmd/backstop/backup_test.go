@@ -160,6 +160,29 @@ func TestBackupWhileServing(t *testing.T) {
 	if code != exitOK || json.Unmarshal([]byte(stdout), &rows) != nil || len(rows) == 0 {
 		t.Errorf("deliveries list on the restored store: exit %d, %d rows\n%s", code, len(rows), stderr)
 	}
+
+	// The store set aside is a copy, not a backup: it says when it was
+	// taken nowhere, and the catch-up compares the whole feed. The
+	// command printed was "reconcile --since THE-BACKUP'S-TIME".
+	if err := proc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	proc.cmd.Wait()
+	aside, _ := filepath.Glob(e.db + ".replaced-*")
+	var copyOf string
+	for _, p := range aside {
+		if !strings.HasSuffix(p, "-wal") && !strings.HasSuffix(p, "-shm") {
+			copyOf = p
+		}
+	}
+	if copyOf == "" {
+		t.Fatalf("no store set aside: %v", aside)
+	}
+	code, stdout, stderr = runBinary(t, dir, env, "--config", e.config, "restore", copyOf)
+	if code != exitOK || !strings.Contains(stdout, copyOf+" is not a backstop backup, so when it was taken is unknown") ||
+		!strings.Contains(stdout, "backstop --config "+e.config+" reconcile --full\n") || strings.Contains(stdout, "THE-BACKUP") {
+		t.Errorf("restore of the store set aside: exit %d\n%s%s", code, stdout, stderr)
+	}
 }
 
 // A store whose file is damaged where the webhooks' commits write (here
