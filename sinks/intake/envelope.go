@@ -86,6 +86,11 @@ func ParseEnvelope(body []byte) (backstop.Event, error) {
 	if ev.Type, err = requiredID(top.event, "event (the event type)"); err != nil {
 		return backstop.Event{}, err
 	}
+	if t := strings.TrimSpace(ev.Type); t != ev.Type {
+		// " contact.updated" matches no glob ("contact.*"): stored and
+		// acknowledged, it would reach no target that asked for it.
+		return backstop.Event{}, malformed("event (the event type) %q has spaces at its start or end", ev.Type)
+	}
 	if raw, ok := present(top.createdAt); ok {
 		if ev.CreatedAt, err = timeField("created_at", raw); err != nil {
 			return backstop.Event{}, err

@@ -171,6 +171,8 @@ func TestParseEnvelopeRejects(t *testing.T) {
 		{"event empty", `{"event_id":"evt_1","event":""}`, "event (the event type) is empty"},
 		{"event control", `{"event_id":"evt_1","event":"payment.\u001bsucceeded"}`, "event (the event type) contains a control character"},
 		{"event an object", `{"event_id":"evt_1","event":{}}`, "event (the event type) must be a string"},
+		{"event with a space before", `{"event_id":"evt_1","event":" contact.updated",` + okData + `}`, `event (the event type) " contact.updated" has spaces at its start or end`},
+		{"event with a space after", `{"event_id":"evt_1","event":"contact.updated ",` + okData + `}`, `event (the event type) "contact.updated " has spaces at its start or end`},
 		{"created_at invalid", `{` + ok + `,"created_at":"yesterday",` + okData + `}`, `created_at: invalid timestamp "yesterday"`},
 		{"created_at a number", `{` + ok + `,"created_at":1614265330,` + okData + `}`, "created_at must be a string"},
 		{"truncated a string", `{` + ok + `,"truncated":"yes",` + okData + `}`, "truncated must be true or false"},

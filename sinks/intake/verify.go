@@ -186,6 +186,10 @@ func checkTimestamp(header string, ts, now time.Time, tol time.Duration) error {
 	if age := now.Sub(ts); age > tol {
 		return sigErr("%s is too old: %v before now, more than the %v tolerance (replayed or delayed request?)", header, age.Truncate(time.Second), tol)
 	}
+	if ts.Year() > now.Year()+100 {
+		// The difference would read as time.Duration's cap, 2562047h.
+		return sigErr("%s is in the year %d: it must be a Unix time in seconds (milliseconds sent?)", header, ts.Year())
+	}
 	if ahead := ts.Sub(now); ahead > tol {
 		return sigErr("%s is too new: %v after now, more than the %v tolerance (is the sender's clock right?)", header, ahead.Truncate(time.Second), tol)
 	}

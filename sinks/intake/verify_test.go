@@ -339,6 +339,12 @@ func TestVerifyTimestampMessages(t *testing.T) {
 		if err := v.Verify(s.sign(t, s.secrets(1), now.Add(-59*time.Second), body), body, now); err != nil {
 			t.Errorf("%s: 59s old with 1m tolerance: %v", s.name, err)
 		}
+		// Milliseconds for seconds: it said "too new: 2562047h47m16s
+		// after now", time.Duration's cap.
+		ms := v.Verify(s.sign(t, s.secrets(1), time.Unix(now.UnixMilli(), 0), body), body, now)
+		if ms == nil || !strings.Contains(ms.Error(), "must be a Unix time in seconds (milliseconds sent?)") || strings.Contains(ms.Error(), "2562047h") {
+			t.Errorf("%s: a timestamp in milliseconds: err = %v, want one saying seconds are expected", s.name, ms)
+		}
 	}
 }
 
