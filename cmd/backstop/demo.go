@@ -78,6 +78,12 @@ unless --store names one, which must not exist yet.`,
 				if _, err := os.Stat(o.storePath); err == nil {
 					return usagef("--store %s: the file exists; the demo needs a new database (delete it or name another path)", o.storePath)
 				}
+				// As store.path's check says it (storeDirProblem).
+				if fi, err := os.Stat(filepath.Dir(o.storePath)); err != nil {
+					return usagef("--store %s: directory %s does not exist: create it, or give a path in an existing directory", o.storePath, filepath.Dir(o.storePath))
+				} else if !fi.IsDir() {
+					return usagef("--store %s: %s is not a directory", o.storePath, filepath.Dir(o.storePath))
+				}
 			}
 			if !cmd.Flags().Changed("log-level") {
 				g.logLevel = "warn" // the report is the output; --log-level info shows the steps

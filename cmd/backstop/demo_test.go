@@ -113,6 +113,14 @@ func TestDemoSaysWhetherItKeepsItsDatabase(t *testing.T) {
 	if _, err := os.Stat(kept); err != nil {
 		t.Errorf("database kept with --store: %v", err)
 	}
+	// A directory that does not exist is bad usage, as in store.path: it
+	// was exit 1, "unable to open database file … check that this user
+	// can write to the directory".
+	missing := filepath.Join(t.TempDir(), "nodir", "demo.db")
+	code, _, stderr = e.run(context.Background(), "demo", "--duration", "1s", "--store", missing)
+	if code != exitUsage || !strings.Contains(stderr, "directory "+filepath.Dir(missing)+" does not exist") {
+		t.Errorf("demo --store in a missing directory: exit %d, %q; want 2 saying the directory does not exist", code, stderr)
+	}
 }
 
 // Ctrl-C during the demo said "progress up to the last committed page is
