@@ -178,6 +178,23 @@ func (d *Dashboard) routes() http.Handler {
 		http.Redirect(w, r, Prefix+"/", http.StatusSeeOther)
 	})
 	mux.Handle(Prefix+"/", d.guard(func(w http.ResponseWriter, r *http.Request) {
+		// This pattern takes every method, so the mux's own 405 never
+		// comes: a path that is a page or an action for another method
+		// says which (GET on a POST-only action answered 404).
+		var allow []string
+		for _, method := range []string{http.MethodGet, http.MethodPost} {
+			other := r.Clone(r.Context())
+			other.Method = method
+			if _, pattern := mux.Handler(other); pattern != Prefix+"/" && pattern != "" {
+				allow = append(allow, method)
+			}
+		}
+		if len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			d.fail(w, r, http.StatusMethodNotAllowed, "method_not_allowed",
+				fmt.Sprintf("%s %s: use %s.", r.Method, r.URL.Path, strings.Join(allow, " or ")))
+			return
+		}
 		d.fail(w, r, http.StatusNotFound, "not_found", fmt.Sprintf("The dashboard has no page %s %s.", r.Method, r.URL.Path))
 	}))
 

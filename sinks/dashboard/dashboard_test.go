@@ -432,6 +432,23 @@ func TestEveryPageRenders(t *testing.T) {
 	if a := do(t, c, "GET", srv.URL+"/ui/deliveries?status=lost", nil, html); a.status != http.StatusBadRequest {
 		t.Errorf("unknown status filter: %d, want 400", a.status)
 	}
+	// A page or action asked with the wrong method is 405 with Allow, not
+	// 404 "no page"; a path that is none is still 404. (A DELETE, which no
+	// route takes, passes the CSRF check as a GET does not need to.)
+	for _, m := range []struct {
+		method, path, allow string
+		status              int
+	}{
+		{"GET", "/ui/deliveries/7/retry", "POST", http.StatusMethodNotAllowed},
+		{"GET", "/ui/jobs/prune/run", "POST", http.StatusMethodNotAllowed},
+		{"DELETE", "/ui/deliveries/5", "GET", http.StatusMethodNotAllowed},
+		{"GET", "/ui/nothing-here", "", http.StatusNotFound},
+	} {
+		a := do(t, c, m.method, srv.URL+m.path, nil, map[string]string{"Authorization": "Bearer " + testToken})
+		if a.status != m.status || a.header.Get("Allow") != m.allow {
+			t.Errorf("%s %s: %d, Allow %q; want %d, Allow %q", m.method, m.path, a.status, a.header.Get("Allow"), m.status, m.allow)
+		}
+	}
 	// A malformed event-type glob is the caller's mistake, not the store's:
 	// it was answered 500 internal.
 	for _, page := range []string{"/ui/deliveries?event=%5B", "/ui/dead-letters?event=payment.%5B"} {
