@@ -137,3 +137,23 @@ func TestParseResources(t *testing.T) {
 		t.Errorf("unknown resource error: %v", err)
 	}
 }
+
+// RFC 3339 lets "T" and "Z" be lower case (5.6); such a timestamp was
+// refused. It is the same instant, and the same dedup key.
+func TestParseTimeTakesLowerCaseTAndZ(t *testing.T) {
+	want, err := ParseTime("2026-03-01T10:00:00.5Z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"2026-03-01t10:00:00.5Z", "2026-03-01T10:00:00.5z", "2026-03-01t10:00:00.5z", "2026-03-01t11:00:00.5+01:00"} {
+		got, err := ParseTime(s)
+		if err != nil || !got.Equal(want) || CanonicalTime(got) != CanonicalTime(want) {
+			t.Errorf("ParseTime(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"2026-03-01x10:00:00Z", "2026-03-01T10:00:00y", "2026-03-01 10:00:00Z"} {
+		if _, err := ParseTime(s); err == nil {
+			t.Errorf("ParseTime(%q) took it", s)
+		}
+	}
+}

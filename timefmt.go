@@ -15,9 +15,21 @@ const canonicalLayout = "2006-01-02T15:04:05.000000000Z"
 func CanonicalTime(t time.Time) string { return t.UTC().Format(canonicalLayout) }
 
 // ParseTime parses an RFC 3339 timestamp with or without fractional
-// seconds.
+// seconds, "T" and "Z" in either case.
 func ParseTime(s string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil && len(s) > 10 && (s[10] == 't' || s[len(s)-1] == 'z') {
+		// RFC 3339 (5.6) lets "T" and "Z" be lower case; time.Parse
+		// does not.
+		b := []byte(s)
+		if b[10] == 't' {
+			b[10] = 'T'
+		}
+		if b[len(b)-1] == 'z' {
+			b[len(b)-1] = 'Z'
+		}
+		t, err = time.Parse(time.RFC3339Nano, string(b))
+	}
 	if err != nil {
 		return time.Time{}, fmt.Errorf("invalid timestamp %q: want RFC 3339", s)
 	}
