@@ -495,8 +495,8 @@ dashboard:
 	}
 	body, err := io.ReadAll(res.Body)
 	res.Body.Close()
-	if err != nil || res.StatusCode != http.StatusOK || !strings.Contains(string(body), "timeout") {
-		t.Errorf("Redirect to a URL that never answers: %d %s %v; want 200 saying it timed out", res.StatusCode, body, err)
+	if err != nil || res.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), "timeout") {
+		t.Errorf("Redirect to a URL that never answers: %d %s %v; want 502 saying it timed out", res.StatusCode, body, err)
 	}
 	if _, shown, _ := e.run(ctx, "deliveries", "show", fmt.Sprint(id)); !strings.Contains(shown, "(redirect)") || !strings.Contains(shown, "error: timeout") {
 		t.Errorf("the timed-out redirect is not logged as a timeout:\n%s", shown)

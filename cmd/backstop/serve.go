@@ -288,36 +288,45 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 				"the store file is damaged (a webhook commit found it so): serve is not ready until it is restarted on a sound store; serve's log has the details")
 			return
 		}
-		if err := pingProbe.check(r.Context(), func(ctx context.Context) error {
+		pingErr := pingProbe.check(r.Context(), func(ctx context.Context) error {
 			err := a.db.Ping(ctx)
-			if err != nil {
+			if err != nil && !store.LockHeld(err) { // a writer held up: the test write below logs it
 				log.Error("not ready: the store cannot be reached", "error", err)
 			}
 			return err
-		}); err != nil {
-			intake.WriteError(w, http.StatusServiceUnavailable, "store_unavailable", withCause("the store cannot be reached", err)+"; serve's log has the details")
+		})
+		if pingErr != nil && !store.LockHeld(pingErr) {
+			intake.WriteError(w, http.StatusServiceUnavailable, "store_unavailable", withCause("the store cannot be reached", pingErr)+"; serve's log has the details")
 			return
 		}
 		// The store answers, but when the last webhook commit failed
-		// (a full disk, a lock held elsewhere) serve is not ready until
-		// a write of its own commits again; without this check a serve
-		// answering every webhook 503 said it was ready.
-		if failed := stack.metrics.CommitFailure(); failed != nil {
+		// (a full disk, a lock held elsewhere), or its writer is held up
+		// (store.ErrWriterBusy: writes queued behind a lock held
+		// elsewhere), serve is not ready until a write of its own commits
+		// again; without this check a serve answering every webhook 503
+		// said it was ready.
+		if failed := stack.metrics.CommitFailure(); failed != nil || pingErr != nil {
+			why := "the last webhook commit failed and so did a test write"
+			if failed == nil {
+				why = "the store's writer is held up and a test write failed"
+			}
 			if err := writeProbe.check(r.Context(), func(ctx context.Context) error {
 				err := a.db.PingWrite(ctx)
 				if err != nil {
-					log.Error("not ready: the last webhook commit failed and so did a test write", "commit_error", failed, "error", err)
+					log.Error("not ready: "+why, "commit_error", failed, "error", err)
 				}
 				return err
 			}); err != nil {
-				if store.Cause(err) == "" {
+				if store.Cause(err) == "" && failed != nil {
 					err = failed
 				}
 				intake.WriteError(w, http.StatusServiceUnavailable, "store_error",
-					withCause("the store cannot commit", err)+": the last webhook commit failed and so did a test write; serve's log has the details")
+					withCause("the store cannot commit", err)+": "+why+"; serve's log has the details")
 				return
 			}
-			stack.metrics.CommitRecovered(failed)
+			if failed != nil {
+				stack.metrics.CommitRecovered(failed)
+			}
 		}
 		writeJSONStatus(w, http.StatusOK, "ready")
 	})
