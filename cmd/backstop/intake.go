@@ -54,7 +54,7 @@ func startIntake(ctx context.Context, db *store.DB, src backstop.Source, v intak
 		}
 	}
 	writer := intake.NewBatcher(db, intake.BatcherOptions{
-		MaxBatch: opts.maxBatch, Linger: opts.linger, Routes: routes, Logger: log.With("component", "emit"), Observe: observe,
+		MaxBatch: opts.maxBatch, Linger: opts.linger, Whole: store.LockHeld, Routes: routes, Logger: log.With("component", "emit"), Observe: observe,
 		OnQueued: opts.onQueued,
 	})
 	fetcher := intake.NewFetcher(db, src, intake.FetcherOptions{

@@ -320,7 +320,9 @@ func resultCell(run *lastJobRun) string {
 	if run.ProcessGone != "" {
 		return fmt.Sprintf("running? its process (%s) is gone", run.ProcessGone)
 	}
-	if run.Status == string(bsync.JobOK) && strings.HasPrefix(run.Output, bsync.BackfillDone) {
+	if run.Status == string(bsync.JobOK) && strings.HasPrefix(run.Output, bsync.BackfillDone) && run.Counts.Pages == 0 {
+		// Every resource was done already (with one that read, the
+		// counts tell; the output names those done).
 		return run.Status + ": " + bsync.BackfillDone // a backfill job is one pass
 	}
 	if run.Error == "" || run.Status == string(bsync.JobOK) || run.Status == string(bsync.JobRunning) {

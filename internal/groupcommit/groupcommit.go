@@ -35,6 +35,11 @@ type Options struct {
 	// There is no wait after a batch that was not larger, so a lone caller
 	// waits for no one; Close ends a wait at once.
 	Linger time.Duration
+	// Whole, when set, tells an error that fails a batch as a whole (the
+	// store cannot commit at all, as while another process holds its
+	// lock): every item gets it at once, rather than each being committed
+	// again on its own, each waiting as long again.
+	Whole func(err error) bool
 	// Observe, when set, is told the size, duration and error of every
 	// commit, including those of a failed batch's items retried one by
 	// one. It is called from Run's goroutine.
@@ -51,6 +56,7 @@ type Writer[T, R any] struct {
 	commit   CommitFunc[T, R]
 	maxBatch int
 	linger   time.Duration
+	whole    func(err error) bool
 	observe  func(size int, took time.Duration, err error)
 	// lingering, when set (tests), is called as a batch starts to linger.
 	lingering func()
@@ -84,6 +90,7 @@ func New[T, R any](commit CommitFunc[T, R], opts Options) *Writer[T, R] {
 		commit:   commit,
 		maxBatch: opts.MaxBatch,
 		linger:   opts.Linger,
+		whole:    opts.Whole,
 		observe:  opts.Observe,
 		in:       make(chan *request[T, R], 4*opts.MaxBatch),
 		stopped:  make(chan struct{}),
@@ -209,8 +216,10 @@ func (w *Writer[T, R]) write(ctx context.Context, batch []*request[T, R]) {
 		}
 		return
 	}
-	if len(batch) == 1 {
-		batch[0].done <- result[R]{err: err}
+	if len(batch) == 1 || (w.whole != nil && w.whole(err)) {
+		for _, req := range batch {
+			req.done <- result[R]{err: err}
+		}
 		return
 	}
 	for _, req := range batch {

@@ -423,3 +423,57 @@ func TestCloseEndsALinger(t *testing.T) {
 		t.Errorf("commit sizes = %v, want [1 3 1]", s)
 	}
 }
+
+var errWhole = errors.New("the store cannot commit at all")
+
+// An error Whole names fails every item of the batch at once: committed
+// again one by one, each would wait as long again (a lock held elsewhere
+// made the k-th webhook of a batch wait k busy timeouts).
+func TestWholeBatchErrorIsNotRetriedItemByItem(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 8)
+	var mu sync.Mutex
+	calls := 0
+	w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
+		mu.Lock()
+		calls++
+		first := calls == 1
+		mu.Unlock()
+		if first {
+			entered <- struct{}{}
+			<-release
+			return items, nil
+		}
+		return nil, errWhole
+	}, groupcommit.Options{Whole: func(err error) bool { return errors.Is(err, errWhole) }})
+	start(t, w)
+	results := make(chan error, 4)
+	submit := func(i int) {
+		_, err := w.Submit(context.Background(), i)
+		results <- err
+	}
+	go submit(0)
+	<-entered
+	for i := 1; i <= 3; i++ {
+		go submit(i)
+	}
+	waitQueued(t, w, 3)
+	close(release)
+	failed := 0
+	for range 4 {
+		switch err := <-results; {
+		case errors.Is(err, errWhole):
+			failed++
+		case err != nil:
+			t.Errorf("Submit: %v", err)
+		}
+	}
+	if failed != 3 {
+		t.Errorf("%d Submits got the batch's error, want 3 (the first item's commit succeeded)", failed)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 2 {
+		t.Errorf("%d commits, want 2 (the batch of three failed once, not retried item by item)", calls)
+	}
+}

@@ -30,6 +30,10 @@ type BatcherOptions struct {
 	// Linger is how long a batch smaller than the one before waits for
 	// more events to join it (see groupcommit.Options); 0 commits at once.
 	Linger time.Duration
+	// Whole, when set, tells a commit error every event of the batch
+	// shares (a lock held elsewhere): they all get it at once instead of
+	// being committed again one by one (see groupcommit.Options).
+	Whole func(err error) bool
 	// Routes are the delivery targets' subscriptions, for outbox rows.
 	Routes []backstop.Route
 	Logger *slog.Logger
@@ -63,7 +67,7 @@ func NewBatcher(log backstop.EventLog, opts BatcherOptions) *Batcher {
 		}
 		return results, err
 	}
-	return &Batcher{w: groupcommit.New(emit, groupcommit.Options{MaxBatch: opts.MaxBatch, Linger: opts.Linger, Observe: opts.Observe})}
+	return &Batcher{w: groupcommit.New(emit, groupcommit.Options{MaxBatch: opts.MaxBatch, Linger: opts.Linger, Whole: opts.Whole, Observe: opts.Observe})}
 }
 
 // Submit queues ev and waits for the commit that holds it. A nil error means

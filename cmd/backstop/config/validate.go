@@ -175,7 +175,8 @@ func (c *Config) validate(p *problems) {
 		c.shortToken(fmt.Sprintf("intake.proxy_tokens[%d]", i), tok)
 	}
 	c.shortToken("dashboard.token", c.Dashboard.Token)
-	p.add(c.secretText("intake.proxy_token", in.ProxyToken), c.secretText("dashboard.token", c.Dashboard.Token))
+	p.add(c.secretText("intake.proxy_token", in.ProxyToken))
+	p.add(c.secretText("dashboard.token", c.Dashboard.Token))
 	if in.Scheme != "standard-webhooks" { // else webhookSecret checked them
 		p.add(c.secretText("intake.secret", in.Secret))
 		for i, sec := range in.Secrets {
@@ -507,11 +508,11 @@ func (c *Config) emptyMsg(key string) string {
 	return "is required"
 }
 
-// positive reports a duration that is not above zero.
 // maxLinger bounds intake.linger: every webhook of a lingering commit waits
 // that much longer for its answer.
 const maxLinger = Duration(100 * time.Millisecond)
 
+// positive reports a duration that is not above zero.
 func (c *Config) positive(key string, d Duration) *Error {
 	if d > 0 {
 		return nil
