@@ -32,8 +32,9 @@ type Options struct {
 	// committed. Under steady load the callers the last commit answered
 	// are about to submit again, and one commit for all of them costs
 	// less than two (one fsync, one write of each page both would touch).
-	// There is no wait after a batch that was not larger, so a lone caller
-	// waits for no one; Close ends a wait at once.
+	// There is no wait after a batch that was not larger, so lone callers
+	// wait for no one (but the first after a larger batch, Linger at
+	// most); Close ends a wait at once.
 	Linger time.Duration
 	// Whole, when set, tells an error that fails a batch as a whole (the
 	// store cannot commit at all, as while another process holds its

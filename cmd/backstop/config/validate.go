@@ -410,7 +410,8 @@ func (c *Config) warnf(key, format string, args ...any) {
 }
 
 // secretText reports a secret or header value holding a control character,
-// which no HTTP header may carry and no one means: most often the line
+// which no one means (HTTP allows a tab inside a header value, refused here
+// all the same; the others no header may carry): most often the line
 // break that ends a file the value was read from. Left in, every request
 // failed (the API key's, a target header's) or every signature did. The
 // message names the character and where, never the value.
