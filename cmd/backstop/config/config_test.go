@@ -464,6 +464,26 @@ func TestDefaults(t *testing.T) {
 }
 
 // intake.linger takes a duration such as 500us, and 0 turns it off.
+// TestHeaderValueTabs: HTTP allows a tab inside a header value (RFC 9110
+// 5.5), so a target header holding one is taken as written; a tab at
+// either end, which HTTP would strip, is refused as the other control
+// characters are.
+func TestHeaderValueTabs(t *testing.T) {
+	cfg, err := Parse("schedules.yaml", []byte(base+"targets:\n  - name: crm\n    url: https://crm.example.com/hooks\n    headers: {X-Note: \"a\\tb\"}\n"), env(nil))
+	if err != nil {
+		t.Fatalf("a tab inside a header value: %v", err)
+	}
+	if got := cfg.Targets[0].Headers["X-Note"].Value(); got != "a\tb" {
+		t.Errorf("header value %q, want %q", got, "a\tb")
+	}
+	for _, v := range []string{`\tab`, `ab\t`} {
+		_, err := Parse("schedules.yaml", []byte(base+"targets:\n  - name: crm\n    url: https://crm.example.com/hooks\n    headers: {X-Note: \""+v+"\"}\n"), env(nil))
+		if err == nil || !strings.Contains(err.Error(), "targets[0].headers.X-Note: holds a tab at byte") {
+			t.Errorf("header value %s: %v, want a tab refused", v, err)
+		}
+	}
+}
+
 func TestIntakeLinger(t *testing.T) {
 	for _, c := range []struct {
 		in   string

@@ -232,7 +232,7 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 	for _, h := range slices.Sorted(maps.Keys(t.Headers)) {
 		if !isToken(h) {
 			p.add(c.errorf(k+".headers."+h, "want an HTTP header name, got %q", h))
-		} else if err := c.secretText(k+".headers."+h, t.Headers[h]); err != nil {
+		} else if err := c.headerText(k+".headers."+h, t.Headers[h]); err != nil {
 			p.add(err)
 		} else if unset := c.unsetVarsOf(k + ".headers." + h); len(unset) > 0 {
 			c.warnf(k+".headers."+h, "uses %s, unset or empty: deliveries to %s carry this header without it", strings.Join(unset, ", "), t.Name)
@@ -409,15 +409,28 @@ func (c *Config) warnf(key, format string, args ...any) {
 	c.warnings = append(c.warnings, c.errorf(key, format, args...))
 }
 
-// secretText reports a secret or header value holding a control character,
-// which no one means (HTTP allows a tab inside a header value, refused here
-// all the same; the others no header may carry): most often the line
-// break that ends a file the value was read from. Left in, every request
-// failed (the API key's, a target header's) or every signature did. The
-// message names the character and where, never the value.
+// secretText reports a secret or token holding a control character,
+// which no one means: most often the line break that ends a file the value
+// was read from. Left in, every request failed (the API key's, a proxy
+// token's) or every signature did. The message names the character and
+// where, never the value.
 func (c *Config) secretText(key string, s Secret) *Error {
-	for i, r := range s.Value() {
-		if r >= 0x20 && r != 0x7f {
+	return c.controlText(key, s, false)
+}
+
+// headerText is secretText for a target header's value, which may hold a
+// tab between other characters, as HTTP allows (RFC 9110 5.5); a tab at
+// either end, which HTTP strips, is refused with the other control
+// characters.
+func (c *Config) headerText(key string, s Secret) *Error {
+	return c.controlText(key, s, true)
+}
+
+// controlText is secretText, taking tabs inside s when tabInside is set.
+func (c *Config) controlText(key string, s Secret, tabInside bool) *Error {
+	v := s.Value()
+	for i, r := range v {
+		if r >= 0x20 && r != 0x7f || tabInside && r == '\t' && i > 0 && i < len(v)-1 {
 			continue
 		}
 		var what string
