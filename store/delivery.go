@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"path"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -1324,14 +1325,26 @@ const enqueueSQL = `INSERT INTO outbox
 	VALUES (?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)
 	ON CONFLICT DO NOTHING`
 
-// sameJSON reports whether stored and payload are the same JSON text but
-// for insignificant whitespace (a sender may re-encode a retry).
+// sameJSON reports whether stored and payload are the same JSON value: a
+// sender may re-encode a retry, with other whitespace, its object keys in
+// another order or characters escaped. Numbers compare as written (1 and
+// 1.0 differ), arrays in order.
 func sameJSON(stored string, payload []byte) bool {
 	if stored == string(payload) {
 		return true
 	}
-	var a, b bytes.Buffer
-	return json.Compact(&a, []byte(stored)) == nil && json.Compact(&b, payload) == nil && bytes.Equal(a.Bytes(), b.Bytes())
+	a, errA := decodeJSON([]byte(stored))
+	b, errB := decodeJSON(payload)
+	return errA == nil && errB == nil && reflect.DeepEqual(a, b)
+}
+
+// decodeJSON decodes one JSON value, numbers as written.
+func decodeJSON(b []byte) (any, error) {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var v any
+	err := d.Decode(&v)
+	return v, err
 }
 
 func (db *DB) enqueue(ctx context.Context, target, key, eventType string, payload json.RawMessage, now time.Time) (int64, error) {

@@ -460,6 +460,18 @@ func TestEnqueue(t *testing.T) {
 	if row := mustDelivery(t, db, id); string(row.Payload) != string(payload) || !row.CreatedAt.Equal(t0) {
 		t.Errorf("a repeated Enqueue changed the row: %+v", row)
 	}
+	// A retry re-encoded with its keys in another order, or a character
+	// escaped, is the same JSON; an array in another order is not.
+	first, err := db.Enqueue(ctx, "crm", "evt_2", "order.created", json.RawMessage(`{"a":"é","b":[1,2]}`), t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := db.Enqueue(ctx, "crm", "evt_2", "order.created", json.RawMessage(`{"b":[1,2],"a":"\u00e9"}`), t0); err != nil || again != first {
+		t.Errorf("Enqueue of evt_2 re-encoded = %d, %v; want the first id %d", again, err, first)
+	}
+	if _, err := db.Enqueue(ctx, "crm", "evt_2", "order.created", json.RawMessage(`{"a":"é","b":[2,1]}`), t0); !errors.As(err, new(*backstop.KeyReusedError)) {
+		t.Errorf("Enqueue of evt_2 with its array reordered: %v; want a KeyReusedError", err)
+	}
 	other, err := db.Enqueue(ctx, "billing", "evt_1", "order.created", payload, t0)
 	if err != nil || other == id {
 		t.Errorf("Enqueue for another target = %d, %v; want a new row", other, err)
@@ -469,8 +481,8 @@ func TestEnqueue(t *testing.T) {
 			t.Errorf("Enqueue of %s JSON did not fail", name)
 		}
 	}
-	if rows := outboxRows(t, db, ""); len(rows) != 2 {
-		t.Errorf("outbox has %d rows, want 2", len(rows))
+	if rows := outboxRows(t, db, ""); len(rows) != 3 {
+		t.Errorf("outbox has %d rows, want 3 (evt_1 for crm and billing, evt_2 for crm)", len(rows))
 	}
 }
 
