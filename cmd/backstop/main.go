@@ -12,6 +12,10 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	// The zone database is built in: cron schedules follow TZ (or
+	// /etc/localtime) even on a machine or container without tzdata,
+	// where Go would otherwise fall back to UTC without a word.
+	_ "time/tzdata"
 
 	"github.com/spf13/cobra"
 
