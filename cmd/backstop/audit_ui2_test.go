@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -398,5 +400,84 @@ dashboard:
 	code, body = dashboardPost(t, addr, "/ui/jobs/crm-sync/run", url.Values{})
 	if code != http.StatusConflict || !strings.Contains(body, "already running") {
 		t.Errorf("Run now beside a live run in another process: %d %s; want 409 saying it is already running", code, body)
+	}
+}
+
+// The Jobs page showed a run stored as running whose process is gone as
+// "running", like a live one: one killed over three heartbeats ago with
+// Run now enabled but no word why, and one killed a moment ago (on this
+// host, its pid gone or another process's) with Run now disabled for
+// three minutes, though the job's next start closes it as abandoned at
+// once. Each now reads "running?" with the reason, as backstop jobs says
+// it, and neither holds Run now back.
+func TestDashboardJobsSaysWhyAStoredRunIsNotGoingOn(t *testing.T) {
+	addr := freeAddr(t)
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 3}})
+	e.writeServeConfig(addr, `jobs:
+  - {name: crm-sync, kind: sync, resources: [contacts], cron: "0 3 1 1 *"}
+  - {name: pay-sync, kind: sync, resources: [payments], cron: "0 3 1 1 *"}
+dashboard:
+  token: ${BACKSTOP_DASHBOARD_TOKEN}
+`)
+	ctx := context.Background()
+	// crm-sync's run stopped beating ten minutes ago.
+	killedAt := time.Now().Add(-10 * time.Minute)
+	db, err := store.Open(ctx, e.db, store.Options{Now: func() time.Time { return killedAt }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.StartJobRun(ctx, store.JobRun{Job: "crm-sync", Kind: "sync", StartedAt: killedAt}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	// pay-sync's run beat a moment ago, but its process is gone: its
+	// owner is this test's pid with another start time, as a pid taken
+	// again by another process reads.
+	db = e.openStore()
+	if _, err := db.StartJobRun(ctx, store.JobRun{Job: "pay-sync", Kind: "sync", StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	raw, err := sql.Open("sqlite", e.db+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var owner string
+	if err := raw.QueryRow(`SELECT owner FROM job_runs WHERE job = 'pay-sync'`).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	parts := strings.Split(owner, "/")
+	if len(parts) != 4 {
+		t.Fatalf("owner %q: want host/pid/start/namespace", owner)
+	}
+	parts[2] = "1"
+	if _, err := raw.Exec(`UPDATE job_runs SET owner = ? WHERE job = 'pay-sync'`, strings.Join(parts, "/")); err != nil {
+		t.Fatal(err)
+	}
+	raw.Close()
+
+	stop := e.serveWithDashboard()
+	defer stop()
+	page := bearerPage(t, "http://"+addr+"/ui/jobs")
+	text := regexp.MustCompile(`<[^>]*>`).ReplaceAllString(page, "")
+	crm, pay, ok := strings.Cut(page[strings.Index(page, `id="job-crm-sync"`)+1:], `id="job-pay-sync"`)
+	if !strings.Contains(text, "running? 10m ago — last heartbeat 10m ago") {
+		t.Errorf("the Jobs page does not say crm-sync's last run is running? 10m ago — last heartbeat 10m ago")
+	}
+	if want := fmt.Sprintf("running? 0s ago — its process (pid %d on host ", os.Getpid()); !strings.Contains(text, want) {
+		t.Errorf("the Jobs page does not say %q…", want)
+	}
+	if !ok {
+		t.Fatalf("the Jobs page lists no pay-sync after crm-sync:\n%s", page)
+	}
+	if !strings.Contains(crm, "running?") || strings.Contains(crm, `class="run-now" disabled`) {
+		t.Errorf("crm-sync, whose run stopped beating 10 minutes ago: want Run now enabled:\n%s", crm)
+	}
+	if !strings.Contains(pay, "running?") || strings.Contains(pay, `class="run-now" disabled`) {
+		t.Errorf("pay-sync, whose process is gone: want Run now enabled:\n%s", pay)
+	}
+	code, body := dashboardPost(t, addr, "/ui/jobs/pay-sync/run", url.Values{})
+	if code == http.StatusConflict || !strings.Contains(body, "pay-sync started") {
+		t.Errorf("Run now of pay-sync, whose process is gone: %d %s; want it started", code, body)
 	}
 }

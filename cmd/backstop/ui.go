@@ -192,8 +192,12 @@ func (b *uiBackend) Jobs(ctx context.Context, runs int) ([]dashboard.Job, error)
 			}
 			ranSeen := false
 			for _, r := range stored {
-				v.Runs = append(v.Runs, dashboard.JobRun{StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
-					Status: r.Status, Counts: r.Counts, Error: r.Error, Output: r.Output})
+				run := dashboard.JobRun{StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
+					Status: r.Status, Counts: r.Counts, Error: r.Error, Output: r.Output, HeartbeatAt: r.HeartbeatAt}
+				if r.Status == string(bsync.JobRunning) {
+					run.ProcessGone, run.Stale = runGone(r, b.now())
+				}
+				v.Runs = append(v.Runs, run)
 				if !ranSeen && r.Status != string(bsync.JobSkipped) {
 					// The newest run that ran is still running (a
 					// scheduled one, say): the page shows it so.
@@ -235,13 +239,29 @@ func (b *uiBackend) withLastRan(ctx context.Context, job string, stored []store.
 	return append(stored, last), nil
 }
 
-// liveRun reports whether r is a run going on at now: stored as running
-// and beating. A run whose process died (SIGKILL) stays "running" in the
-// store until maintenance or its job's next run closes it as abandoned,
-// an hour after its last heartbeat; it neither shows as running nor holds
-// Run now back once three heartbeats are missed.
+// liveRun reports whether r is a run going on at now: stored as running,
+// beating, and not of a process known to be gone. A run whose process died
+// (SIGKILL) stays "running" in the store until its job's next run closes
+// it as abandoned (at once when its process is known gone on this host),
+// or maintenance does an hour after its last heartbeat; it neither shows
+// as running nor holds Run now back once its process is known gone or
+// three heartbeats are missed.
 func liveRun(r store.JobRun, now time.Time) bool {
-	return r.Status == string(bsync.JobRunning) && now.Sub(r.HeartbeatAt) < 3*bsync.DefaultJobHeartbeat
+	if r.Status != string(bsync.JobRunning) {
+		return false
+	}
+	_, gone := runGone(r, now)
+	return !gone
+}
+
+// runGone reports whether r, stored as running, is not going on at now:
+// its process is known to be gone (process names it, as store.OwnerGone
+// does) or it has missed three heartbeats.
+func runGone(r store.JobRun, now time.Time) (process string, gone bool) {
+	if process, gone := store.OwnerGone(r.Owner); gone {
+		return process, true
+	}
+	return "", now.Sub(r.HeartbeatAt) >= 3*bsync.DefaultJobHeartbeat
 }
 
 // RunJob runs job name through the scheduler, which refuses it

@@ -125,6 +125,13 @@ type JobRun struct {
 	// Output is the file a backup job's run wrote, or the resources a
 	// backfill job's found done already; empty otherwise.
 	Output string
+	// Stale is set for a run stored as running that is not going on: its
+	// process is known to be gone (ProcessGone names it: "pid 4242 on
+	// host vm"), or it has not beaten since HeartbeatAt, over three
+	// heartbeats ago. The job's next run closes it as abandoned.
+	Stale       bool
+	ProcessGone string
+	HeartbeatAt time.Time
 }
 
 // JobsLeader is where the scheduled jobs run. Without an election (Elected
