@@ -73,8 +73,11 @@ func TestRestoreRemovesTheCopyOfAKilledRestore(t *testing.T) {
 	own := touchAt(t, dir, restoreTempPrefix(path)+"3209008327.db", now)
 	ownJournal := touchAt(t, dir, restoreTempPrefix(path)+"3209008327.db-journal", now)
 	others := touchAt(t, dir, restoreTempPrefix(filepath.Join(dir, "other.db"))+"1.db", now)
+	// The copy of a restore of backstop.db-2 going on beside it begins
+	// with this store's prefix too: it is another store's.
+	longer := touchAt(t, dir, restoreTempPrefix(filepath.Join(dir, "backstop.db-2"))+"77.db", now)
 	if _, err := Restore(ctx, backup, path, now); err != nil {
 		t.Fatal(err)
 	}
-	wantFiles(t, map[string]bool{own: false, ownJournal: false, others: true})
+	wantFiles(t, map[string]bool{own: false, ownJournal: false, others: true, longer: true})
 }

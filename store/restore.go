@@ -150,9 +150,9 @@ func restoreTempPrefix(path string) string {
 	return ".backstop-restore-" + filepath.Base(path) + "-"
 }
 
-// removeTemps removes, in dir, the regular files whose names begin with
-// prefix and end in .db or .db-journal (SQLite's journal beside one), last
-// written before before (any, when before is zero).
+// removeTemps removes, in dir, the regular files os.CreateTemp made from
+// prefix+"*.db", and SQLite's journals beside them (isTemp), last written
+// before before (any, when before is zero).
 func removeTemps(dir, prefix string, before time.Time) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -161,8 +161,7 @@ func removeTemps(dir, prefix string, before time.Time) error {
 	var errs []error
 	for _, e := range entries {
 		name := e.Name()
-		if !e.Type().IsRegular() || !strings.HasPrefix(name, prefix) ||
-			!(strings.HasSuffix(name, ".db") || strings.HasSuffix(name, ".db-journal")) {
+		if !e.Type().IsRegular() || !isTemp(name, prefix) {
 			continue
 		}
 		if fi, err := e.Info(); err != nil || (!before.IsZero() && !fi.ModTime().Before(before)) {
@@ -173,6 +172,22 @@ func removeTemps(dir, prefix string, before time.Time) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// isTemp reports whether name is one os.CreateTemp made from prefix+"*.db"
+// (or its journal): prefix, then only the digits CreateTemp puts for '*'.
+// A restore's copy of another store whose name begins with this one's
+// (backstop.db-2 beside backstop.db) has more after the prefix.
+func isTemp(name, prefix string) bool {
+	rest, ok := strings.CutPrefix(name, prefix)
+	if !ok {
+		return false
+	}
+	rest, ok = strings.CutSuffix(rest, ".db-journal")
+	if !ok {
+		rest, ok = strings.CutSuffix(rest, ".db")
+	}
+	return ok && rest != "" && strings.Trim(rest, "0123456789") == ""
 }
 
 // copyBackup copies the backup at backup to a new temporary file in dir,
