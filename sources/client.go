@@ -185,8 +185,8 @@ func (c *Client) List(ctx context.Context, req backstop.ListRequest) (backstop.P
 		return page, err
 	}
 	var body struct {
-		Data []json.RawMessage `json:"data"`
-		Meta struct {
+		Data *[]json.RawMessage `json:"data"`
+		Meta *struct {
 			NextCursor string `json:"next_cursor"`
 			HasMore    bool   `json:"has_more"`
 		} `json:"meta"`
@@ -194,8 +194,18 @@ func (c *Client) List(ctx context.Context, req backstop.ListRequest) (backstop.P
 	if err := json.Unmarshal(res.body, &body); err != nil {
 		return page, c.badBody(ae, res.status, fmt.Errorf("decode page: %w", err))
 	}
-	page.Objects = make([]backstop.Object, 0, len(body.Data))
-	for _, raw := range body.Data {
+	// An answer without both is not a page of the feed (a base_url that is
+	// not the platform's API, answering 200 to every path): taken for an
+	// empty last page, it would mark a first backfill done with nothing read.
+	if body.Data == nil || body.Meta == nil {
+		missing := `"data"`
+		if body.Data != nil {
+			missing = `"meta"`
+		}
+		return page, c.badBody(ae, res.status, fmt.Errorf(`not a page of the change feed: no %s (is source.base_url the platform's API?)`, missing))
+	}
+	page.Objects = make([]backstop.Object, 0, len(*body.Data))
+	for _, raw := range *body.Data {
 		obj, err := backstop.DecodeObject(req.Resource, raw)
 		if err != nil {
 			return page, c.badBody(ae, res.status, err)

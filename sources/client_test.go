@@ -183,6 +183,15 @@ func TestListBadBody(t *testing.T) {
 		`<html>oops</html>`,
 		`{"data":[{"id":"ct_1"}],"meta":{"next_cursor":"x"}}`,
 		`{"data":[{"id":"ct_1","updated_at":"2025-03-01T10:00:00Z"}],"meta":{"has_more":true}}`,
+		// Not a page at all (a base_url that is not the API's, answering
+		// 200 to every path): it was taken for an empty last page, and a
+		// first backfill was marked done with nothing read.
+		`{"ok":true}`,
+		`{"data":null,"meta":{"next_cursor":"","has_more":false}}`,
+		`{"data":[]}`,
+		`{"data":{},"meta":{}}`,
+		`{"data":[],"meta":null}`,
+		`[]`,
 	} {
 		hs := newHarness(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body) }, nil)
 		page, err := hs.client.List(context.Background(), backstop.ListRequest{Resource: backstop.Contacts, Cursor: "c1"})
