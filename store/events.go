@@ -132,7 +132,7 @@ func (et *emitTx) emit(ctx context.Context, ev backstop.Event, routes []backstop
 		return backstop.EmitResult{}, fmt.Errorf("insert processed event: %w", err)
 	}
 	if n == 0 {
-		return backstop.EmitResult{Status: backstop.EmitDuplicate}, nil
+		return et.duplicate(ctx, ev)
 	}
 	r := backstop.EmitResult{Status: backstop.EmitAccepted}
 	if truncated {
@@ -144,6 +144,36 @@ func (et *emitTx) emit(ctx context.Context, ev backstop.Event, routes []backstop
 		}
 	}
 	if r.Outbox, err = et.queue.add(ctx, ev, routes); err != nil {
+		return backstop.EmitResult{}, err
+	}
+	return r, nil
+}
+
+// processedVersionSQL tells whether a version's dedup key is taken.
+const processedVersionSQL = `SELECT EXISTS (SELECT 1 FROM processed_events WHERE dedup_key = ?)`
+
+// duplicate is emit's answer for ev, already processed: queued to no target
+// again, but when ev carries a version already processed (its dedup key
+// is taken; not merely its event id, under which another version may have
+// come) its object is written to the mirror when newer, as for a new
+// event. That repairs a mirror that lost the version (a row deleted by
+// hand, an object the mirror was cleared of): sync and reconcile, finding
+// it missing, emit it, and were otherwise told duplicate for good.
+func (et *emitTx) duplicate(ctx context.Context, ev backstop.Event) (backstop.EmitResult, error) {
+	r := backstop.EmitResult{Status: backstop.EmitDuplicate}
+	o, ok := ev.Object()
+	if !ok {
+		return r, nil
+	}
+	var processed bool
+	if err := et.mirror.tx.QueryRowxContext(ctx, processedVersionSQL, ev.DedupKey()).Scan(&processed); err != nil {
+		return r, fmt.Errorf("look up processed version: %w", err)
+	}
+	if !processed {
+		return r, nil
+	}
+	var err error
+	if r.MirrorWritten, err = et.mirror.write(ctx, o); err != nil {
 		return backstop.EmitResult{}, err
 	}
 	return r, nil

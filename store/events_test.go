@@ -155,6 +155,44 @@ func TestEmitAcceptedThenDuplicateByEventID(t *testing.T) {
 	}
 }
 
+// A version already processed is a duplicate, queued to no target again;
+// but a mirror that lost it (a row deleted by hand, say) is written again
+// from it, only when newer as always. Sync and reconcile found such an
+// object missing, emitted it, and counted it written, while the mirror
+// stayed without it for good.
+func TestEmitDuplicateRepairsAMirrorThatLostItsVersion(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	webhook := payment(t, "evt_1", "pay_1", "2024-05-01T10:00:00Z")
+	if got := emit(t, db, testRoutes, webhook); got[0] != accepted(true, 2) {
+		t.Fatalf("first Emit = %+v, want accepted", got[0])
+	}
+	reconciled := event(t, "", "payment.succeeded", backstop.OriginReconcile, backstop.Payments, "pay_1", "2024-05-01T10:00:00Z")
+	reconciled.ID = backstop.EventID(reconciled.DedupKey())
+	repaired := backstop.EmitResult{Status: backstop.EmitDuplicate, MirrorWritten: true}
+	for _, ev := range []backstop.Event{reconciled, webhook} {
+		if _, err := db.w.ExecContext(ctx, `DELETE FROM payments WHERE id = 'pay_1'`); err != nil {
+			t.Fatal(err)
+		}
+		if got := emit(t, db, testRoutes, ev); got[0] != repaired {
+			t.Errorf("Emit of %s (%s) with the object gone from the mirror = %+v, want %+v", ev.ID, ev.Origin, got[0], repaired)
+		}
+		if o, ok, err := db.Get(ctx, backstop.Payments, "pay_1"); err != nil || !ok || !bytes.Equal(o.Data, webhook.Data) {
+			t.Errorf("after %s: mirror holds %s (ok=%v, err=%v), want the version again", ev.ID, o.Data, ok, err)
+		}
+	}
+	// With the mirror whole, a duplicate writes nothing.
+	if got := emit(t, db, testRoutes, reconciled); got[0] != duplicate {
+		t.Errorf("Emit of a duplicate with the mirror whole = %+v, want %+v", got[0], duplicate)
+	}
+	if rows := outboxRows(t, db, ""); len(rows) != 2 {
+		t.Errorf("%d outbox rows, want the first event's 2 only", len(rows))
+	}
+	if n := countProcessed(t, db); n != 1 {
+		t.Errorf("CountProcessed = %d, want 1", n)
+	}
+}
+
 func TestEmitDuplicateByDedupKey(t *testing.T) {
 	// The same version seen by a webhook and by reconciliation, its
 	// updated_at written in two forms, in both orders.
