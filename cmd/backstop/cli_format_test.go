@@ -45,6 +45,12 @@ func TestParseSinceTakesADate(t *testing.T) {
 			t.Errorf("parseSince(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
+	// Before 1970, which the platform refused with a 400 (exit 1).
+	for _, in := range []string{"1000000d", "1969-12-31", "0001-01-01T00:00:00Z"} {
+		if _, err := parseSince(in, now); err == nil || !strings.Contains(err.Error(), "before 1970-01-01") {
+			t.Errorf("parseSince(%q): %v, want refused as before 1970", in, err)
+		}
+	}
 	for _, in := range []string{"2026-13-01", "yesterday", "-3d", "0h"} {
 		if _, err := parseSince(in, now); err == nil || !strings.Contains(err.Error(), "a date (2026-01-31)") {
 			t.Errorf("parseSince(%q): %v, want refused naming the forms", in, err)

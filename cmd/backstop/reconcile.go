@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -54,7 +55,9 @@ progress line per resource every 5 seconds and a line when each ends.`,
 				if full {
 					return usagef("--since and --full exclude each other")
 				}
-				if sinceT, err = parseSince(since, time.Now()); err != nil {
+				if sinceT, err = parseSince(since, time.Now()); errors.Is(err, errSinceBefore1970) {
+					return usagef("%v, or --full to compare the whole feed", err)
+				} else if err != nil {
 					return usageError{err}
 				}
 			}
@@ -92,21 +95,38 @@ progress line per resource every 5 seconds and a line when each ends.`,
 
 // parseSince reads --since: a duration back from now, an RFC 3339 time,
 // or a date (its start, UTC).
+// A time before 1970 is refused (errSinceBefore1970): no platform's feed
+// reaches back that far, and the platform refuses such a since with a 400.
 func parseSince(s string, now time.Time) (time.Time, error) {
+	t, ok := parseSinceForms(s, now)
+	if !ok {
+		return time.Time{}, fmt.Errorf("--since %q: want a duration such as 2h or 3d, an RFC 3339 time or a date (2026-01-31)", s)
+	}
+	if t.Before(time.Unix(0, 0)) {
+		return time.Time{}, fmt.Errorf("--since %q: %w", s, errSinceBefore1970)
+	}
+	return t, nil
+}
+
+// errSinceBefore1970 is parseSince's error for a time before 1970.
+var errSinceBefore1970 = errors.New("reaches back before 1970-01-01: give a later time")
+
+// parseSinceForms is parseSince without the bound.
+func parseSinceForms(s string, now time.Time) (time.Time, bool) {
 	if t, err := backstop.ParseTime(s); err == nil {
-		return t, nil
+		return t, true
 	}
 	if t, err := time.Parse(time.DateOnly, s); err == nil {
-		return t, nil
+		return t, true
 	}
 	if d, err := time.ParseDuration(s); err == nil && d > 0 {
-		return now.Add(-d), nil
+		return now.Add(-d), true
 	}
 	var days int
 	if n, err := fmt.Sscanf(s, "%dd", &days); err == nil && n == 1 && days > 0 && fmt.Sprintf("%dd", days) == s {
-		return now.AddDate(0, 0, -days), nil
+		return now.AddDate(0, 0, -days), true
 	}
-	return time.Time{}, fmt.Errorf("--since %q: want a duration such as 2h or 3d, an RFC 3339 time or a date (2026-01-31)", s)
+	return time.Time{}, false
 }
 
 // orphanCount is r's orphan count, or nil when r did not count them:
