@@ -1380,6 +1380,12 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	set(hDeliveryAttempt, strconv.Itoa(attempt))
 	set(hRequestID, a.RequestID)
 	req.Header = h
+	if u := req.URL.User; u != nil && h.Get("Authorization") == "" {
+		// A user and password in the URL, sent as net/http's Client
+		// would send them (its transport alone does not).
+		pass, _ := u.Password()
+		req.SetBasicAuth(u.Username(), pass)
+	}
 
 	start := time.Now()
 	resp, err := client.Transport.RoundTrip(req)

@@ -381,6 +381,38 @@ func TestSignatureAndHeaders(t *testing.T) {
 	}
 }
 
+// A user and password in a target's URL are sent as HTTP Basic
+// credentials, as net/http's Client sends them (they were dropped, and a
+// target checking them answered 401, a dead letter at once); an
+// Authorization header of the target's own wins over them.
+func TestCredentialsInTheURLAreSentAsBasicAuth(t *testing.T) {
+	t.Parallel()
+	basic := newRecorder(t, status(http.StatusOK))
+	bearer := newRecorder(t, status(http.StatusOK))
+	withUser := func(raw string) string { return strings.Replace(raw, "http://", "http://crm-user:s3cr%3At@", 1) + "/in?token=abc" }
+	q := newStoreQueue(t)
+	a := q.add(t, "basic", "evt_1", "payment.succeeded", `{"id":"pay_1"}`)
+	b := q.add(t, "bearer", "evt_2", "payment.succeeded", `{"id":"pay_2"}`)
+	start(t, q, []Target{
+		{Name: "basic", URL: withUser(basic.srv.URL), AllowPrivate: true},
+		{Name: "bearer", URL: withUser(bearer.srv.URL), AllowPrivate: true, Headers: map[string]string{"Authorization": "Bearer own"}},
+	}, Options{})
+	for _, id := range []int64{a, b} {
+		q.waitFor(t, 10*time.Second, "delivery", q.rowStatus(t, id, StatusDelivered))
+	}
+	h := basic.all()
+	if len(h) != 1 {
+		t.Fatalf("basic target got %d requests, want 1", len(h))
+	}
+	r := http.Request{Header: h[0].header}
+	if user, pass, ok := r.BasicAuth(); !ok || user != "crm-user" || pass != "s3cr:t" {
+		t.Errorf("basic target: Authorization %q, want Basic crm-user:s3cr:t", h[0].header.Get("Authorization"))
+	}
+	if h := bearer.all(); len(h) != 1 || h[0].header.Get("Authorization") != "Bearer own" {
+		t.Errorf("target with its own Authorization header: %v", h)
+	}
+}
+
 // A payload queued through the webhook proxy reaches its target under the
 // caller's X-Event-Id (X-Event-Id, webhook-id and the signature), as it
 // came; an event with the same id, emitted after it, is a delivery of its
