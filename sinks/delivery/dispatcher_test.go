@@ -389,7 +389,9 @@ func TestCredentialsInTheURLAreSentAsBasicAuth(t *testing.T) {
 	t.Parallel()
 	basic := newRecorder(t, status(http.StatusOK))
 	bearer := newRecorder(t, status(http.StatusOK))
-	withUser := func(raw string) string { return strings.Replace(raw, "http://", "http://crm-user:s3cr%3At@", 1) + "/in?token=abc" }
+	withUser := func(raw string) string {
+		return strings.Replace(raw, "http://", "http://crm-user:s3cr%3At@", 1) + "/in?token=abc"
+	}
 	q := newStoreQueue(t)
 	a := q.add(t, "basic", "evt_1", "payment.succeeded", `{"id":"pay_1"}`)
 	b := q.add(t, "bearer", "evt_2", "payment.succeeded", `{"id":"pay_2"}`)
