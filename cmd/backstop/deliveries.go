@@ -174,7 +174,7 @@ func (m *Main) deliveriesShowCommand(g *globals) *cobra.Command {
 					limit = t.MaxPayload
 				}
 			}
-			if b := delivery.SentBody(row.Payload, limit); !bytes.Equal(b, row.Payload) {
+			if b := delivery.SentBody(row, limit); !bytes.Equal(b, row.Payload) {
 				sent = b
 			}
 			if asJSON {

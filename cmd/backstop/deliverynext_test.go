@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/sources/sim"
 	"github.com/backstop-sync/backstop/store"
 )
@@ -150,19 +151,25 @@ func TestDeliveriesShowSaysWhatIsSentWhenCut(t *testing.T) {
   - {name: big, url: "https://big.example.com/hooks"}
 `)
 	ctx := context.Background()
-	payload := []byte(`{"event_id":"evt_1","event":"payment.succeeded","data":{"id":"pay_1","pad":"` + strings.Repeat("x", 1000) + `"}}`)
+	data := `{"id":"pay_1","pad":"` + strings.Repeat("x", 1000) + `"}`
 	db := e.openStore()
-	small, err := db.Enqueue(ctx, "small", "evt_1", "payment.succeeded", payload, time.Now())
-	if err != nil {
+	ev := backstop.Event{ID: "evt_1", Type: "note.created", Origin: backstop.OriginWebhook, Data: json.RawMessage(data),
+		CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	if _, err := db.Emit(ctx, []backstop.Event{ev}, []backstop.Route{{Target: "small", Events: []string{"*"}}, {Target: "big", Events: []string{"*"}}}); err != nil {
 		t.Fatal(err)
 	}
-	big, err := db.Enqueue(ctx, "big", "evt_1", "payment.succeeded", payload, time.Now())
-	if err != nil {
-		t.Fatal(err)
+	ids := map[string]int64{}
+	for _, target := range []string{"small", "big"} {
+		rows, err := db.OutboxRows(ctx, target)
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("%s's outbox: %+v %v", target, rows, err)
+		}
+		ids[target] = rows[0].ID
 	}
+	small, big := ids["small"], ids["big"]
 	db.Close()
 	code, stdout, stderr := e.run(ctx, "deliveries", "show", fmt.Sprint(small))
-	if code != exitOK || !strings.Contains(stdout, "sent to small cut to fit its max_payload of 300 bytes (the payload is 1079)") ||
+	if code != exitOK || !strings.Contains(stdout, "sent to small cut to fit its max_payload of 300 bytes (the payload is 1129)") ||
 		!strings.Contains(stdout, `"truncated": true`) {
 		t.Errorf("show %d: exit %d\n%s%s", small, code, stdout, stderr)
 	}

@@ -256,8 +256,12 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		dispatcher.Run(dispatchCtx)
 	}()
 	targetNames := make([]string, len(cfg.Targets))
+	maxPayload := make(map[string]int, len(cfg.Targets))
 	for i, t := range cfg.Targets {
 		targetNames[i] = t.Name
+		if t.MaxPayload > 0 {
+			maxPayload[t.Name] = t.MaxPayload
+		}
 	}
 
 	// With admin.listen, /ui and /metrics move to the admin address and
@@ -269,7 +273,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	}
 	mux.Handle(cfg.Intake.Path, timeRequests(handler, reg))
 	mux.Handle("/outbox/{target}", intake.NewProxy(a.db, intake.ProxyOptions{
-		Tokens: cfg.Intake.AllProxyTokens(), Targets: targetNames, Logger: log.With("component", "proxy"),
+		Tokens: cfg.Intake.AllProxyTokens(), Targets: targetNames, MaxPayload: maxPayload, Logger: log.With("component", "proxy"),
 		OnQueued: dispatcher.Wake,
 	}))
 	healthz := getOnly(func(w http.ResponseWriter, _ *http.Request) {

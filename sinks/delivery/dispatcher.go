@@ -1303,7 +1303,7 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	if rawURL != t.URL {
 		shown = backstop.RedactURL(rawURL)
 	}
-	body := cutPayload(row.Payload, t.MaxPayload)
+	body := sentBody(row, t.MaxPayload)
 	a := Attempt{
 		DeliveryID: row.ID,
 		Target:     row.Target,

@@ -328,7 +328,7 @@ func TestSignatureAndHeaders(t *testing.T) {
 	unsigned := newRecorder(t, status(http.StatusOK))
 	q := newStoreQueue(t)
 	small := q.add(t, "signed", "evt_small", "payment.succeeded", `{"id":"pay_1","amount":100}`)
-	big := q.add(t, "signed", "evt_big", "message.created", fmt.Sprintf(`{"id":"msg_1","text":%q}`, strings.Repeat("a", 500)))
+	big := q.emit(t, "signed", "evt_big", "note.created", fmt.Sprintf(`{"id":"msg_1","text":%q}`, strings.Repeat("a", 500)))
 	plain := q.add(t, "unsigned", "evt_plain", "chat.opened", `{"id":"chat_1"}`)
 	start(t, q, []Target{
 		{Name: "signed", URL: signed.srv.URL, Secret: testSecret, AllowPrivate: true, MaxPayload: 300,
@@ -428,7 +428,10 @@ func TestProxiedPayloadIsSentUnderTheCallersID(t *testing.T) {
 	rec := newRecorder(t, status(http.StatusNoContent))
 	q := newStoreQueue(t)
 	ctx := context.Background()
-	body := `{"content":"deploy finished"}`
+	// Over the target's max_payload, with a data object and an id, as an
+	// envelope has: a proxied body is sent as it came all the same (it
+	// was cut to {"data":{"id"},"truncated":true}).
+	body := `{"zeta":1,"data":{"id":"order-7","content":"deploy finished ` + strings.Repeat("z", 80) + `"}}`
 	proxied, err := q.db.Enqueue(ctx, "ops", "alert-1", "proxy", json.RawMessage(body), time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -449,7 +452,7 @@ func TestProxiedPayloadIsSentUnderTheCallersID(t *testing.T) {
 	if len(rows) != 2 {
 		t.Fatalf("ops has %d outbox rows, want the proxied payload's and the event's: %+v", len(rows), rows)
 	}
-	start(t, q, []Target{{Name: "ops", URL: rec.srv.URL, Secret: testSecret, AllowPrivate: true}}, Options{})
+	start(t, q, []Target{{Name: "ops", URL: rec.srv.URL, Secret: testSecret, AllowPrivate: true, MaxPayload: 100}}, Options{})
 	for _, r := range rows {
 		q.waitFor(t, 10*time.Second, "delivery", q.rowStatus(t, r.ID, StatusDelivered))
 	}

@@ -75,7 +75,7 @@ func TestSignaturesVerifyWithNodeStandardWebhooks(t *testing.T) {
 	ids := []int64{
 		q.add(t, "signed", "evt_small", "payment.succeeded", `{"id":"pay_1","amount":100,"note":"café ✓ <&>"}`),
 		// Over MaxPayload: the body sent and signed is the cut envelope.
-		q.add(t, "signed", "evt_big", "message.created", fmt.Sprintf(`{"id":"msg_1","text":%q}`, strings.Repeat("a", 500))),
+		q.emit(t, "signed", "evt_big", "note.created", fmt.Sprintf(`{"id":"msg_1","text":%q}`, strings.Repeat("a", 500))),
 	}
 	start(t, q, []Target{{Name: "signed", URL: signed.srv.URL, Secret: testSecret, AllowPrivate: true, MaxPayload: 300}}, Options{})
 	for _, id := range ids {

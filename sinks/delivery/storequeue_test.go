@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/store"
 )
 
@@ -146,6 +147,30 @@ func (q *storeQueue) add(t testing.TB, target, eventID, eventType, data string) 
 	}
 	q.notify()
 	return id
+}
+
+// emit queues to target, through the emit path, an event of a type of no
+// resource (kept as it came) with data, and returns its outbox row: a
+// delivery of an event, where add's is a proxied payload.
+func (q *storeQueue) emit(t testing.TB, target, eventID, eventType, data string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	ev := backstop.Event{ID: eventID, Type: eventType, Origin: backstop.OriginWebhook, Data: json.RawMessage(data)}
+	if _, err := q.db.Emit(ctx, []backstop.Event{ev}, []backstop.Route{{Target: target, Events: []string{"*"}}}); err != nil {
+		t.Fatalf("emit: %v", err)
+	}
+	rows, err := q.db.OutboxRows(ctx, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.EventID == eventID && !r.Proxied {
+			q.notify()
+			return r.ID
+		}
+	}
+	t.Fatalf("no outbox row of %s for %s", eventID, target)
+	return 0
 }
 
 // row returns row id as the store holds it.

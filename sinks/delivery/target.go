@@ -98,8 +98,18 @@ func (t Target) Validate() error {
 }
 
 // SentBody returns the body a target whose max_payload is limit is sent
-// for payload (cutPayload), for showing it beside the payload stored.
-func SentBody(payload json.RawMessage, limit int) []byte { return cutPayload(payload, limit) }
+// for row (sentBody), for showing it beside the payload stored.
+func SentBody(row Row, limit int) []byte { return sentBody(row, limit) }
+
+// sentBody is the body sent for row: a proxied payload as it came (the
+// proxy refuses one over its target's max_payload), an event's envelope
+// cut to limit (cutPayload).
+func sentBody(row Row, limit int) []byte {
+	if row.Proxied {
+		return row.Payload
+	}
+	return cutPayload(row.Payload, limit)
+}
 
 // cutPayload returns the body to send for payload: payload itself when it
 // fits in limit bytes, else the envelope with its data cut to {"id":…} and

@@ -44,6 +44,7 @@ type Proxy struct {
 	// tokenWarns limits the lines logged for wrong tokens.
 	tokenWarns warnLimiter
 	targets    map[string]bool
+	limits     map[string]int // ProxyOptions.MaxPayload
 	logger     *slog.Logger
 	now        func() time.Time
 	wake       func(target string)
@@ -60,8 +61,13 @@ type ProxyOptions struct {
 	Token   string
 	Tokens  []string
 	Targets []string
-	Logger  *slog.Logger
-	Now     func() time.Time
+	// MaxPayload is the most bytes of body a target takes (its
+	// max_payload), by name; a body over it is refused 413, as the
+	// target would be sent the body as it came. A target left out
+	// takes up to MaxBody.
+	MaxPayload map[string]int
+	Logger     *slog.Logger
+	Now        func() time.Time
 	// OnQueued, when set, is told the target of every queued payload (to
 	// wake its delivery worker).
 	OnQueued func(target string)
@@ -71,9 +77,16 @@ type ProxyOptions struct {
 	BodyTimeout time.Duration
 }
 
+// overTargetLimit answers 413 for a body of n bytes over target's
+// max_payload of limit bytes.
+func (p *Proxy) overTargetLimit(w http.ResponseWriter, target string, n int64, limit int) {
+	WriteError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf(
+		"body of %d bytes is over target %s's max_payload of %d bytes: a proxied body is delivered as it came, so nothing was queued", n, target, limit))
+}
+
 // NewProxy returns the webhook-proxy endpoint over queue.
 func NewProxy(queue Enqueuer, opts ProxyOptions) *Proxy {
-	p := &Proxy{queue: queue, targets: map[string]bool{},
+	p := &Proxy{queue: queue, targets: map[string]bool{}, limits: opts.MaxPayload,
 		logger: opts.Logger, now: opts.Now, wake: opts.OnQueued, bodyTimeout: opts.BodyTimeout}
 	for _, tok := range append([]string{opts.Token}, opts.Tokens...) {
 		if tok != "" {
@@ -146,6 +159,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("body of %d bytes is over the %d-byte limit", r.ContentLength, MaxBody))
 		return
 	}
+	if limit := p.limits[target]; limit > 0 && r.ContentLength > int64(limit) {
+		closeUnread(w, r)
+		p.overTargetLimit(w, target, r.ContentLength, limit)
+		return
+	}
 	body, err := readBodyWithin(w, r, p.bodyTimeout)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
@@ -159,6 +177,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		WriteError(w, http.StatusBadRequest, "bad_body", "the request body could not be read: "+err.Error())
+		return
+	}
+	if limit := p.limits[target]; limit > 0 && len(body) > limit {
+		p.overTargetLimit(w, target, int64(len(body)), limit)
 		return
 	}
 	if i := invalidUTF8(body); i >= 0 {

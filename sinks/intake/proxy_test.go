@@ -29,6 +29,7 @@ func TestProxyQueuesDurablyAndRefusesBadCalls(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.Handle("/outbox/{target}", intake.NewProxy(db, intake.ProxyOptions{
 		Token: "proxy-token", Targets: []string{"discord"}, OnQueued: func(t string) { woken <- t },
+		MaxPayload: map[string]int{"discord": 2000},
 	}))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
@@ -48,6 +49,13 @@ func TestProxyQueuesDurablyAndRefusesBadCalls(t *testing.T) {
 		defer res.Body.Close()
 		b, _ := io.ReadAll(res.Body)
 		return res.StatusCode, string(b)
+	}
+	// Over the target's max_payload: a proxied body goes out as it came,
+	// so it is refused rather than cut.
+	big := `{"content":"` + strings.Repeat("z", 2000) + `"}`
+	if code, resp := post("discord", "proxy-token", big, map[string]string{"X-Event-Id": "alert-big"}); code != http.StatusRequestEntityTooLarge ||
+		!strings.Contains(resp, "body of 2014 bytes is over target discord's max_payload of 2000 bytes") {
+		t.Errorf("a body over the target's max_payload: %d %s, want 413 naming it", code, resp)
 	}
 	body := `{"content":"deploy finished ✅"}`
 	code, resp := post("discord", "proxy-token", body, map[string]string{"X-Event-Id": "alert-1"})
