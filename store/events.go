@@ -268,7 +268,8 @@ func (q *outboxQueue) add(ctx context.Context, ev backstop.Event, routes []backs
 
 // envelope is the JSON delivered for ev:
 // {"event_id","event","created_at","origin","data"}, with data byte for byte
-// as received (it has been checked to be JSON).
+// as received (it has been checked to be JSON), and "truncated": true after
+// it for a truncated event.
 func envelope(ev backstop.Event) []byte {
 	b := make([]byte, 0, len(ev.Data)+len(ev.ID)+len(ev.Type)+96)
 	b = append(b, `{"event_id":`...)
@@ -281,6 +282,12 @@ func envelope(ev backstop.Event) []byte {
 	b = appendJSONString(b, string(ev.Origin))
 	b = append(b, `,"data":`...)
 	b = append(b, dataText(ev.Data)...)
+	if ev.Truncated {
+		// Only an event of an unknown type is queued truncated (others
+		// wait for their object): its data is partial, as the platform
+		// said, and the target is told so as a max_payload cut tells it.
+		b = append(b, `,"truncated":true`...)
+	}
 	return append(b, '}')
 }
 

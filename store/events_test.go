@@ -378,6 +378,17 @@ func TestEmitUnknownTypeStoredWithoutMirror(t *testing.T) {
 	if n, err := db.CountTruncatedPending(context.Background()); err != nil || n != 0 {
 		t.Errorf("CountTruncatedPending = %d, %v; want 0", n, err)
 	}
+	// Its delivery says that its data is partial, as the platform did (the
+	// flag was dropped, and the target took the data for whole).
+	for _, r := range outboxRows(t, db, "audit") {
+		var env map[string]json.RawMessage
+		if err := json.Unmarshal(r.Payload, &env); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := string(env["truncated"]), map[bool]string{true: "true", false: ""}[r.EventID == "evt_u3"]; got != want {
+			t.Errorf("%s's envelope: truncated %q, want %q: %s", r.EventID, got, want, r.Payload)
+		}
+	}
 }
 
 func TestTruncatedLifecycle(t *testing.T) {
