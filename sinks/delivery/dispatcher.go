@@ -1368,15 +1368,17 @@ func (d *Dispatcher) send(ctx context.Context, w *worker, row Row, rawURL string
 	set(hContentType, "application/json")
 	set(hUserAgent, "backstop")
 	// The event's id, or a proxied payload's key as its caller sent it
-	// (backstop.Delivery.EventID): never the outbox's internal key.
-	set(hWebhookID, row.EventID)
+	// (backstop.Delivery.EventID): never the outbox's internal key. In
+	// its header form, which the signature covers.
+	id := HeaderForm(row.EventID)
+	set(hWebhookID, id)
 	ts := strconv.FormatInt(a.At.Unix(), 10)
 	set(hWebhookTimestamp, ts)
 	if w.signer != nil {
-		set(hWebhookSignature, w.signer.sign(row.EventID, ts, body))
+		set(hWebhookSignature, w.signer.sign(id, ts, body))
 	}
-	set(hEventID, row.EventID)
-	set(hEventType, row.EventType)
+	set(hEventID, id)
+	set(hEventType, HeaderForm(row.EventType))
 	set(hDeliveryAttempt, strconv.Itoa(attempt))
 	set(hRequestID, a.RequestID)
 	req.Header = h

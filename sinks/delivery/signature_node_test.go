@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/backstop-sync/backstop/sinks/intake"
 )
 
 // nodeDir holds verify.js and the lock file of the npm standardwebhooks
@@ -100,6 +102,58 @@ func TestSignaturesVerifyWithNodeStandardWebhooks(t *testing.T) {
 		}
 		if err := verifyWithNode(t, node, "whsec_"+"QmFja3N0b3Agb3RoZXIgc2VjcmV0IGtleQ==", h.header, h.body); err == nil {
 			t.Errorf("%s: standardwebhooks accepts the signature under another secret", id)
+		}
+	}
+}
+
+// An event id or type that is not plain ASCII, or has spaces at its ends,
+// is sent percent-encoded in webhook-id, X-Event-Id and X-Event-Type, and
+// signed so: header values are read as Latin-1 by Node and Python, and
+// trimmed by every parser, so the raw id left the signature unverifiable
+// (standardwebhooks: "No matching signature found"). A plain id goes as
+// it is; the body keeps the id as it came.
+func TestIDsThatAreNotPlainASCIIAreSentVerifiably(t *testing.T) {
+	t.Parallel()
+	node := nodeVerifier(t)
+	signed := newRecorder(t, status(http.StatusNoContent))
+	q := newStoreQueue(t)
+	want := map[string]string{ // event id: its header form
+		"evt_plain":    "evt_plain",
+		"evt_ünï😀":     "evt_%C3%BCn%C3%AF%F0%9F%98%80",
+		"evt_trail ":   "evt_trail%20",
+		" evt_lead":    "%20evt_lead",
+		"evt_100%_off": "evt_100%25_off",
+	}
+	var ids []int64
+	for id := range want {
+		ids = append(ids, q.emit(t, "signed", id, "note.créée", `{"id":"n_1"}`))
+	}
+	start(t, q, []Target{{Name: "signed", URL: signed.srv.URL, Secret: testSecret, AllowPrivate: true}}, Options{})
+	for _, id := range ids {
+		q.waitFor(t, 10*time.Second, "delivery", q.rowStatus(t, id, StatusDelivered))
+	}
+	hits := signed.all()
+	if len(hits) != len(want) {
+		t.Fatalf("got %d requests, want %d", len(hits), len(want))
+	}
+	for _, h := range hits {
+		var env struct {
+			EventID string `json:"event_id"`
+		}
+		if err := json.Unmarshal(h.body, &env); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.header.Get(HeaderEventID); got != want[env.EventID] {
+			t.Errorf("event %q: X-Event-Id %q, want %q", env.EventID, got, want[env.EventID])
+		}
+		if got := h.header.Get(intake.HeaderWebhookID); got != want[env.EventID] {
+			t.Errorf("event %q: webhook-id %q, want %q", env.EventID, got, want[env.EventID])
+		}
+		if got := h.header.Get(HeaderEventType); got != "note.cr%C3%A9%C3%A9e" {
+			t.Errorf("event %q: X-Event-Type %q, want note.cr%%C3%%A9%%C3%%A9e", env.EventID, got)
+		}
+		if err := verifyWithNode(t, node, testSecret, h.header, h.body); err != nil {
+			t.Errorf("event %q: standardwebhooks rejects the signature: %v", env.EventID, err)
 		}
 	}
 }

@@ -141,3 +141,31 @@ func cutPayload(payload json.RawMessage, limit int) []byte {
 	}
 	return out
 }
+
+// HeaderForm is an event id or type as backstop sends it in a header
+// (webhook-id, which the signature covers, X-Event-Id, X-Event-Type): s
+// itself when it is visible ASCII without '%', as ids usually are; else s
+// with every byte outside '!'..'~', and '%', percent-encoded
+// ("evt_ü" → "evt_%C3%BC", "a b " → "a%20b%20"). Receivers read header
+// values as Latin-1 (Node, Python) and trim their spaces, so the raw bytes
+// would read as another id there and its signature would not verify;
+// url.PathUnescape gives s back.
+func HeaderForm(s string) string {
+	plain := true
+	for i := 0; i < len(s) && plain; i++ {
+		plain = s[i] > ' ' && s[i] < 0x7f && s[i] != '%'
+	}
+	if plain {
+		return s
+	}
+	const hex = "0123456789ABCDEF"
+	b := make([]byte, 0, len(s)+16)
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c > ' ' && c < 0x7f && c != '%' {
+			b = append(b, c)
+		} else {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+		}
+	}
+	return string(b)
+}
