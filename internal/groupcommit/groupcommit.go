@@ -39,7 +39,8 @@ type Options struct {
 	// Whole, when set, tells an error that fails a batch as a whole (the
 	// store cannot commit at all, as while another process holds its
 	// lock): every item gets it at once, rather than each being committed
-	// again on its own, each waiting as long again.
+	// again on its own, each waiting as long again; so do the items
+	// queued while that commit ran.
 	Whole func(err error) bool
 	// Observe, when set, is told the size, duration and error of every
 	// commit, including those of a failed batch's items retried one by
@@ -217,13 +218,36 @@ func (w *Writer[T, R]) write(ctx context.Context, batch []*request[T, R]) {
 		}
 		return
 	}
-	if len(batch) == 1 || (w.whole != nil && w.whole(err)) {
+	if w.whole != nil && w.whole(err) {
 		for _, req := range batch {
 			req.done <- result[R]{err: err}
 		}
+		w.failQueued(err)
+		return
+	}
+	if len(batch) == 1 {
+		batch[0].done <- result[R]{err: err}
 		return
 	}
 	for _, req := range batch {
 		w.write(ctx, []*request[T, R]{req})
+	}
+}
+
+// failQueued answers every item queued now with err, a Whole error that
+// held while they queued: a commit of their own would wait as long again
+// (behind a lock held elsewhere, the whole busy timeout) for the same
+// answer, most likely. Items submitted after it get a commit of their own.
+func (w *Writer[T, R]) failQueued(err error) {
+	for {
+		select {
+		case req, ok := <-w.in:
+			if !ok {
+				return
+			}
+			req.done <- result[R]{err: err}
+		default:
+			return
+		}
 	}
 }

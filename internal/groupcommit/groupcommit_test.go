@@ -477,3 +477,45 @@ func TestWholeBatchErrorIsNotRetriedItemByItem(t *testing.T) {
 		t.Errorf("%d commits, want 2 (the batch of three failed once, not retried item by item)", calls)
 	}
 }
+
+// The items queued while a commit failed with a Whole error fail with it,
+// not in a commit of their own: a commit waiting the busy timeout behind a
+// lock held elsewhere made a webhook queued behind it wait that long again
+// (20 s for a 503 that senders with a 10 s timeout never saw).
+func TestWholeErrorFailsTheItemsQueuedMeanwhile(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 8)
+	var mu sync.Mutex
+	calls := 0
+	w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		entered <- struct{}{}
+		<-release
+		return nil, errWhole
+	}, groupcommit.Options{Whole: func(err error) bool { return errors.Is(err, errWhole) }})
+	start(t, w)
+	results := make(chan error, 4)
+	submit := func(i int) {
+		_, err := w.Submit(context.Background(), i)
+		results <- err
+	}
+	go submit(0)
+	<-entered
+	for i := 1; i <= 3; i++ {
+		go submit(i)
+	}
+	waitQueued(t, w, 3)
+	close(release)
+	for range 4 {
+		if err := <-results; !errors.Is(err, errWhole) {
+			t.Errorf("Submit: %v, want the failed commit's error", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 1 {
+		t.Errorf("%d commits, want 1 (those queued meanwhile failed with it)", calls)
+	}
+}
