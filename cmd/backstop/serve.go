@@ -348,11 +348,11 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		if adminLn != nil && (r.URL.Path == "/metrics" || r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/")) {
 			hint = "; /ui and /metrics are on admin.listen"
 		}
-		intake.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s (webhooks go to POST %s%s)", r.Method, r.URL.Path, cfg.Intake.Path, hint))
+		intake.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s (webhooks go to POST %s%s)", r.Method, r.URL.EscapedPath(), cfg.Intake.Path, hint))
 	})
 	if adminLn != nil {
 		admin.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-			intake.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s (this is the admin address: /ui, /metrics, /healthz, /readyz; webhooks go to intake.listen)", r.Method, r.URL.Path))
+			intake.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no such endpoint: %s %s (this is the admin address: /ui, /metrics, /healthz, /readyz; webhooks go to intake.listen)", r.Method, r.URL.EscapedPath()))
 		})
 	}
 

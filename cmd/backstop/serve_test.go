@@ -391,6 +391,22 @@ func TestServeOwnEndpointsAnswer405ToOtherMethods(t *testing.T) {
 	}
 }
 
+// A path serve does not answer is 404 naming it as it was sent: a
+// percent-encoded slash read as a real one, "POST /webhooks/botix", the
+// very path it said webhooks go to.
+func TestServeNotFoundNamesThePathAsSent(t *testing.T) {
+	s := startServe(t)
+	res, err := http.Post("http://"+s.addr+"/webhooks%2Fbotix", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusNotFound || !strings.Contains(string(b), "no such endpoint: POST /webhooks%2Fbotix (webhooks go to POST /webhooks/botix)") {
+		t.Errorf("POST /webhooks%%2Fbotix: %d %s, want 404 naming the path as sent", res.StatusCode, b)
+	}
+}
+
 // serve without its webhook secret is a configuration error (exit 2, file,
 // line and key) found before the store is touched: no store file is left
 // behind, and another serve holding the store does not hide it behind its

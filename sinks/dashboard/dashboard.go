@@ -155,7 +155,20 @@ func (d *Dashboard) Close(ctx context.Context) error {
 func (d *Dashboard) routes() http.Handler {
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(assets, "static")
-	mux.Handle("GET "+Prefix+"/static/", http.StripPrefix(Prefix+"/static/", http.FileServerFS(static)))
+	files := http.FileServerFS(static)
+	mux.Handle("GET "+Prefix+"/static/", http.StripPrefix(Prefix+"/static/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A file that is not there is answered as the dashboard's other
+		// errors are (net/http's would be plain text); the directory
+		// itself lists nothing.
+		if name := r.URL.Path; name == "" || strings.HasSuffix(name, "/") || !fs.ValidPath(name) {
+			d.fail(w, r, http.StatusNotFound, "not_found", "There is no such file.")
+			return
+		} else if _, err := fs.Stat(static, name); err != nil {
+			d.fail(w, r, http.StatusNotFound, "not_found", "There is no such file.")
+			return
+		}
+		files.ServeHTTP(w, r)
+	})))
 	mux.HandleFunc("GET "+Prefix+"/login", d.loginPage)
 	mux.HandleFunc("POST "+Prefix+"/login", d.login)
 

@@ -464,6 +464,13 @@ func TestEveryPageRenders(t *testing.T) {
 	if a := do(t, c, "GET", srv.URL+"/ui/static/style.css", nil, nil); a.status != http.StatusOK || !strings.Contains(a.header.Get("Content-Type"), "text/css") {
 		t.Errorf("stylesheet: %d %s", a.status, a.header.Get("Content-Type"))
 	}
+	// A file that is not there, and the directory, answer a JSON error as
+	// the other errors do (plain text "404 page not found" before).
+	for _, p := range []string{"/ui/static/nope.css", "/ui/static/"} {
+		if a := do(t, c, "GET", srv.URL+p, nil, nil); a.status != http.StatusNotFound || !strings.Contains(a.body, `"not_found"`) {
+			t.Errorf("GET %s: %d %s, want 404 with a JSON not_found error", p, a.status, a.body)
+		}
+	}
 }
 
 // Pages follow one another from the last row shown (Older) or the first
