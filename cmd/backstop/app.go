@@ -289,6 +289,9 @@ func (m *Main) openStore(ctx context.Context, g *globals) (*store.DB, *config.Co
 // missing, not a directory, or one this user cannot write to (a read-only
 // mount too), naming the file, line and key; nil when there is none.
 func storeDirProblem(cfg *config.Config) error {
+	if fi, err := os.Stat(cfg.Store.Path); err == nil && fi.IsDir() {
+		return usageError{cfg.Problem("store.path", "%s is a directory: name the store's file in it, such as %s", cfg.Store.Path, filepath.Join(cfg.Store.Path, "backstop.db"))}
+	}
 	dir := filepath.Dir(cfg.Store.Path)
 	switch fi, err := os.Stat(dir); {
 	case errors.Is(err, fs.ErrNotExist):
@@ -331,11 +334,15 @@ func existingStore(cfg *config.Config) error {
 	if _, err := os.Stat(filepath.Dir(path)); err != nil {
 		return nil // openConfiguredStore names the directory
 	}
-	switch _, err := os.Stat(path); {
+	switch fi, err := os.Stat(path); {
 	case errors.Is(err, fs.ErrNotExist):
 		return usageError{cfg.Problem("store.path", "no database at %s: run backstop sync or serve first, or check store.path", path)}
 	case err != nil:
 		return usageError{cfg.Problem("store.path", "%v", err)}
+	case fi.Mode().IsRegular() && fi.Size() == 0:
+		// SQLite takes an empty file for an empty database and would
+		// make a store of it.
+		return usageError{cfg.Problem("store.path", "%s is an empty file, not a backstop store: check store.path, or remove the file and run backstop sync or serve", path)}
 	}
 	return nil
 }

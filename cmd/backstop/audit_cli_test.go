@@ -110,6 +110,24 @@ func TestReadOnlyCommandsRefuseAStorePathWithNoDatabase(t *testing.T) {
 		}
 	}
 
+	// An empty file there (touched, or cut short) is no store either:
+	// SQLite would have made one of it.
+	if err := os.WriteFile(db, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"cursors"}, {"jobs"}, {"deliveries", "list"}, {"backup", filepath.Join(dir, "backup.db")}} {
+		code, _, stderr := runBinaryFor(t, 30*time.Second, dir, nil, args...)
+		if want := "store.path: mirorr.db is an empty file, not a backstop store"; code != exitUsage || !strings.Contains(stderr, want) {
+			t.Errorf("%s on an empty file: exit %d, stderr %q; want exit 2 and %q", strings.Join(args, " "), code, stderr, want)
+		}
+		if fi, err := os.Stat(db); err != nil || fi.Size() != 0 {
+			t.Fatalf("%s on an empty file made it a store", strings.Join(args, " "))
+		}
+	}
+	if err := os.Remove(db); err != nil {
+		t.Fatal(err)
+	}
+
 	s, err := store.Open(context.Background(), db, store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -210,6 +228,26 @@ func TestStoreInADirectoryTheUserCannotWrite(t *testing.T) {
 		want := "backstop: ./schedules.yaml:5: store.path: this user cannot write to the directory ro: backstop creates the store and its -wal, -shm and lock files there, even to read it"
 		if code != exitUsage || strings.TrimSpace(stderr.String()) != want {
 			t.Errorf("%s as nobody: exit %d (%v), stderr %q; want exit 2 and %q", strings.Join(args, " "), code, err, stderr.String(), want)
+		}
+	}
+}
+
+// A store.path that names a directory is a configuration error naming the
+// file, line and key, for every command: sync said "unable to open
+// database file (14)", exit 1, and blamed the directory above it.
+func TestStorePathThatIsADirectory(t *testing.T) {
+	dir := t.TempDir()
+	cfg := "source:\n  base_url: http://127.0.0.1:1\n  api_key: k\nstore:\n  path: ./data\nintake:\n  secret: s\n"
+	if err := os.WriteFile(filepath.Join(dir, "schedules.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"sync", "contacts"}, {"serve"}, {"cursors"}} {
+		code, _, stderr := runBinaryFor(t, 30*time.Second, dir, nil, args...)
+		if want := "./schedules.yaml:5: store.path: data is a directory: name the store's file in it, such as data/backstop.db"; code != exitUsage || !strings.Contains(stderr, want) {
+			t.Errorf("%s: exit %d, stderr %q; want exit 2 and %q", strings.Join(args, " "), code, stderr, want)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -33,6 +34,9 @@ committed before then. To put it back, see backstop restore --help.`,
 		Args:    oneArg("the file to write the backup to, e.g. backstop backup /var/backups/backstop.db"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dest := args[0]
+			if strings.TrimSpace(dest) == "" {
+				return usagef("backup: the file name is empty: name the backup's file, e.g. backstop backup /var/backups/backstop.db")
+			}
 			if fi, err := os.Stat(dest); err == nil && fi.IsDir() {
 				return usagef("backup %s: that is a directory: name the backup's file, e.g. %s",
 					dest, filepath.Join(dest, "backstop-"+time.Now().Format("2006-01-02")+".db"))
@@ -112,9 +116,19 @@ had, under the reconcile's event id).`,
 			} else if fi.IsDir() {
 				return usagef("restore %s: that is a directory: name the backup's file", backup)
 			}
+			if f, err := os.Open(backup); err != nil {
+				// Unreadable (permission denied): said here, not as
+				// SQLite's "unable to open database file".
+				return fmt.Errorf("restore %s: %w", backup, errors.Unwrap(err))
+			} else {
+				f.Close()
+			}
 			cfg, err := m.loadConfig(g, true)
 			if err != nil {
 				return err
+			}
+			if same, err := sameFile(cfg.Store.Path, backup); err == nil && same {
+				return usagef("restore %s: that is the store itself (store.path): name a backup of it", backup)
 			}
 			// serve's claim, held throughout: no serve starts on the
 			// store while it is replaced.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -346,5 +347,26 @@ func TestBackupJob(t *testing.T) {
 	if code != exitFailure || !strings.Contains(stdout, "failed") ||
 		!strings.Contains(stderr, "backup directory "+filepath.Join(dir, "missing")) || !strings.Contains(stderr, "no such file or directory") {
 		t.Errorf("backup job into a missing directory: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+// Bad arguments to backup and restore are bad usage (exit 2) that says
+// what is wrong: an empty file name ("rename ./.backstop-backup-….db :
+// no such file or directory", exit 1), and the store itself given as the
+// backup to restore ("the backup is the store itself", exit 1).
+func TestBackupAndRestoreRefuseBadArguments(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 1, Objects: 1}})
+	e.openStore().Close()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"backup", ""}, "backup: the file name is empty"},
+		{[]string{"restore", e.db}, "that is the store itself (store.path): name a backup of it"},
+	} {
+		code, _, stderr := e.run(context.Background(), c.args...)
+		if code != exitUsage || !strings.Contains(stderr, c.want) {
+			t.Errorf("%q: exit %d %s; want 2 and %q", c.args, code, stderr, c.want)
+		}
 	}
 }
