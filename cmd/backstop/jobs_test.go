@@ -67,6 +67,12 @@ func TestRunJobExitCodes(t *testing.T) {
 	if code, _, stderr := e.run(ctx, "run", "no-such-job"); code != exitUsage || !strings.Contains(stderr, "no-such-job") {
 		t.Errorf("unknown job: exit %d, want 2 naming it\n%s", code, stderr)
 	}
+	// A typo is told as one, also where the API key is not set (it said
+	// "source.api_key is empty: set BOTIX_API_KEY").
+	code, _, stderr = runBinary(t, t.TempDir(), e.environ(""), "--config", e.config, "run", "crm-nighty")
+	if want := "run crm-nighty: no such job in " + e.config + ": did you mean crm-nightly? (see backstop jobs)"; code != exitUsage || !strings.Contains(stderr, want) {
+		t.Errorf("a mistyped job without the API key: exit %d %s; want 2 and %q", code, stderr, want)
+	}
 	if code, _, stderr := e.run(ctx, "run"); code != exitUsage {
 		t.Errorf("no job named: exit %d, want 2\n%s", code, stderr)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/cmd/backstop/config"
 	bsync "github.com/backstop-sync/backstop/sync"
 )
 
@@ -150,7 +151,23 @@ func (m *Main) jobProgress(g *globals, name string) (_ *progress, local bool, _ 
 		}
 		return nil, false, nil
 	}
-	return nil, false, nil
+	// Said before anything else is asked of the configuration (the API
+	// key, which a maintenance job does not need, say).
+	return nil, false, m.unknownJob(g, cfg, name)
+}
+
+// unknownJob is run's error for a job name cfg does not have, naming the
+// one it may be a typo of.
+func (m *Main) unknownJob(g *globals, cfg *config.Config, name string) error {
+	names := make([]string, len(cfg.Jobs))
+	for i, j := range cfg.Jobs {
+		names[i] = j.Name
+	}
+	hint := ""
+	if s := config.Suggest(name, names); s != "" {
+		hint = ": did you mean " + s + "?"
+	}
+	return usagef("run %s: no such job in %s%s (see backstop jobs)", name, m.configName(g), hint)
 }
 
 // openMaintenanceApp opens what a maintenance or backup job needs: the store, read

@@ -284,6 +284,16 @@ func fieldsOf(t reflect.Type) map[string]int {
 	return fields
 }
 
+// Suggest returns the one of names closest to name, if it is close enough
+// to be a typo of it, or "".
+func Suggest(name string, names []string) string {
+	known := make(map[string]int, len(names))
+	for i, n := range names {
+		known[n] = i
+	}
+	return suggest(name, known)
+}
+
 // suggest returns the known name closest to name, if it is close enough to
 // be a typo.
 func suggest(name string, fields map[string]int) string {
