@@ -155,6 +155,8 @@ func TestSimZeroMeansNone(t *testing.T) {
 func TestSimRefusesWindowsItCannotServe(t *testing.T) {
 	for _, args := range [][]string{
 		{"--window", "1500ms"}, {"--window", "0s"}, {"--objects", "-1"}, {"--big-objects", "-2"},
+		// More than memory holds: it ran out of memory, with a 179-line trace.
+		{"--objects", "99999999999"}, {"--big-objects", "5000000"},
 		// Each bad value is refused naming its flag, not an option name
 		// of the simulator's ("limit -1", "error rate 2").
 		{"--limit", "-1"}, {"--error-rate", "2"}, {"--latency", "-1s"}, {"--mutation-rate", "-3"},

@@ -50,10 +50,12 @@ It prints its base URL and API key, then serves until Ctrl-C.`,
 			// platform and 0 big objects is none, where sim.Options
 			// reads 0 as "the default".
 			switch {
-			case opts.Objects < 0:
-				return usagef("--objects %d: want 0 or more", opts.Objects)
-			case opts.BigObjects < 0:
-				return usagef("--big-objects %d: want 0 or more", opts.BigObjects)
+			case opts.Objects < 0 || opts.Objects > maxSimObjects:
+				// Every object is held in memory: a million per resource
+				// takes about 3 GB (more ran the process out of memory).
+				return usagef("--objects %d: want 0 to %d per resource (the simulator holds them all in memory, about 3 GB at the most)", opts.Objects, maxSimObjects)
+			case opts.BigObjects < 0 || opts.BigObjects > maxSimObjects:
+				return usagef("--big-objects %d: want 0 to %d", opts.BigObjects, maxSimObjects)
 			case opts.Window < time.Second || opts.Window%time.Second != 0:
 				return usagef("--window %s: want whole seconds, 1s or more (X-RateLimit-Reset is in seconds)", opts.Window)
 			}
@@ -155,3 +157,6 @@ func checkSimFlags(opts sim.Options) error {
 	}
 	return nil
 }
+
+// maxSimObjects bounds sim's --objects (per resource) and --big-objects.
+const maxSimObjects = 1_000_000
