@@ -269,7 +269,8 @@ const (
 	// EmitAccepted: first time seen; stored, mirrored when newer, queued.
 	EmitAccepted EmitStatus = "accepted"
 	// EmitDuplicate: its event_id or dedup key was already processed;
-	// nothing changed.
+	// nothing was stored or queued again (its object may still have been
+	// written to a mirror that lost it: MirrorWritten).
 	EmitDuplicate EmitStatus = "duplicate"
 	// EmitSuperseded: the mirror already held a newer version of the
 	// event's object when the event's transaction ran (a webhook brought
@@ -285,7 +286,8 @@ const (
 type EmitResult struct {
 	Status EmitStatus
 	// MirrorWritten is true when the event's object was newer than the
-	// mirror's and was written.
+	// mirror's and was written: for an accepted event, or for a duplicate
+	// of a version already processed that the mirror had lost.
 	MirrorWritten bool
 	// Outbox counts the outbox rows made (one per matching target).
 	Outbox int

@@ -198,9 +198,9 @@ func (c *Client) List(ctx context.Context, req backstop.ListRequest) (backstop.P
 	// not the platform's API, answering 200 to every path): taken for an
 	// empty last page, it would mark a first backfill done with nothing read.
 	if body.Data == nil || body.Meta == nil {
-		missing := `"data"`
+		missing := `"data" list`
 		if body.Data != nil {
-			missing = `"meta"`
+			missing = `"meta" object`
 		}
 		return page, c.badBody(ae, res.status, fmt.Errorf(`not a page of the change feed: no %s (is source.base_url the platform's API?)`, missing))
 	}

@@ -1301,9 +1301,10 @@ func (db *DB) execCount(ctx context.Context, q string, args ...any) (int64, erro
 // envelope), of type eventType, pending and due at now, and returns the
 // delivery's id. key is the caller's idempotency key (its X-Event-Id),
 // which the target is sent as X-Event-Id and webhook-id (the row's EventID;
-// Proxied is true). A (target, key) pair is queued once while its row is
-// kept: a repeat changes nothing and returns the id queued first; one with
-// another payload (whitespace aside) or event type is refused with a
+// Proxied is true; in its header form, delivery.HeaderForm). A (target,
+// key) pair is queued once while its row is kept: a repeat changes nothing
+// and returns the id queued first; one with another payload (another JSON
+// value: whitespace, key order and escapes aside) or event type is refused with a
 // backstop.KeyReusedError, as the first would be delivered in its place.
 // (Maintenance prunes a delivered row after 14 days; a repeat after that is
 // queued again.) Keys are a space of their own: an event with the same id,

@@ -35,7 +35,9 @@ const insertOutboxSQL = `INSERT INTO outbox
 // Emit processes events in one transaction on the writer connection, in
 // order: each event is inserted into processed_events, and an event whose
 // event_id or dedup key is already there (from an earlier commit or earlier
-// in the same batch) is an EmitDuplicate that changes nothing. An accepted
+// in the same batch) is an EmitDuplicate, queued to no target again (one
+// carrying a version already processed still writes its object to the
+// mirror when newer: see emitTx.duplicate). An accepted
 // event's object is written to the mirror only when newer than the stored
 // version (MirrorWritten), and one outbox row is queued for each route whose
 // globs match its type (Outbox), carrying the envelope
@@ -167,7 +169,7 @@ func (et *emitTx) duplicate(ctx context.Context, ev backstop.Event) (backstop.Em
 	}
 	var processed bool
 	if err := et.mirror.tx.QueryRowxContext(ctx, processedVersionSQL, ev.DedupKey()).Scan(&processed); err != nil {
-		return r, fmt.Errorf("look up processed version: %w", err)
+		return backstop.EmitResult{}, fmt.Errorf("look up processed version: %w", err)
 	}
 	if !processed {
 		return r, nil

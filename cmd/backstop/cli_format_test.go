@@ -46,7 +46,7 @@ func TestParseSinceTakesADate(t *testing.T) {
 		}
 	}
 	// Before 1970, which the platform refused with a 400 (exit 1).
-	for _, in := range []string{"1000000d", "1969-12-31", "0001-01-01T00:00:00Z"} {
+	for _, in := range []string{"1000000d", "9223372036854775807d", "1969-12-31", "0001-01-01T00:00:00Z"} {
 		if _, err := parseSince(in, now); err == nil || !strings.Contains(err.Error(), "before 1970-01-01") {
 			t.Errorf("parseSince(%q): %v, want refused as before 1970", in, err)
 		}

@@ -124,6 +124,11 @@ func parseSinceForms(s string, now time.Time) (time.Time, bool) {
 	}
 	var days int
 	if n, err := fmt.Sscanf(s, "%dd", &days); err == nil && n == 1 && days > 0 && fmt.Sprintf("%dd", days) == s {
+		if days > 100_000 {
+			// Centuries back, before 1970 for parseSince; AddDate
+			// would overflow into the future.
+			return time.Time{}, true
+		}
 		return now.AddDate(0, 0, -days), true
 	}
 	return time.Time{}, false

@@ -234,12 +234,13 @@ func (w *Writer[T, R]) write(ctx context.Context, batch []*request[T, R]) {
 	}
 }
 
-// failQueued answers every item queued now with err, a Whole error that
-// held while they queued: a commit of their own would wait as long again
-// (behind a lock held elsewhere, the whole busy timeout) for the same
-// answer, most likely. Items submitted after it get a commit of their own.
+// failQueued answers the items queued when it is called with err, a Whole
+// error that held while they queued: a commit of their own would wait as
+// long again (behind a lock held elsewhere, the whole busy timeout) for the
+// same answer, most likely. Items submitted after it is called get a
+// commit of their own.
 func (w *Writer[T, R]) failQueued(err error) {
-	for {
+	for range len(w.in) {
 		select {
 		case req, ok := <-w.in:
 			if !ok {

@@ -126,11 +126,14 @@ type JobRun struct {
 	// backfill job's found done already; empty otherwise.
 	Output string
 	// Stale is set for a run stored as running that is not going on: its
-	// process is known to be gone (ProcessGone names it: "pid 4242 on
-	// host vm"), or it has not beaten since HeartbeatAt, over three
-	// heartbeats ago. The job's next run closes it as abandoned.
-	Stale       bool
+	// process is known to be gone, or it has missed three heartbeats. It
+	// is closed as abandoned by the job's next run when its process is
+	// known gone, else an hour after its last heartbeat.
+	Stale bool
+	// ProcessGone names the process of a stale run known to be gone
+	// ("pid 4242 on host vm"); empty when only its heartbeats stopped.
 	ProcessGone string
+	// HeartbeatAt is the last heartbeat of a run stored as running.
 	HeartbeatAt time.Time
 }
 

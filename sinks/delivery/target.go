@@ -144,16 +144,17 @@ func cutPayload(payload json.RawMessage, limit int) []byte {
 
 // HeaderForm is an event id or type as backstop sends it in a header
 // (webhook-id, which the signature covers, X-Event-Id, X-Event-Type): s
-// itself when it is visible ASCII without '%', as ids usually are; else s
-// with every byte outside '!'..'~', and '%', percent-encoded
-// ("evt_ü" → "evt_%C3%BC", "a b " → "a%20b%20"). Receivers read header
-// values as Latin-1 (Node, Python) and trim their spaces, so the raw bytes
-// would read as another id there and its signature would not verify;
-// url.PathUnescape gives s back.
+// itself when it is printable ASCII without a space at either end, as ids
+// and proxy keys (which came as header values) are; else s with every
+// byte outside '!'..'~', and '%', percent-encoded ("evt_ü" → "evt_%C3%BC",
+// "a b " → "a%20b%20"), which url.PathUnescape reverses. Receivers read
+// header values as Latin-1 (Node, Python) and trim their spaces, so the
+// raw bytes would read as another id there and its signature would not
+// verify.
 func HeaderForm(s string) string {
-	plain := true
+	plain := s != "" && s[0] != ' ' && s[len(s)-1] != ' '
 	for i := 0; i < len(s) && plain; i++ {
-		plain = s[i] > ' ' && s[i] < 0x7f && s[i] != '%'
+		plain = s[i] >= ' ' && s[i] < 0x7f
 	}
 	if plain {
 		return s
