@@ -271,13 +271,13 @@ func TestBackupJob(t *testing.T) {
 	// killed two days ago, which it removes; one of a backup that may be
 	// going on now stays.
 	keepFiles := []string{"notes.txt", "other-20260101T000000Z.db", "nightly-backup-latest.db", ".backstop-backup-recent.db"}
-	for _, f := range append(keepFiles, ".backstop-backup-stale.db") {
+	for _, f := range append(keepFiles, ".backstop-backup-2932784452.db") {
 		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
 	old := time.Now().Add(-48 * time.Hour)
-	if err := os.Chtimes(filepath.Join(dir, ".backstop-backup-stale.db"), old, old); err != nil {
+	if err := os.Chtimes(filepath.Join(dir, ".backstop-backup-2932784452.db"), old, old); err != nil {
 		t.Fatal(err)
 	}
 
@@ -322,7 +322,7 @@ func TestBackupJob(t *testing.T) {
 			t.Errorf("a file not the job's own backup was touched: %v", err)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, ".backstop-backup-stale.db")); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(dir, ".backstop-backup-2932784452.db")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("a killed backup's temporary file of two days ago is still there (%v)", err)
 	}
 	// The backup holds the synced mirror.
