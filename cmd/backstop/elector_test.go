@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -185,5 +187,35 @@ func TestJobsRunOnceAcrossServeProcesses(t *testing.T) {
 		if code := p.wait(time.Minute); code != 0 {
 			t.Errorf("%s: exit %d after SIGTERM\n%s", p.name, code, p.output())
 		}
+	}
+}
+
+// A serve with no jobs (one that only takes webhooks, beside the one that
+// runs the jobs) took the jobs lease when it started first, and the jobs
+// never ran while it lived, without a word. It no longer asks for the
+// lease: the serve with the jobs leads and runs them.
+func TestServeWithoutJobsDoesNotTakeTheJobsLease(t *testing.T) {
+	t.Parallel()
+	const lease, every = 3 * time.Second, time.Second
+	rds := redistest.Start(t)
+	s := sim.New(sim.Options{Seed: 5, Objects: 10})
+	base := newSimServer(t, s)
+	dbPath := filepath.Join(t.TempDir(), "shared.db")
+	withJobs := writeTickConfig(t, t.TempDir(), base, dbPath, rds.URL(), lease, every)
+	cfg, err := os.ReadFile(withJobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	intakeOnly := writeFile(t, t.TempDir(), "schedules.yaml", strings.Split(string(cfg), "jobs:")[0])
+	env := []string{"BOTIX_WEBHOOK_SECRET=" + webhookSecret}
+	first := startServes(t, "intake-", 1, intakeOnly, s.APIKey(), env)
+	second := startServes(t, "jobs-", 1, withJobs, s.APIKey(), env)
+	leader := awaitLeader(t, append(first, second...), 10*time.Second)
+	if leader != second[0] {
+		t.Fatalf("%s, with no jobs, became the jobs leader", leader.name)
+	}
+	leader.waitCount(jobDone, 2, 30*time.Second)
+	if got := first[0].metrics()["backstop_jobs_leader"]; got != 0 {
+		t.Errorf("the serve without jobs: backstop_jobs_leader = %v, want 0", got)
 	}
 }

@@ -122,7 +122,8 @@ func (a *app) scheduler() (*bsync.Scheduler, error) { return a.schedulerWith(nil
 
 // schedulerWith is scheduler with job runs exported on metrics (nil: none).
 // With governor.redis, only the holder of the jobs lease runs scheduled
-// jobs, so that several serve processes run each tick once; the lease is
+// jobs, so that several serve processes run each tick once (a process
+// with no jobs never asks for it); the lease is
 // per store (store.DB.StoreID: processes of other stores on the same API
 // key and Redis run their own jobs) and lasts governor.job_lease. Every
 // run, scheduled or started by hand (`backstop run`, the dashboard's Run
@@ -138,14 +139,19 @@ func (a *app) schedulerWith(metrics *jobMetrics) (*bsync.Scheduler, error) {
 			return nil, err
 		}
 		ttl := a.cfg.Governor.JobLease.Std()
-		if a.lease == nil {
+		// A process with no jobs (a serve that only takes webhooks)
+		// does not ask for the lease: holding it, it would keep every
+		// other serve's jobs from running.
+		if a.lease == nil && len(a.cfg.Jobs) > 0 {
 			lease, err := bsync.NewRedisLease(a.rdb, bsync.LeaseOptions{Key: jobLeaseKey(storeID), TTL: ttl, Logger: log})
 			if err != nil {
 				return nil, usageError{fmt.Errorf("governor.job_lease: %w", err)}
 			}
 			a.lease = lease
 		}
-		elector = a.lease
+		if a.lease != nil {
+			elector = a.lease
+		}
 		locks, err := bsync.NewRedisJobLocks(a.rdb, bsync.LeaseOptions{Key: jobLockPrefix(storeID), TTL: ttl, Logger: log})
 		if err != nil {
 			return nil, usageError{fmt.Errorf("governor.job_lease: %w", err)}
