@@ -98,6 +98,10 @@ type ReconcileReport = backstop.ReconcileReport
 // through FinishReconcile, also a failed one. The error
 // is ctx.Err() when cancelled, or the source's or store's error naming the
 // resource; the report is complete either way.
+//
+// A run stopped because another resource's request was refused for the
+// API key (ctx cancelled with that refusal as its cause) fails saying so
+// (StoppedByRefusedKey), and is stored as failed, not interrupted.
 func (e *Engine) Reconcile(ctx context.Context, r backstop.Resource, opts ReconcileOptions) (ReconcileReport, error) {
 	rep := ReconcileReport{Resource: r, StartedAt: e.now(), Full: opts.Full, DryRun: opts.DryRun}
 	if e.OnReconcileDone != nil {
@@ -114,16 +118,16 @@ func (e *Engine) Reconcile(ctx context.Context, r backstop.Resource, opts Reconc
 	}
 	since, err := reconcileWindow(ctx, st, r, opts, rep.StartedAt)
 	if err != nil {
-		rep.Err = fmt.Errorf("reconcile %s: %w", r, err)
+		rep.Err = fmt.Errorf("reconcile %s: %w", r, StoppedByRefusedKey(ctx, err))
 		return rep, rep.Err
 	}
 	rep.Since = since
 	runID, err := st.StartReconcile(ctx, rep)
 	if err != nil {
-		rep.Err = fmt.Errorf("reconcile %s: %w", r, err)
+		rep.Err = fmt.Errorf("reconcile %s: %w", r, StoppedByRefusedKey(ctx, err))
 		return rep, rep.Err
 	}
-	err = e.reconcile(ctx, st, runID, &rep, opts)
+	err = StoppedByRefusedKey(ctx, e.reconcile(ctx, st, runID, &rep, opts))
 	rep.Duration = e.now().Sub(rep.StartedAt)
 	rep.Err = err
 	// The report of a cancelled run is stored too.
@@ -294,4 +298,23 @@ func (e *Engine) reconcilePage(ctx context.Context, st ReconcileStore, runID int
 		}
 	}
 	return nil
+}
+
+// ErrStoppedByKey marks the error of a run StoppedByRefusedKey stopped.
+var ErrStoppedByKey = errors.New("stopped before it finished, as another resource's request was refused")
+
+// StoppedByRefusedKey returns err, or, for the cancellation of a run whose
+// context was cancelled with a refusal of the API key (ErrUnauthorized) as
+// its cause (another resource's request was refused, and the key is
+// shared), an error that says so: ErrStoppedByKey and ErrUnauthorized, not
+// a cancellation, as the run was not interrupted and is not to be resumed
+// as it is.
+func StoppedByRefusedKey(ctx context.Context, err error) error {
+	if err == nil || !errors.Is(err, context.Canceled) {
+		return err
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, backstop.ErrUnauthorized) && !errors.Is(cause, context.Canceled) {
+		return fmt.Errorf("%w: %w", ErrStoppedByKey, backstop.ErrUnauthorized)
+	}
+	return err
 }

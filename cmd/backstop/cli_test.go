@@ -289,6 +289,42 @@ func TestRefusedKeyStopsEveryResource(t *testing.T) {
 	}
 }
 
+// A reconcile with a key the platform refuses stored and printed the
+// resources the first 401 stopped as "interrupted" with "context
+// canceled", which means Ctrl-C or SIGTERM: each is failed now, saying
+// why, as a sync's are, in the output and in the stored reports.
+func TestRefusedKeyFailsEveryReconcile(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 3, Objects: 20}, perMinute: 20})
+	code, stdout, stderr := e.runKey(context.Background(), e.sim.APIKey()+"x", "reconcile", "--json")
+	if code != exitFailure {
+		t.Fatalf("reconcile with a refused key: exit %d, want 1\n%s%s", code, stdout, stderr)
+	}
+	var rows []reconcileRow
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil || len(rows) != len(backstop.Resources) {
+		t.Fatalf("reconcile --json: %v\n%s", err, stdout)
+	}
+	for _, r := range rows {
+		if r.Result != "failed" {
+			t.Errorf("%s: result %q, want failed", r.Resource, r.Result)
+		}
+	}
+	if strings.Contains(stdout+stderr, "context canceled") || strings.Contains(stderr, "interrupted") {
+		t.Errorf("a reconcile stopped by a refused key says it was interrupted:\n%s%s", stdout, stderr)
+	}
+	db := e.openStore()
+	defer db.Close()
+	// Those stopped before they began store no report.
+	runs, err := db.ReconcileRuns(context.Background(), 0)
+	if err != nil || len(runs) == 0 {
+		t.Fatalf("stored reports: %+v %v", runs, err)
+	}
+	for _, run := range runs {
+		if run.Status != "failed" || strings.Contains(run.Error, "context canceled") {
+			t.Errorf("%s's stored report: %s %q, want failed saying why", run.Resource, run.Status, run.Error)
+		}
+	}
+}
+
 // A sync whose resources fail for different reasons printed only the
 // first one's on stderr; each is printed now, one line each.
 func TestSyncPrintsEveryResourcesFailure(t *testing.T) {

@@ -74,6 +74,7 @@ progress line per resource every 5 seconds and a line when each ends.`,
 				OnPage: prog.reconcilePage}
 			reports, runErr := eachResource(ctx, resources, func(ctx context.Context, r backstop.Resource) (backstop.ReconcileReport, error) {
 				rep, err := a.engine.Reconcile(ctx, r, opts)
+				err = stoppedByRefusedKey(ctx, err)
 				rep.Resource, rep.Err = r, err
 				prog.reconcileFinish(rep)
 				return rep, err

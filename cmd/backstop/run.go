@@ -83,20 +83,12 @@ func resourceErrors(errs []error) error {
 }
 
 // errStoppedByKey marks the error of a resource stoppedByRefusedKey stopped.
-var errStoppedByKey = errors.New("stopped before it finished, as another resource's request was refused")
+var errStoppedByKey = bsync.ErrStoppedByKey
 
-// stoppedByRefusedKey returns err, or, for the cancellation of a run that
-// eachResource stopped because another resource's API key was refused,
-// an error that says so (and is ErrUnauthorized, not a cancellation: the
-// run was not interrupted by the user and is not to be resumed as is).
+// stoppedByRefusedKey is bsync.StoppedByRefusedKey: eachResource cancels
+// the resources' context with the first refusal of the key as its cause.
 func stoppedByRefusedKey(ctx context.Context, err error) error {
-	if err == nil || !errors.Is(err, context.Canceled) {
-		return err
-	}
-	if cause := context.Cause(ctx); errors.Is(cause, backstop.ErrUnauthorized) && !errors.Is(cause, context.Canceled) {
-		return fmt.Errorf("%w: %w", errStoppedByKey, backstop.ErrUnauthorized)
-	}
-	return err
+	return bsync.StoppedByRefusedKey(ctx, err)
 }
 
 // printStats writes the per-resource summary as a table or as JSON. emits,
