@@ -1,6 +1,10 @@
 package main
 
 import (
+	"context"
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/backstop-sync/backstop/store"
@@ -22,6 +26,61 @@ type jobMetrics struct {
 	rateLimited *prometheus.CounterVec
 	lastRun     *prometheus.GaugeVec
 	duration    *prometheus.HistogramVec
+
+	// readLast, when set, reads when each job last finished with each
+	// status from the store (store.DB.LastJobFinishes): lastRun follows
+	// it at every scrape, so that a process that does not run the jobs
+	// (a standby under governor.redis) exports the leader's runs.
+	readLast func(context.Context) ([]store.JobFinish, error)
+	mu       sync.Mutex
+	jobs     map[string]bool       // the configured jobs (seed)
+	last     map[[2]string]float64 // lastRun's values by job and status
+}
+
+// lastRunGauge is jobMetrics.lastRun, refreshed from the store
+// (jobMetrics.readLast) as it is collected.
+type lastRunGauge struct{ m *jobMetrics }
+
+func (g lastRunGauge) Describe(ch chan<- *prometheus.Desc) { g.m.lastRun.Describe(ch) }
+
+func (g lastRunGauge) Collect(ch chan<- prometheus.Metric) {
+	g.m.refreshLast()
+	g.m.lastRun.Collect(ch)
+}
+
+// lastReadTimeout bounds the store read of a scrape (refreshLast).
+const lastReadTimeout = 2 * time.Second
+
+// refreshLast moves lastRun forward to the runs stored since (readLast);
+// a read that fails leaves it as it was.
+func (m *jobMetrics) refreshLast() {
+	if m.readLast == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lastReadTimeout)
+	defer cancel()
+	last, err := m.readLast(ctx)
+	if err != nil {
+		return
+	}
+	for _, f := range last {
+		m.setLast(f.Job, f.Status, f.FinishedAt)
+	}
+}
+
+// setLast sets when job last finished with status to at, unless it is
+// known to have finished so later, or is not configured.
+func (m *jobMetrics) setLast(job, status string, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.jobs[job] {
+		return
+	}
+	k, v := [2]string{job, status}, float64(at.Unix())
+	if v > m.last[k] {
+		m.last[k] = v
+		m.lastRun.WithLabelValues(job, status).Set(v)
+	}
 }
 
 func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
@@ -52,7 +111,8 @@ func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
 			Buckets: prometheus.ExponentialBuckets(1, 4, 9), // 1 s to 18 h
 		}, []string{"job"}),
 	}
-	reg.MustRegister(m.runs, m.objects, m.requests, m.rateLimited, m.lastRun, m.duration)
+	m.jobs, m.last = map[string]bool{}, map[[2]string]float64{}
+	reg.MustRegister(m.runs, m.objects, m.requests, m.rateLimited, lastRunGauge{m}, m.duration)
 	return m
 }
 
@@ -66,14 +126,18 @@ func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
 // predecessors or by backstop run), when it last finished with each
 // status, so that an alert on a nightly job's age does not go blind for a
 // day after each restart. Stored runs of jobs no longer configured are
-// left out.
+// left out. With readLast set, every scrape moves the last-run times on
+// to the runs stored since, by whichever process ran them.
 func (m *jobMetrics) seed(jobs []string, last []store.JobFinish) {
 	if m == nil {
 		return
 	}
-	configured := make(map[string]bool, len(jobs))
+	m.mu.Lock()
 	for _, job := range jobs {
-		configured[job] = true
+		m.jobs[job] = true
+	}
+	m.mu.Unlock()
+	for _, job := range jobs {
 		for _, status := range jobRunStatuses {
 			m.runs.WithLabelValues(job, string(status))
 			m.lastRun.WithLabelValues(job, string(status))
@@ -86,9 +150,7 @@ func (m *jobMetrics) seed(jobs []string, last []store.JobFinish) {
 		m.duration.WithLabelValues(job)
 	}
 	for _, f := range last {
-		if configured[f.Job] {
-			m.lastRun.WithLabelValues(f.Job, f.Status).Set(float64(f.FinishedAt.Unix()))
-		}
+		m.setLast(f.Job, f.Status, f.FinishedAt)
 	}
 }
 
@@ -98,7 +160,10 @@ func (m *jobMetrics) observe(run bsync.JobRun) {
 	}
 	status := string(run.Status)
 	m.runs.WithLabelValues(run.Job, status).Inc()
-	m.lastRun.WithLabelValues(run.Job, status).Set(float64(run.FinishedAt.Unix()))
+	m.mu.Lock()
+	m.jobs[run.Job] = true // it runs, so it is configured
+	m.mu.Unlock()
+	m.setLast(run.Job, status, run.FinishedAt)
 	if run.Status != bsync.JobSkipped && !run.StartedAt.IsZero() && !run.FinishedAt.Before(run.StartedAt) {
 		m.duration.WithLabelValues(run.Job).Observe(run.FinishedAt.Sub(run.StartedAt).Seconds())
 	}

@@ -96,3 +96,48 @@ func TestServeExportsNeverSucceededJobAtZero(t *testing.T) {
 		}
 	}
 }
+
+// A standby serve (governor.redis) exported the last runs stored when it
+// started, and then only its own, which it never has: an alert on the age
+// of the last ok run fired on it while the leader ran the job on time.
+// Every scrape now moves them on to the runs stored since.
+func TestJobMetricsLastRunFollowsTheStore(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := newJobMetrics(reg)
+	at := time.Unix(1_800_000_000, 0)
+	m.seed([]string{"payments-hourly"}, []store.JobFinish{{Job: "payments-hourly", Status: "ok", FinishedAt: at}})
+	stored := []store.JobFinish{{Job: "payments-hourly", Status: "ok", FinishedAt: at.Add(time.Hour)}}
+	m.readLast = func(context.Context) ([]store.JobFinish, error) { return stored, nil }
+	lastOK := func() float64 {
+		t.Helper()
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() != "backstop_job_last_run_timestamp_seconds" {
+				continue
+			}
+			for _, s := range f.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range s.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["job"] == "payments-hourly" && labels["status"] == "ok" {
+					return s.GetGauge().GetValue()
+				}
+			}
+		}
+		t.Fatal("no last ok run of payments-hourly exported")
+		return 0
+	}
+	if got, want := lastOK(), float64(at.Add(time.Hour).Unix()); got != want {
+		t.Errorf("last ok run after another process's run = %v, want %v", got, want)
+	}
+	// An older stored time (a read racing a newer run of this process)
+	// never moves it back.
+	stored = []store.JobFinish{{Job: "payments-hourly", Status: "ok", FinishedAt: at}}
+	if got, want := lastOK(), float64(at.Add(time.Hour).Unix()); got != want {
+		t.Errorf("last ok run moved back to %v, want %v", got, want)
+	}
+}

@@ -186,6 +186,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 		jobNames[i] = j.Name
 	}
 	jobMetrics.seed(jobNames, lastRuns)
+	jobMetrics.readLast = a.db.LastJobFinishes
 	sched, err := a.schedulerWith(jobMetrics)
 	if err != nil {
 		return err
