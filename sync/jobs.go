@@ -800,14 +800,26 @@ func (s *Scheduler) scheduled(ctx context.Context, st *jobState) {
 	}
 }
 
-// whileLeader returns ctx, cancelled with cause ErrNotLeader when lost
-// closes; stop releases it and must be called.
+// errLeaseLost is the cause whileLeader cancels with: it is ErrNotLeader,
+// and says what happened, for the stored run's error.
+var errLeaseLost error = leaseLost{}
+
+type leaseLost struct{}
+
+func (leaseLost) Error() string {
+	return "the jobs lease was lost (not renewed within governor.job_lease: Redis not answering, or another serve holds it now)"
+}
+
+func (leaseLost) Is(target error) bool { return target == ErrNotLeader }
+
+// whileLeader returns ctx, cancelled with cause errLeaseLost (ErrNotLeader)
+// when lost closes; stop releases it and must be called.
 func whileLeader(ctx context.Context, lost <-chan struct{}) (_ context.Context, stop context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	go func() {
 		select {
 		case <-lost:
-			cancel(ErrNotLeader)
+			cancel(errLeaseLost)
 		case <-ctx.Done():
 		}
 	}()

@@ -279,7 +279,7 @@ func TestFleetScheduledSyncMidRun(t *testing.T) {
 	// stored as skipped after it.
 	runs := jobRuns(t, dbPath, "slow")
 	runs = slices.DeleteFunc(runs, func(r store.JobRun) bool { return r.Status == "skipped" })
-	if last := runs[len(runs)-1]; last.Status != "interrupted" || !strings.Contains(last.Error, "not the jobs leader") {
+	if last := runs[len(runs)-1]; last.Status != "interrupted" || !strings.Contains(last.Error, "the jobs lease was lost") {
 		t.Errorf("run after the lease was lost: %s %q, want interrupted, saying it no longer leads", last.Status, last.Error)
 	}
 
