@@ -51,6 +51,11 @@ type JobCounts struct {
 	Pruned      int64 `json:"pruned"`
 	Requests    int   `json:"requests"`
 	RateLimited int   `json:"rate_limited"`
+	// Orphans counts the objects the mirror holds that the platform no
+	// longer lists, as a full reconcile counts them at its end; nil for a
+	// run that did not count them (another kind, a reconcile that is not
+	// full, or one that did not get to its end).
+	Orphans *int `json:"orphans,omitempty"`
 }
 
 // ReconcileReport is what one reconciliation of one resource found and did.

@@ -346,7 +346,7 @@ func TestUpgradeFromFirstSchemaKeepsEveryRow(t *testing.T) {
 	added := map[string]map[string]bool{ // columns the migrations add
 		"outbox":         {"proxy_key": true, "failures": true, "claimed_until": true},
 		"reconcile_runs": {"heartbeat_at": true},
-		"job_runs":       {"heartbeat_at": true, "output": true, "owner": true},
+		"job_runs":       {"heartbeat_at": true, "output": true, "owner": true, "orphans": true},
 		"cursors":        {"started_at": true},
 	}
 	for table, old := range before {

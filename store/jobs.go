@@ -54,7 +54,7 @@ type JobRun struct {
 
 // jobRunColumns are the columns of job_runs in the order jobRunRow lists them.
 const jobRunColumns = `id, job, kind, started_at, finished_at, status, pages, objects, new, updated,
-	missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error, heartbeat_at, output, owner`
+	missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error, heartbeat_at, output, owner, orphans`
 
 // jobRunRow is one row of job_runs.
 type jobRunRow struct {
@@ -79,6 +79,7 @@ type jobRunRow struct {
 	HeartbeatAt string         `db:"heartbeat_at"`
 	Output      sql.NullString `db:"output"`
 	Owner       sql.NullString `db:"owner"`
+	Orphans     sql.NullInt64  `db:"orphans"`
 }
 
 func (row jobRunRow) jobRun() (JobRun, error) {
@@ -91,6 +92,10 @@ func (row jobRunRow) jobRun() (JobRun, error) {
 			Suppressed: row.Suppressed, Pruned: row.Pruned, Requests: row.Requests,
 			RateLimited: row.RateLimited,
 		},
+	}
+	if row.Orphans.Valid {
+		n := int(row.Orphans.Int64)
+		run.Counts.Orphans = &n
 	}
 	var err error
 	if run.StartedAt, err = backstop.ParseTime(row.StartedAt); err != nil {
@@ -134,11 +139,12 @@ func (db *DB) SaveJobRun(ctx context.Context, run JobRun) (int64, error) {
 	c := run.Counts
 	res, err := db.w.ExecContext(ctx, `INSERT INTO job_runs (job, kind, started_at, finished_at, status,
 		pages, objects, new, updated, missing, behind, reemitted, suppressed, pruned, requests, rate_limited, error,
-		heartbeat_at, output)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		heartbeat_at, output, orphans)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		run.Job, run.Kind, backstop.CanonicalTime(run.StartedAt), backstop.CanonicalTime(run.FinishedAt), run.Status,
 		c.Pages, c.Objects, c.New, c.Updated, c.Missing, c.Behind, c.Reemitted, c.Suppressed, c.Pruned,
-		c.Requests, c.RateLimited, nullString(run.Error), backstop.CanonicalTime(run.FinishedAt), nullString(run.Output))
+		c.Requests, c.RateLimited, nullString(run.Error), backstop.CanonicalTime(run.FinishedAt), nullString(run.Output),
+		nullCount(c.Orphans))
 	if err != nil {
 		return 0, fmt.Errorf("save job run %s: %w", run.Job, err)
 	}
@@ -544,11 +550,11 @@ func (db *DB) FinishJobRun(ctx context.Context, run JobRun) error {
 	c := run.Counts
 	res, err := db.w.ExecContext(ctx, `UPDATE job_runs SET finished_at = ?, status = ?, pages = ?, objects = ?,
 		new = ?, updated = ?, missing = ?, behind = ?, reemitted = ?, suppressed = ?, pruned = ?, requests = ?,
-		rate_limited = ?, error = ?, heartbeat_at = ?, output = ?
+		rate_limited = ?, error = ?, heartbeat_at = ?, output = ?, orphans = ?
 		WHERE id = ? AND status IN ('running', 'abandoned')`,
 		backstop.CanonicalTime(run.FinishedAt), run.Status, c.Pages, c.Objects, c.New, c.Updated, c.Missing,
 		c.Behind, c.Reemitted, c.Suppressed, c.Pruned, c.Requests, c.RateLimited, nullString(run.Error),
-		backstop.CanonicalTime(now), nullString(run.Output), run.ID)
+		backstop.CanonicalTime(now), nullString(run.Output), nullCount(c.Orphans), run.ID)
 	if err != nil {
 		return fmt.Errorf("finish job run %d (%s): %w", run.ID, run.Job, err)
 	}
@@ -715,4 +721,12 @@ func (db *DB) emitInTx(ctx, sctx context.Context, tx *sqlx.Tx, now time.Time, st
 		out[i] = r
 	}
 	return out, nil
+}
+
+// nullCount is *n, or NULL when n is nil.
+func nullCount(n *int) any {
+	if n == nil {
+		return nil
+	}
+	return *n
 }

@@ -1087,6 +1087,15 @@ func (s *Scheduler) work(ctx context.Context, j Job, live *runProgress) (backsto
 		case JobReconcile:
 			var rep ReconcileReport
 			rep, err = e.Reconcile(ctx, r, ReconcileOptions{Lookback: j.Lookback, Full: j.Full, Routes: s.opts.Routes})
+			if j.Full && err == nil {
+				// Counted at the end of each resource's full run: the
+				// run's count is of the resources that got there.
+				n := rep.Orphans
+				if c.Orphans != nil {
+					n += *c.Orphans
+				}
+				c.Orphans = &n
+			}
 			c.Pages += rep.Pages
 			c.Objects += rep.Scanned
 			c.Missing += rep.Missing

@@ -12,7 +12,7 @@ import (
 )
 
 // jobCountNames are the count label values of backstop_job_objects_total.
-var jobCountNames = []string{"new", "updated", "missing", "behind", "reemitted", "suppressed", "pruned"}
+var jobCountNames = []string{"new", "updated", "missing", "behind", "reemitted", "suppressed", "pruned", "orphans"}
 
 // jobRunStatuses are the status label values of backstop_job_runs_total.
 var jobRunStatuses = []bsync.JobStatus{bsync.JobOK, bsync.JobFailed, bsync.JobInterrupted, bsync.JobSkipped}
@@ -91,7 +91,7 @@ func newJobMetrics(reg prometheus.Registerer) *jobMetrics {
 		}, []string{"job", "status"}),
 		objects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "backstop_job_objects_total",
-			Help: "What job runs counted: new, updated, missing, behind, reemitted, suppressed (reconcile reports), pruned.",
+			Help: "What job runs counted: new, updated, missing, behind, reemitted, suppressed (reconcile reports), pruned, orphans (full reconciles).",
 		}, []string{"job", "count"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "backstop_job_api_requests_total",
@@ -173,6 +173,9 @@ func (m *jobMetrics) observe(run bsync.JobRun) {
 		"reemitted": int64(c.Reemitted), "suppressed": int64(c.Suppressed), "pruned": c.Pruned,
 	} {
 		m.objects.WithLabelValues(run.Job, name).Add(float64(v))
+	}
+	if c.Orphans != nil {
+		m.objects.WithLabelValues(run.Job, "orphans").Add(float64(*c.Orphans))
 	}
 	m.requests.WithLabelValues(run.Job).Add(float64(c.Requests))
 	m.rateLimited.WithLabelValues(run.Job).Add(float64(c.RateLimited))

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,5 +107,41 @@ func TestReconcileRepairsAMirrorThatLostProcessedVersions(t *testing.T) {
 	e.assertMirrorEqualsSim(backstop.Payments)
 	if again := runReconcile(t, e, "--full"); again.Missing != 0 {
 		t.Errorf("the next reconcile: %+v, want nothing missing", again)
+	}
+}
+
+// A full reconcile job counts the orphans, as backstop reconcile --full
+// does, and backstop run and jobs --json show them: the count was stored
+// in the run's reports only, and every other count of the run was shown.
+func TestFullReconcileJobShowsItsOrphans(t *testing.T) {
+	e := newEnv(t, envOpts{sim: sim.Options{Seed: 8, Objects: 30}, pageSize: 50})
+	e.appendConfig(`jobs:
+  - {name: pay-full, kind: reconcile, resources: [payments], full: true, cron: "0 3 * * *"}
+  - {name: pay-hourly, kind: reconcile, resources: [payments], cron: "0 * * * *"}
+`)
+	if code, _, stderr := e.run(context.Background(), "backfill", "payments"); code != 0 {
+		t.Fatalf("backfill: %d\n%s", code, stderr)
+	}
+	raw, err := sql.Open("sqlite", e.db+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Exec(`INSERT INTO payments (id, updated_at, data, synced_at) VALUES ('pay_orphan', '2026-01-01T00:00:00.000000000Z', '{"id":"pay_orphan","updated_at":"2026-01-01T00:00:00Z"}', '2026-01-01T00:00:00.000000000Z')`); err != nil {
+		t.Fatal(err)
+	}
+	raw.Close()
+	code, stdout, stderr := e.run(context.Background(), "run", "pay-full")
+	if code != exitOK || !regexp.MustCompile(`(?m)^orphans\s+1$`).MatchString(stdout) {
+		t.Errorf("run pay-full: exit %d, want a line orphans 1\n%s%s", code, stdout, stderr)
+	}
+	if last := e.jobsJSON("pay-full").LastRun; last == nil || last.Counts.Orphans == nil || *last.Counts.Orphans != 1 {
+		t.Errorf("jobs --json: pay-full's last run %+v, want orphans 1", last)
+	}
+	// A reconcile that is not full counts none: no orphans at all, not 0.
+	if code, stdout, _ := e.run(context.Background(), "run", "pay-hourly"); code != exitOK || strings.Contains(stdout, "orphans") {
+		t.Errorf("run pay-hourly: exit %d, want no orphans line\n%s", code, stdout)
+	}
+	if last := e.jobsJSON("pay-hourly").LastRun; last == nil || last.Counts.Orphans != nil {
+		t.Errorf("jobs --json: pay-hourly's last run %+v, want no orphans", last)
 	}
 }

@@ -263,6 +263,9 @@ func printJobRun(w io.Writer, run bsync.JobRun, lockWait time.Duration, asJSON b
 		fmt.Fprintf(tw, "deleted\t%d older backups\n", c.Pruned)
 	case bsync.JobReconcile:
 		fmt.Fprintf(tw, "pages\t%d\nscanned\t%d\nmissing\t%d\nbehind\t%d\n", c.Pages, c.Objects, c.Missing, c.Behind)
+		if c.Orphans != nil { // a full reconcile's
+			fmt.Fprintf(tw, "orphans\t%d\n", *c.Orphans)
+		}
 	default:
 		if run.Output != "" { // a backfill job's resources done already
 			fmt.Fprintf(tw, "note\t%s\n", run.Output)
