@@ -65,7 +65,10 @@ const (
 	// maxSignaturesPerHeader bounds the work one request can cause.
 	maxSignaturesPerHeader  = 64
 	maxSignatureHeaderBytes = 8 << 10
-	maxWebhookIDBytes       = 256
+	// maxWebhookIDBytes takes the webhook-id backstop's own delivery
+	// sends for the longest id it takes: MaxIDBytes bytes, every one
+	// percent-encoded (delivery.HeaderForm).
+	maxWebhookIDBytes = 3 * MaxIDBytes
 )
 
 // Verifier checks a webhook request's signature over the raw body bytes.

@@ -494,3 +494,28 @@ func BenchmarkVerify(b *testing.B) {
 		})
 	}
 }
+
+// A webhook-id as long as backstop's own delivery sends one, for the
+// longest id it takes (MaxIDBytes of non-ASCII, percent-encoded: three
+// bytes each), verifies: a backstop behind a backstop refused it as
+// longer than 256 bytes. One longer still is refused.
+func TestStandardWebhooksTakeTheHeaderFormOfTheLongestID(t *testing.T) {
+	body := []byte(swVectorPayload)
+	v := mustVerifier(t, SchemeStandardWebhooks, SchemeOptions{Secrets: []string{swVectorSecret}})
+	for _, c := range []struct {
+		id string
+		ok bool
+	}{
+		{strings.Repeat("%C3", MaxIDBytes), true},
+		{strings.Repeat("%C3", MaxIDBytes) + "x", false},
+	} {
+		sig, err := SignStandardWebhooks(swVectorSecret, c.id, swVectorNow, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = v.Verify(swHeader(c.id, swVectorTimestamp, sig), body, swVectorNow)
+		if c.ok && err != nil || !c.ok && !errors.Is(err, ErrSignature) {
+			t.Errorf("a webhook-id of %d bytes: %v, want ok=%v", len(c.id), err, c.ok)
+		}
+	}
+}
