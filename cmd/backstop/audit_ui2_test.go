@@ -368,17 +368,8 @@ func TestDashboardRunNowTellsALiveRunFromADeadOne(t *testing.T) {
 dashboard:
   token: ${BACKSTOP_DASHBOARD_TOKEN}
 `)
-	ctx := context.Background()
 	// A run whose process was killed ten minutes ago.
-	killedAt := time.Now().Add(-10 * time.Minute)
-	db, err := store.Open(ctx, e.db, store.Options{Now: func() time.Time { return killedAt }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.StartJobRun(ctx, store.JobRun{Job: "crm-sync", Kind: "sync", StartedAt: killedAt}); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	startRunAt(t, e, "crm-sync", time.Now().Add(-10*time.Minute))
 	stop := e.serveWithDashboard()
 	if page := bearerPage(t, "http://"+addr+"/ui/jobs"); strings.Contains(page, `class="run-now" disabled`) {
 		t.Errorf("the Jobs page shows a run killed 10 minutes ago as running, Run now disabled")
@@ -390,11 +381,7 @@ dashboard:
 	stop()
 
 	// A run going on now in another process (backstop run from cron).
-	db = e.openStore()
-	if _, err := db.StartJobRun(ctx, store.JobRun{Job: "crm-sync", Kind: "sync", StartedAt: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	startRunAt(t, e, "crm-sync", time.Now())
 	stop = e.serveWithDashboard()
 	defer stop()
 	code, body = dashboardPost(t, addr, "/ui/jobs/crm-sync/run", url.Values{})
@@ -419,25 +406,12 @@ func TestDashboardJobsSaysWhyAStoredRunIsNotGoingOn(t *testing.T) {
 dashboard:
   token: ${BACKSTOP_DASHBOARD_TOKEN}
 `)
-	ctx := context.Background()
 	// crm-sync's run stopped beating ten minutes ago.
-	killedAt := time.Now().Add(-10 * time.Minute)
-	db, err := store.Open(ctx, e.db, store.Options{Now: func() time.Time { return killedAt }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.StartJobRun(ctx, store.JobRun{Job: "crm-sync", Kind: "sync", StartedAt: killedAt}); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	startRunAt(t, e, "crm-sync", time.Now().Add(-10*time.Minute))
 	// pay-sync's run beat a moment ago, but its process is gone: its
 	// owner is this test's pid with another start time, as a pid taken
 	// again by another process reads.
-	db = e.openStore()
-	if _, err := db.StartJobRun(ctx, store.JobRun{Job: "pay-sync", Kind: "sync", StartedAt: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	startRunAt(t, e, "pay-sync", time.Now())
 	raw, err := sql.Open("sqlite", e.db+"?_pragma=busy_timeout(10000)")
 	if err != nil {
 		t.Fatal(err)
@@ -480,5 +454,20 @@ dashboard:
 	code, body := dashboardPost(t, addr, "/ui/jobs/pay-sync/run", url.Values{})
 	if code == http.StatusConflict || !strings.Contains(body, "pay-sync started") {
 		t.Errorf("Run now of pay-sync, whose process is gone: %d %s; want it started", code, body)
+	}
+}
+
+// startRunAt stores a run of the sync job job as started, and last beating,
+// at at, owned by this test's process.
+func startRunAt(t *testing.T, e *env, job string, at time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := store.Open(ctx, e.db, store.Options{Now: func() time.Time { return at }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.StartJobRun(ctx, store.JobRun{Job: job, Kind: "sync", StartedAt: at}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -23,28 +23,7 @@ func TestJobMetricsLastRunSeriesExistFromTheStart(t *testing.T) {
 		{Job: "payments-hourly", Status: "failed", FinishedAt: at},
 		{Job: "gone", Status: "ok", FinishedAt: at},
 	})
-	got := map[string]float64{}
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != "backstop_job_last_run_timestamp_seconds" {
-			continue
-		}
-		for _, s := range f.GetMetric() {
-			var job, status string
-			for _, l := range s.GetLabel() {
-				switch l.GetName() {
-				case "job":
-					job = l.GetValue()
-				case "status":
-					status = l.GetValue()
-				}
-			}
-			got[job+"/"+status] = s.GetGauge().GetValue()
-		}
-	}
+	got := lastRuns(t, reg)
 	want := map[string]float64{"payments-hourly/failed": float64(at.Unix())}
 	for _, job := range []string{"payments-hourly", "prune"} {
 		for _, status := range jobRunStatuses {
@@ -110,26 +89,11 @@ func TestJobMetricsLastRunFollowsTheStore(t *testing.T) {
 	m.readLast = func(context.Context) ([]store.JobFinish, error) { return stored, nil }
 	lastOK := func() float64 {
 		t.Helper()
-		families, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
+		v, ok := lastRuns(t, reg)["payments-hourly/ok"]
+		if !ok {
+			t.Fatal("no last ok run of payments-hourly exported")
 		}
-		for _, f := range families {
-			if f.GetName() != "backstop_job_last_run_timestamp_seconds" {
-				continue
-			}
-			for _, s := range f.GetMetric() {
-				labels := map[string]string{}
-				for _, l := range s.GetLabel() {
-					labels[l.GetName()] = l.GetValue()
-				}
-				if labels["job"] == "payments-hourly" && labels["status"] == "ok" {
-					return s.GetGauge().GetValue()
-				}
-			}
-		}
-		t.Fatal("no last ok run of payments-hourly exported")
-		return 0
+		return v
 	}
 	if got, want := lastOK(), float64(at.Add(time.Hour).Unix()); got != want {
 		t.Errorf("last ok run after another process's run = %v, want %v", got, want)
@@ -140,4 +104,33 @@ func TestJobMetricsLastRunFollowsTheStore(t *testing.T) {
 	if got, want := lastOK(), float64(at.Add(time.Hour).Unix()); got != want {
 		t.Errorf("last ok run moved back to %v, want %v", got, want)
 	}
+}
+
+// lastRuns gathers reg's backstop_job_last_run_timestamp_seconds by
+// "job/status".
+func lastRuns(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "backstop_job_last_run_timestamp_seconds" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			var job, status string
+			for _, l := range s.GetLabel() {
+				switch l.GetName() {
+				case "job":
+					job = l.GetValue()
+				case "status":
+					status = l.GetValue()
+				}
+			}
+			got[job+"/"+status] = s.GetGauge().GetValue()
+		}
+	}
+	return got
 }

@@ -430,18 +430,43 @@ var errWhole = errors.New("the store cannot commit at all")
 // again one by one, each would wait as long again (a lock held elsewhere
 // made the k-th webhook of a batch wait k busy timeouts).
 func TestWholeBatchErrorIsNotRetriedItemByItem(t *testing.T) {
+	errs, calls := wholeErrorRun(t, true)
+	failed := 0
+	for _, err := range errs {
+		switch {
+		case errors.Is(err, errWhole):
+			failed++
+		case err != nil:
+			t.Errorf("Submit: %v", err)
+		}
+	}
+	if failed != 3 {
+		t.Errorf("%d Submits got the batch's error, want 3 (the first item's commit succeeded)", failed)
+	}
+	if calls != 2 {
+		t.Errorf("%d commits, want 2 (the batch of three failed once, not retried item by item)", calls)
+	}
+}
+
+// wholeErrorRun submits item 0, and items 1 to 3 while its commit runs;
+// that commit succeeds when firstOK, every other fails with errWhole (a
+// Whole error). It returns the four Submits' errors and the commits made.
+func wholeErrorRun(t *testing.T, firstOK bool) (errs []error, calls int) {
+	t.Helper()
 	release := make(chan struct{})
 	entered := make(chan struct{}, 8)
 	var mu sync.Mutex
-	calls := 0
 	w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
 		mu.Lock()
 		calls++
 		first := calls == 1
 		mu.Unlock()
-		if first {
-			entered <- struct{}{}
-			<-release
+		if !first {
+			return nil, errWhole
+		}
+		entered <- struct{}{}
+		<-release
+		if firstOK {
 			return items, nil
 		}
 		return nil, errWhole
@@ -459,23 +484,12 @@ func TestWholeBatchErrorIsNotRetriedItemByItem(t *testing.T) {
 	}
 	waitQueued(t, w, 3)
 	close(release)
-	failed := 0
 	for range 4 {
-		switch err := <-results; {
-		case errors.Is(err, errWhole):
-			failed++
-		case err != nil:
-			t.Errorf("Submit: %v", err)
-		}
-	}
-	if failed != 3 {
-		t.Errorf("%d Submits got the batch's error, want 3 (the first item's commit succeeded)", failed)
+		errs = append(errs, <-results)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if calls != 2 {
-		t.Errorf("%d commits, want 2 (the batch of three failed once, not retried item by item)", calls)
-	}
+	return errs, calls
 }
 
 // The items queued while a commit failed with a Whole error fail with it,
@@ -483,38 +497,12 @@ func TestWholeBatchErrorIsNotRetriedItemByItem(t *testing.T) {
 // lock held elsewhere made a webhook queued behind it wait that long again
 // (20 s for a 503 that senders with a 10 s timeout never saw).
 func TestWholeErrorFailsTheItemsQueuedMeanwhile(t *testing.T) {
-	release := make(chan struct{})
-	entered := make(chan struct{}, 8)
-	var mu sync.Mutex
-	calls := 0
-	w := groupcommit.New(func(_ context.Context, items []int) ([]int, error) {
-		mu.Lock()
-		calls++
-		mu.Unlock()
-		entered <- struct{}{}
-		<-release
-		return nil, errWhole
-	}, groupcommit.Options{Whole: func(err error) bool { return errors.Is(err, errWhole) }})
-	start(t, w)
-	results := make(chan error, 4)
-	submit := func(i int) {
-		_, err := w.Submit(context.Background(), i)
-		results <- err
-	}
-	go submit(0)
-	<-entered
-	for i := 1; i <= 3; i++ {
-		go submit(i)
-	}
-	waitQueued(t, w, 3)
-	close(release)
-	for range 4 {
-		if err := <-results; !errors.Is(err, errWhole) {
+	errs, calls := wholeErrorRun(t, false)
+	for _, err := range errs {
+		if !errors.Is(err, errWhole) {
 			t.Errorf("Submit: %v, want the failed commit's error", err)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	if calls != 1 {
 		t.Errorf("%d commits, want 1 (those queued meanwhile failed with it)", calls)
 	}
