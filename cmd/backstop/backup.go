@@ -116,13 +116,13 @@ had, under the reconcile's event id).`,
 			} else if fi.IsDir() {
 				return usagef("restore %s: that is a directory: name the backup's file", backup)
 			}
-			if f, err := os.Open(backup); err != nil {
-				// Unreadable (permission denied): said here, not as
-				// SQLite's "unable to open database file".
+			// Unreadable (permission denied): said here, not as SQLite's
+			// "unable to open database file".
+			f, err := os.Open(backup)
+			if err != nil {
 				return fmt.Errorf("restore %s: %w", backup, errors.Unwrap(err))
-			} else {
-				f.Close()
 			}
+			f.Close()
 			cfg, err := m.loadConfig(g, true)
 			if err != nil {
 				return err
