@@ -157,3 +157,50 @@ func TestParseTimeTakesLowerCaseTAndZ(t *testing.T) {
 		}
 	}
 }
+
+// CanonicalTime writes what time.Format writes with the canonical layout,
+// for every instant: the fast path, the years it cannot hold, the zero
+// time, other zones and the edges of each field.
+func TestCanonicalTimeIsTimeFormat(t *testing.T) {
+	east := time.FixedZone("east", 14*3600)
+	times := []time.Time{
+		{},
+		time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC),
+		time.Date(2026, 12, 31, 23, 59, 59, 999999999, time.UTC),
+		time.Date(2026, 1, 1, 0, 0, 0, 1, east), // the day before in UTC
+		time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-1, 6, 1, 12, 0, 0, 0, time.UTC),
+		time.Date(1969, 12, 31, 23, 59, 59, 123456789, time.UTC),
+		time.Unix(1<<40, 5),
+		time.Unix(-1<<40, 5),
+	}
+	for i := range 20000 {
+		// Spread over years 0001 to about 9000, nanoseconds included.
+		sec := int64(i)*14_181_000_417 - 62_135_596_800
+		times = append(times, time.Unix(sec, int64(i)*48_271%1_000_000_000))
+	}
+	for _, tm := range times {
+		want := tm.UTC().Format("2006-01-02T15:04:05.000000000Z")
+		if got := CanonicalTime(tm); got != want {
+			t.Fatalf("CanonicalTime(%v) = %q, want %q", tm, got, want)
+		}
+		if got := string(AppendCanonicalTime([]byte("x:"), tm)); got != "x:"+want {
+			t.Fatalf("AppendCanonicalTime(x:, %v) = %q, want %q", tm, got, "x:"+want)
+		}
+	}
+}
+
+func FuzzCanonicalTime(f *testing.F) {
+	f.Add(int64(0), int64(0))
+	f.Add(int64(1772359200), int64(123456789))
+	f.Add(int64(-62135596800), int64(0))
+	f.Add(int64(253402300799), int64(999999999))
+	f.Fuzz(func(t *testing.T, sec, nsec int64) {
+		tm := time.Unix(sec, nsec)
+		if want, got := tm.UTC().Format("2006-01-02T15:04:05.000000000Z"), CanonicalTime(tm); got != want {
+			t.Fatalf("CanonicalTime(%d, %d) = %q, want %q", sec, nsec, got, want)
+		}
+	})
+}

@@ -12,7 +12,50 @@ const canonicalLayout = "2006-01-02T15:04:05.000000000Z"
 // CanonicalTime writes t in the one form used for storage and dedup keys:
 // UTC, nanoseconds, fixed width. Two instants that are equal give equal
 // strings, whatever form they arrived in.
-func CanonicalTime(t time.Time) string { return t.UTC().Format(canonicalLayout) }
+func CanonicalTime(t time.Time) string {
+	var b [len(canonicalLayout)]byte
+	return string(AppendCanonicalTime(b[:0], t))
+}
+
+// AppendCanonicalTime appends CanonicalTime(t) to b. The emit path writes
+// several of them per event, on the one writer's goroutine: this is
+// time.Format's result without its layout interpreter, which cost a
+// twentieth of a commit's instructions. Years outside 0000 to 9999, which
+// the fixed width cannot hold, go through time.Format.
+func AppendCanonicalTime(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.AppendFormat(b, canonicalLayout)
+	}
+	hour, minute, sec := t.Clock()
+	b = appendDigits(b, year, 4)
+	b = append(b, '-')
+	b = appendDigits(b, int(month), 2)
+	b = append(b, '-')
+	b = appendDigits(b, day, 2)
+	b = append(b, 'T')
+	b = appendDigits(b, hour, 2)
+	b = append(b, ':')
+	b = appendDigits(b, minute, 2)
+	b = append(b, ':')
+	b = appendDigits(b, sec, 2)
+	b = append(b, '.')
+	b = appendDigits(b, t.Nanosecond(), 9)
+	return append(b, 'Z')
+}
+
+// appendDigits appends v, at least 0, as exactly width decimal digits
+// (zero-padded; v has no more than width digits).
+func appendDigits(b []byte, v, width int) []byte {
+	n := len(b) + width
+	b = append(b, "000000000"[:width]...)
+	for i := n - 1; v > 0; i-- {
+		b[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return b
+}
 
 // ParseTime parses an RFC 3339 timestamp with or without fractional
 // seconds, "T" and "Z" in either case.

@@ -26,10 +26,10 @@ const insertEventSQL = `INSERT INTO processed_events
 // event) pair is queued at most once. Payloads queued through the webhook
 // proxy (Enqueue) never conflict here: their event_id is in a space of its
 // own (proxyEventID), and the proxy_key left NULL is outside
-// outbox_proxy_key.
+// outbox_proxy_key. The one time ?5 is bound once for its three columns.
 const insertOutboxSQL = `INSERT INTO outbox
 	(target, event_id, event_type, payload, status, attempts, next_attempt_at, created_at, updated_at)
-	VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?)
+	VALUES (?1, ?2, ?3, ?4, 'pending', 0, ?5, ?5, ?5)
 	ON CONFLICT (target, event_id) DO NOTHING`
 
 // Emit processes events in one transaction on the writer connection, in
@@ -255,7 +255,7 @@ func (q *outboxQueue) add(ctx context.Context, ev backstop.Event, routes []backs
 		if q.st == nil {
 			q.st = q.tx.StmtxContext(ctx, q.db.insertOutbox)
 		}
-		res, err := q.st.ExecContext(ctx, rt.Target, ev.ID, ev.Type, payload, q.stamp, q.stamp, q.stamp)
+		res, err := q.st.ExecContext(ctx, rt.Target, ev.ID, ev.Type, payload, q.stamp)
 		if err != nil {
 			return added, fmt.Errorf("queue for %s: %w", rt.Target, err)
 		}
@@ -278,8 +278,10 @@ func envelope(ev backstop.Event) []byte {
 	b = appendJSONString(b, ev.ID)
 	b = append(b, `,"event":`...)
 	b = appendJSONString(b, ev.Type)
-	b = append(b, `,"created_at":`...)
-	b = appendJSONString(b, ev.CreatedAt.UTC().Format(time.RFC3339Nano))
+	b = append(b, `,"created_at":"`...)
+	// RFC 3339 text holds nothing JSON escapes.
+	b = ev.CreatedAt.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, '"')
 	b = append(b, `,"origin":`...)
 	b = appendJSONString(b, string(ev.Origin))
 	b = append(b, `,"data":`...)
@@ -293,10 +295,19 @@ func envelope(ev backstop.Event) []byte {
 	return append(b, '}')
 }
 
-// appendJSONString appends s as a JSON string.
+// appendJSONString appends s as a JSON string, as json.Marshal writes it.
+// Ids and types are mostly printable ASCII that needs no escape, which is
+// appended as it is; any other string goes through json.Marshal.
 func appendJSONString(b []byte, s string) []byte {
-	q, _ := json.Marshal(s) // a string always marshals
-	return append(b, q...)
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string always marshals
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // dataText is the stored form of an event's data; no data is JSON null.

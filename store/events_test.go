@@ -747,7 +747,7 @@ func TestClosedDBEventMethodsReturnErrors(t *testing.T) {
 
 // benchEvents makes n payment events of distinct objects, shaped like the
 // platform's webhooks.
-func benchEvents(b *testing.B, prefix string, n int) []backstop.Event {
+func benchEvents(b testing.TB, prefix string, n int) []backstop.Event {
 	out := make([]backstop.Event, n)
 	for i := range out {
 		ts := t0.Add(time.Duration(i) * time.Millisecond).Format(time.RFC3339Nano)
@@ -821,6 +821,31 @@ func TestOldestEventAt(t *testing.T) {
 		got, ok, err := db.OldestEventAt(ctx, c.r)
 		if err != nil || ok != c.ok || !got.Equal(c.want) {
 			t.Errorf("OldestEventAt(%s) = %v, %v, %v; want %v, %v", c.r, got, ok, err, c.want, c.ok)
+		}
+	}
+}
+
+// The envelope writes its strings as json.Marshal does (targets may
+// compare its bytes with an earlier delivery's), on the fast path for
+// plain ids and through json.Marshal for any other.
+func TestEnvelopeStringsAreJSONMarshals(t *testing.T) {
+	quote := func(s string) string {
+		q, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(q)
+	}
+	created := time.Date(2026, 3, 1, 10, 0, 0, 120000000, time.FixedZone("x", 3600))
+	for _, s := range []string{
+		"evt_1", "payment.succeeded", "", "a b", "<script>", "a&b", `q"uote`, `back\slash`,
+		"tab\there", "del\x7f", "zażółć", "bad\xffutf8", "\u2028line", "evt_" + strings.Repeat("x", 200),
+	} {
+		ev := backstop.Event{ID: s, Type: s, Origin: backstop.Origin(s), CreatedAt: created, Data: json.RawMessage(`{"a":1}`)}
+		want := `{"event_id":` + quote(s) + `,"event":` + quote(s) + `,"created_at":` + quote(created.UTC().Format(time.RFC3339Nano)) +
+			`,"origin":` + quote(s) + `,"data":{"a":1}}`
+		if got := string(envelope(ev)); got != want {
+			t.Errorf("envelope for %q:\n got %s\nwant %s", s, got, want)
 		}
 	}
 }
