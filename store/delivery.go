@@ -22,6 +22,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/jsonvalid"
 )
 
 // Delivery statuses of an outbox row.
@@ -1358,7 +1359,7 @@ func (db *DB) enqueue(ctx context.Context, target, key, eventType string, payloa
 		return 0, errors.New("empty event type")
 	case !utf8.Valid(payload):
 		return 0, errors.New("payload is not valid UTF-8")
-	case !json.Valid(payload):
+	case !jsonvalid.Valid(payload):
 		return 0, errors.New("payload is not valid JSON")
 	}
 	st, err := db.deliveryStmts(ctx)

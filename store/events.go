@@ -11,6 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/jsonvalid"
 )
 
 var _ backstop.EventLog = (*DB)(nil)
@@ -210,7 +211,7 @@ func checkEvent(ev backstop.Event) error {
 			}
 		}
 	}
-	if len(ev.Data) > 0 && !json.Valid(ev.Data) {
+	if len(ev.Data) > 0 && !jsonvalid.Valid(ev.Data) {
 		return errors.New("data is not valid JSON")
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/jsonvalid"
 )
 
 // truncatedRow is what the fetch worker needs of a truncated event.
@@ -255,7 +256,7 @@ func (db *DB) completeTruncated(ctx context.Context, eventID string, obj backsto
 	if obj.UpdatedAt.IsZero() {
 		return res, fmt.Errorf("%s %s: no updated_at", obj.Resource, obj.ID)
 	}
-	if !json.Valid(obj.Data) {
+	if !jsonvalid.Valid(obj.Data) {
 		return res, fmt.Errorf("%s %s: data is not valid JSON", obj.Resource, obj.ID)
 	}
 	now := db.now()

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/jsonvalid"
 )
 
 // MaxBody is the largest webhook body accepted, in bytes (64 KiB).
@@ -641,7 +642,7 @@ func stringField(raw json.RawMessage) (string, error) {
 // checkJSON reports whether body is exactly one JSON value, with a reason
 // when it is not (syntax error, or something after the value).
 func checkJSON(body []byte) error {
-	if json.Valid(body) {
+	if jsonvalid.Valid(body) {
 		return nil
 	}
 	var v json.RawMessage

@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/jsonvalid"
 )
 
 // Enqueuer queues a payload for a delivery target (the outbox).
@@ -188,7 +189,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("the body must be JSON in UTF-8: byte %d (0x%02x) is not valid UTF-8", i, body[i]))
 		return
 	}
-	if !json.Valid(body) {
+	if !jsonvalid.Valid(body) {
 		WriteError(w, http.StatusBadRequest, "malformed_json", "the body must be JSON")
 		return
 	}
