@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/signal"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -363,7 +365,7 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 			// While draining, the intake answers its own 503s (counted
 			// in its metrics) and /healthz stays 200; the gate answers
 			// the rest.
-			Handler: realClient(drainGate(h, handler.Draining, "/healthz", cfg.Intake.Path), cfg.Intake.TrustedPrefixes()),
+			Handler: realClient(drainGate(cleanPaths(h), handler.Draining, "/healthz", cfg.Intake.Path), cfg.Intake.TrustedPrefixes()),
 			// The intake's body deadline (intake.DefaultBodyTimeout,
 			// 10 s) is well within WriteTimeout, so a body that does not
 			// arrive in time still gets its 408.
@@ -703,6 +705,44 @@ func getOnly(h http.HandlerFunc) http.Handler {
 		}
 		h(w, r)
 	})
+}
+
+// cleanPaths serves next the requests whose path is clean, and answers
+// one that is not (a doubled slash, a "." or ".." segment: a sender's URL
+// joined badly) 308 Permanent Redirect to the clean path, which keeps the
+// method and the body, with a JSON error that says what to fix. A sender
+// that follows it is served there. net/http's ServeMux would answer 307
+// with no body: a sender that does not follow redirects, or turns a
+// redirected POST into a GET, logged an empty answer.
+func cleanPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		clean := cleanPath(r.URL.Path)
+		if clean == r.URL.Path || r.Method == http.MethodConnect {
+			next.ServeHTTP(w, r)
+			return
+		}
+		to := url.URL{Path: clean, RawQuery: r.URL.RawQuery}
+		w.Header().Set("Location", to.RequestURI())
+		intake.WriteError(w, http.StatusPermanentRedirect, "unclean_path", fmt.Sprintf(
+			"the path %s is not clean: use %s (this answer redirects there, keeping the method and the body; better, correct the sender's URL)",
+			r.URL.EscapedPath(), clean))
+	})
+}
+
+// cleanPath is p as net/http's ServeMux cleans it: rooted, without "." or
+// ".." segments or doubled slashes, its trailing slash kept.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
 }
 
 // drainGate serves next until draining reports true; from then on every

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -433,5 +434,41 @@ func TestServeConfigErrorBeforeTheStore(t *testing.T) {
 	code, _, stderr = runBinary(t, dir, append(env, "BOTIX_WEBHOOK_SECRET="), "--config", e.config, "serve")
 	if code != exitUsage || !strings.Contains(stderr, "intake.secret") {
 		t.Errorf("serve without its secret beside a running serve: exit %d %s; want 2 naming intake.secret", code, stderr)
+	}
+}
+
+// A path that is not clean (a doubled slash, a dot segment: a sender's
+// URL joined badly) is answered 308 to the clean one, which keeps the
+// method and the body, with a JSON error saying what to fix; a sender
+// that follows it is served there. net/http's own redirect had no body,
+// and a sender that turns a redirected POST into a GET lost the webhook.
+func TestServeRedirectsAnUncleanPathWithAJSONError(t *testing.T) {
+	s := startServe(t)
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for i, path := range []string{"//webhooks/botix", "/webhooks/x/../botix", "/./webhooks/botix"} {
+		body := paymentWebhook(fmt.Sprintf("evt_unclean_%d", i), fmt.Sprintf("pay_unclean_%d", i))
+		req, _ := http.NewRequest(http.MethodPost, "http://"+s.addr+path+"?via=test", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Botix-Signature", intake.SignBotix(webhookSecret, body))
+		res, err := noFollow.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		var v map[string]any
+		json.Unmarshal(b, &v)
+		if res.StatusCode != http.StatusPermanentRedirect || res.Header.Get("Location") != "/webhooks/botix?via=test" ||
+			errorCode(v) != "unclean_path" || !strings.Contains(string(b), "/webhooks/botix") {
+			t.Errorf("POST %s: %d Location %q %s, want 308 to /webhooks/botix?via=test with a JSON unclean_path error",
+				path, res.StatusCode, res.Header.Get("Location"), b)
+		}
+		// http.Client follows a 308 with the same method and body.
+		if code, answer := postSigned(t, "http://"+s.addr+path, webhookSecret, body); code != http.StatusOK || !strings.Contains(string(answer), "accepted") {
+			t.Errorf("POST %s, redirect followed: %d %s, want 200 accepted", path, code, answer)
+		}
+		if code, answer := postSigned(t, "http://"+s.addr+"/webhooks/botix", webhookSecret, body); code != http.StatusOK || !strings.Contains(string(answer), "duplicate") {
+			t.Errorf("the same webhook at the clean path: %d %s, want 200 duplicate (stored once)", code, answer)
+		}
 	}
 }
