@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"os"
 	"os/signal"
 	"path"
@@ -714,18 +713,32 @@ func getOnly(h http.HandlerFunc) http.Handler {
 // that follows it is served there. net/http's ServeMux would answer 307
 // with no body: a sender that does not follow redirects, or turns a
 // redirected POST into a GET, logged an empty answer.
+//
+// The path is cleaned as sent, percent-encoding kept, as ServeMux does:
+// an encoded slash or dot (/outbox/a%2F%2Fb) is part of a segment, not a
+// separator. CONNECT and the request target "*" go through untouched, for
+// ServeMux to answer as it does.
 func cleanPaths(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		clean := cleanPath(r.URL.Path)
-		if clean == r.URL.Path || r.Method == http.MethodConnect {
+		sent := r.URL.EscapedPath()
+		clean := cleanPath(sent)
+		if clean == sent || r.Method == http.MethodConnect || r.RequestURI == "*" {
 			next.ServeHTTP(w, r)
 			return
 		}
-		to := url.URL{Path: clean, RawQuery: r.URL.RawQuery}
-		w.Header().Set("Location", to.RequestURI())
+		// Rooted and clean, clean never starts with "//": the Location
+		// is a path on this server, never another host.
+		to := clean
+		if r.URL.RawQuery != "" {
+			to += "?" + r.URL.RawQuery
+		}
+		if sent == "" {
+			sent = "(empty)"
+		}
+		w.Header().Set("Location", to)
 		intake.WriteError(w, http.StatusPermanentRedirect, "unclean_path", fmt.Sprintf(
 			"the path %s is not clean: use %s (this answer redirects there, keeping the method and the body; better, correct the sender's URL)",
-			r.URL.EscapedPath(), clean))
+			sent, clean))
 	})
 }
 

@@ -10,6 +10,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -469,6 +471,65 @@ func TestServeRedirectsAnUncleanPathWithAJSONError(t *testing.T) {
 		}
 		if code, answer := postSigned(t, "http://"+s.addr+"/webhooks/botix", webhookSecret, body); code != http.StatusOK || !strings.Contains(string(answer), "duplicate") {
 			t.Errorf("the same webhook at the clean path: %d %s, want 200 duplicate (stored once)", code, answer)
+		}
+	}
+}
+
+// cleanPaths cleans the path as it was sent, as ServeMux does: encoded
+// slashes and dots are part of a segment and go through, the Location
+// keeps the query and never names another host, and CONNECT and "*" are
+// left to ServeMux.
+func TestCleanPathsAsServeMuxCleans(t *testing.T) {
+	var served []string
+	h := cleanPaths(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served = append(served, r.URL.EscapedPath())
+	}))
+	for _, c := range []struct {
+		method, target string
+		location       string // "" when served
+	}{
+		{"POST", "/webhooks/botix", ""},
+		{"POST", "/outbox/a%2F%2Fb", ""},
+		{"POST", "/outbox/%2e%2e", ""},
+		{"GET", "/ui/", ""},
+		{"POST", "//webhooks/botix?a=1&b=2", "/webhooks/botix?a=1&b=2"},
+		{"GET", "//evil.example/x", "/evil.example/x"},
+		{"GET", "///evil.example/x", "/evil.example/x"},
+		{"GET", "/.//evil.example", "/evil.example"},
+		{"GET", "/ui//deliveries/", "/ui/deliveries/"},
+		{"HEAD", "/a/../b", "/b"},
+		{"POST", "/webhooks/%2e%2e/../botix", "/webhooks/botix"}, // %2e%2e is a segment, as in ServeMux
+		{"GET", "http://host//webhooks/botix", "/webhooks/botix"},
+	} {
+		served = nil
+		req := httptest.NewRequest(c.method, c.target, nil)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if c.location == "" {
+			if rec.Code != http.StatusOK || len(served) != 1 {
+				t.Errorf("%s %s: %d, served %v; want it served as sent", c.method, c.target, rec.Code, served)
+			}
+			continue
+		}
+		var v map[string]any
+		json.Unmarshal(rec.Body.Bytes(), &v)
+		loc := rec.Header().Get("Location")
+		if rec.Code != http.StatusPermanentRedirect || loc != c.location || len(served) != 0 ||
+			(c.method != "HEAD" && errorCode(v) != "unclean_path") {
+			t.Errorf("%s %s: %d Location %q %s, want 308 to %q with an unclean_path error", c.method, c.target, rec.Code, loc, rec.Body, c.location)
+		}
+		if strings.HasPrefix(loc, "//") || !strings.HasPrefix(loc, "/") {
+			t.Errorf("%s %s: Location %q is not a path on this server", c.method, c.target, loc)
+		}
+	}
+	for _, req := range []*http.Request{
+		{Method: http.MethodConnect, URL: &url.URL{Host: "h:443"}, RequestURI: "h:443", Header: http.Header{}},
+		{Method: http.MethodGet, URL: &url.URL{Path: "*"}, RequestURI: "*", Header: http.Header{}},
+	} {
+		served = nil
+		h.ServeHTTP(httptest.NewRecorder(), req)
+		if len(served) != 1 {
+			t.Errorf("%s %s went to no handler: ServeMux answers it", req.Method, req.RequestURI)
 		}
 	}
 }
