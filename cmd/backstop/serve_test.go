@@ -285,6 +285,21 @@ func paymentWebhook(id, payID string) []byte {
 	return []byte(fmt.Sprintf(`{"event_id":%q,"event":"payment.succeeded","created_at":"2026-03-01T10:00:00Z","data":{"id":%q,"contact_id":"ct_1","amount":100,"currency":"EUR","status":"succeeded","created_at":"2026-03-01T10:00:00Z","updated_at":"2026-03-01T10:00:00Z"}}`, id, payID))
 }
 
+// doJSON sends req with c and returns the answer, its body and the body
+// decoded as a JSON object (nil when it is not one).
+func doJSON(t *testing.T, c *http.Client, req *http.Request) (*http.Response, []byte, map[string]any) {
+	t.Helper()
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	var v map[string]any
+	json.Unmarshal(b, &v)
+	return res, b, v
+}
+
 // readJSONAnswer reads one response from br and decodes its JSON body.
 func readJSONAnswer(t *testing.T, br *bufio.Reader) (*http.Response, map[string]any) {
 	t.Helper()
@@ -368,14 +383,7 @@ func TestServeOwnEndpointsAnswer405ToOtherMethods(t *testing.T) {
 		{http.MethodPost, "/healthz"}, {http.MethodDelete, "/readyz"}, {http.MethodPost, "/metrics"}, {http.MethodPut, "/healthz"},
 	} {
 		req, _ := http.NewRequest(c.method, "http://"+s.addr+c.path, strings.NewReader("{}"))
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		var v map[string]any
-		json.Unmarshal(b, &v)
+		res, b, v := doJSON(t, http.DefaultClient, req)
 		if res.StatusCode != http.StatusMethodNotAllowed || res.Header.Get("Allow") != "GET, HEAD" || errorCode(v) != "method_not_allowed" {
 			t.Errorf("%s %s: %d Allow %q %s, want 405, Allow GET, HEAD and a JSON method_not_allowed error",
 				c.method, c.path, res.StatusCode, res.Header.Get("Allow"), b)
@@ -452,14 +460,7 @@ func TestServeRedirectsAnUncleanPathWithAJSONError(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+s.addr+path+"?via=test", bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Botix-Signature", intake.SignBotix(webhookSecret, body))
-		res, err := noFollow.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		var v map[string]any
-		json.Unmarshal(b, &v)
+		res, b, v := doJSON(t, noFollow, req)
 		if res.StatusCode != http.StatusPermanentRedirect || res.Header.Get("Location") != "/webhooks/botix?via=test" ||
 			errorCode(v) != "unclean_path" || !strings.Contains(string(b), "/webhooks/botix") {
 			t.Errorf("POST %s: %d Location %q %s, want 308 to /webhooks/botix?via=test with a JSON unclean_path error",
