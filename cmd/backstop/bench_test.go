@@ -28,13 +28,16 @@ import (
 // delivery target subscribed, so each event also gets an outbox row), once
 // with group commit (intake.max_batch 512, the default) and once with one
 // commit per request (intake.max_batch 1). The two builds alternate over
-// three rounds, each on a fresh store and a fresh process, and each figure
-// is the median of its three, so that a moment of slow fsync or a busy
-// neighbour does not land on one side only. It prints one BENCH line.
+// five rounds, each on a fresh store and a fresh process. Each figure is
+// the median of its five, and the ratio the median of the five rounds'
+// own ratios: a round's two runs are seconds apart, so a moment of slow
+// fsync or a busy neighbour lands on both sides of it rather than on one
+// side of the whole. It prints one BENCH line.
 func BenchmarkIntakeDurable(b *testing.B) {
-	const clients, rounds = 128, 3
+	const clients, rounds = 128, 5
 	type figures struct{ perSec, p50, p99, cpu, client, batch []float64 }
 	var group, single figures
+	var ratios []float64
 	add := func(f *figures, r serveRun) {
 		f.perSec = append(f.perSec, r.perSec)
 		f.p50 = append(f.p50, msOf(r.p50))
@@ -45,12 +48,14 @@ func BenchmarkIntakeDurable(b *testing.B) {
 	}
 	for range b.N {
 		for round := range rounds {
-			add(&group, benchServe(b, fmt.Sprintf("g%d", round), 512, 10000, clients))
-			add(&single, benchServe(b, fmt.Sprintf("s%d", round), 1, 1000, clients))
+			g := benchServe(b, fmt.Sprintf("g%d", round), 512, 10000, clients)
+			s := benchServe(b, fmt.Sprintf("s%d", round), 1, 1000, clients)
+			add(&group, g)
+			add(&single, s)
+			ratios = append(ratios, g.perSec/s.perSec)
 		}
-		g, s := median(group.perSec), median(single.perSec)
-		fmt.Printf("BENCH intake-durable clients=%d acks_per_s=%.0f p50_ms=%.1f p99_ms=%.1f server_cpu_us_per_ack=%.0f client_cpu_us_per_ack=%.0f mean_batch=%.1f per_request_acks_per_s=%.0f per_request_p50_ms=%.1f per_request_p99_ms=%.1f ratio=%.1f\n",
-			clients, g, median(group.p50), median(group.p99), median(group.cpu), median(group.client), median(group.batch), s, median(single.p50), median(single.p99), g/s)
+		fmt.Printf("BENCH intake-durable clients=%d acks_per_s=%.0f p50_ms=%.1f p99_ms=%.1f server_cpu_us_per_ack=%.0f client_cpu_us_per_ack=%.0f mean_batch=%.1f per_request_acks_per_s=%.0f per_request_p50_ms=%.1f per_request_p99_ms=%.1f ratio=%.1f ratio_min=%.1f ratio_max=%.1f\n",
+			clients, median(group.perSec), median(group.p50), median(group.p99), median(group.cpu), median(group.client), median(group.batch), median(single.perSec), median(single.p50), median(single.p99), median(ratios), slices.Min(ratios), slices.Max(ratios))
 	}
 }
 
