@@ -19,6 +19,7 @@ import (
 
 	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/internal/redistest"
+	"github.com/backstop-sync/backstop/sinks/intake"
 	"github.com/backstop-sync/backstop/sources/sim"
 )
 
@@ -422,7 +423,7 @@ func TestOpsIntakeOutcomesExportedFromTheStart(t *testing.T) {
 	_, p, _ := opsServe(t)
 	m := p.metrics()
 	for _, outcome := range []string{"accepted", "duplicate", "bad_signature", "malformed", "too_large",
-		"unsupported_media_type", "method_not_allowed", "draining", "store_error", "timeout"} {
+		"unsupported_media_type", "method_not_allowed", "draining", "store_error", "timeout", "sender_gone"} {
 		series := `backstop_intake_requests_total{outcome="` + outcome + `"}`
 		if v, ok := m[series]; !ok || v != 0 {
 			t.Errorf("%s at start: %v (present %v), want 0", series, v, ok)
@@ -496,6 +497,88 @@ func TestOpsWebhookAnswerLatencyOnMetrics(t *testing.T) {
 		if v := m[`backstop_intake_request_duration_seconds_count{code="`+code+`"}`]; v != 1 {
 			t.Errorf("backstop_intake_request_duration_seconds_count{code=%q} = %v, want 1", code, v)
 		}
+	}
+}
+
+// A webhook whose sender hung up while its event waited for the commit
+// (here behind a write lock another process held) got no answer, yet was
+// observed as a 200 in backstop_intake_request_duration_seconds and counted
+// under no outcome. It is now code="499" and outcome="sender_gone", and the
+// event, committed once the lock is free, makes the sender's retry a
+// duplicate.
+func TestOpsWebhookWhoseSenderHungUpIsNotCountedAsAnswered(t *testing.T) {
+	e, p, addr := opsServe(t)
+	ctx := context.Background()
+	raw, err := sql.Open("sqlite", e.db+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	conn, err := raw.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	locked := true
+	defer func() {
+		if locked {
+			conn.ExecContext(ctx, "ROLLBACK")
+		}
+	}()
+
+	url := "http://" + addr + "/webhooks/botix"
+	body := paymentWebhook("evt_ops_gone", "pay_ops_gone")
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Botix-Signature", intake.SignBotix(webhookSecret, body))
+	// The client gives up and closes its connection long before serve's
+	// busy timeout (10 s) would end the commit's wait.
+	impatient := &http.Client{Timeout: time.Second}
+	if res, err := impatient.Do(req); err == nil {
+		res.Body.Close()
+		t.Fatalf("webhook while the store is locked: answered %d before the lock was released", res.StatusCode)
+	}
+	m := waitMetric(t, p, `backstop_intake_requests_total{outcome="sender_gone"}`, 1, 5*time.Second)
+	if v := m[`backstop_intake_request_duration_seconds_count{code="499"}`]; v != 1 {
+		t.Errorf(`backstop_intake_request_duration_seconds_count{code="499"} = %v, want 1`, v)
+	}
+	if v := m[`backstop_intake_request_duration_seconds_count{code="200"}`]; v != 0 {
+		t.Errorf(`backstop_intake_request_duration_seconds_count{code="200"} = %v, want 0: no webhook was answered`, v)
+	}
+
+	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	locked = false
+	// The event queued before the sender left commits once the lock is
+	// free; the platform's retry is then a duplicate.
+	waitMetric(t, p, `backstop_emit_commit_batch_size_count`, 1, 15*time.Second)
+	code, answer := postSigned(t, url, webhookSecret, body)
+	if code != http.StatusOK || !strings.Contains(string(answer), `"duplicate"`) {
+		t.Fatalf("the sender's retry: %d %s, want 200 duplicate", code, answer)
+	}
+}
+
+// waitMetric polls p's /metrics until name reaches at least want, or fails
+// the test after within; it returns the last metrics read.
+func waitMetric(t *testing.T, p *fleetProc, name string, want float64, within time.Duration) map[string]float64 {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		m := p.metrics()
+		if m[name] >= want {
+			return m
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v after %s, want %v", name, m[name], within, want)
+		}
+		time.Sleep(20 * time.Millisecond) // polling another process's /metrics, bounded by the deadline
 	}
 }
 

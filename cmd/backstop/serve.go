@@ -646,7 +646,10 @@ func routesOf(cfg *config.Config) []backstop.Route {
 
 // timeRequests serves h and observes how long each answer took, by its
 // status code, in backstop_intake_request_duration_seconds: the webhook
-// answer latency the platform sees, drains and refusals included.
+// answer latency the platform sees, drains and refusals included. A
+// request whose sender went away before it was answered (nothing written,
+// its context ended) is observed as 499, nginx's "client closed request",
+// not as the 200 net/http would have sent had the sender been there.
 func timeRequests(h http.Handler, reg prometheus.Registerer) http.Handler {
 	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "backstop_intake_request_duration_seconds",
@@ -660,10 +663,17 @@ func timeRequests(h http.Handler, reg prometheus.Registerer) http.Handler {
 		h.ServeHTTP(sw, r)
 		if sw.code == 0 {
 			sw.code = http.StatusOK
+			if r.Context().Err() != nil {
+				sw.code = statusSenderGone
+			}
 		}
 		hist.WithLabelValues(strconv.Itoa(sw.code)).Observe(time.Since(start).Seconds())
 	})
 }
+
+// statusSenderGone is the code timeRequests observes for a request whose
+// sender went away unanswered.
+const statusSenderGone = 499
 
 // statusWriter remembers the status code a handler answers. Unwrap lets
 // http.ResponseController reach the connection beneath (the intake sets

@@ -192,7 +192,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	res, err := h.writer.Submit(r.Context(), ev)
 	if err != nil {
 		if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
-			return // the sender went away; it will retry, dedup decides
+			// The sender went away before the commit: there is no one to
+			// answer. The event may still commit; its retry is then a
+			// duplicate.
+			h.count(outcomeSenderGone)
+			return
 		}
 		if ok, held := h.storeWarns.allow(h.now()); ok {
 			h.logger.Error("webhook not committed", "event_id", ev.ID, "error", err, "not_logged_since_last", held)

@@ -10,7 +10,11 @@ import (
 // RequestOutcomes are the outcome label values of
 // backstop_intake_requests_total.
 var RequestOutcomes = []string{"accepted", "duplicate", "bad_signature", "malformed", "too_large",
-	"unsupported_media_type", "method_not_allowed", "draining", "store_error", "timeout"}
+	"unsupported_media_type", "method_not_allowed", "draining", "store_error", "timeout", outcomeSenderGone}
+
+// outcomeSenderGone counts a webhook whose sender closed its connection
+// while the event waited for its commit: it got no answer.
+const outcomeSenderGone = "sender_gone"
 
 // Metrics are the intake's Prometheus collectors. Register them on the
 // registry /metrics serves.
