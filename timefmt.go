@@ -76,6 +76,14 @@ func ParseTime(s string) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, fmt.Errorf("invalid timestamp %q: want RFC 3339", s)
 	}
+	if n := len(s); s[n-1] != 'Z' && s[n-1] != 'z' {
+		// time.Parse takes an offset of +24:00 or +23:60; RFC 3339 (5.6)
+		// has hours 00 to 23 and minutes 00 to 59. Parsed, s ends in
+		// ±hh:mm.
+		if hh, mm := s[n-5:n-3], s[n-2:]; hh > "23" || mm > "59" {
+			return time.Time{}, fmt.Errorf("invalid timestamp %q: offset %s out of range (hours 00 to 23, minutes 00 to 59)", s, s[n-6:])
+		}
+	}
 	return t.UTC(), nil
 }
 
