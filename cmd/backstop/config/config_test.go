@@ -74,6 +74,8 @@ func TestParseErrors(t *testing.T) {
 			nil, `schedules.yaml:5: source.page_size: duplicate key (first at line 4)`, 5, "source.page_size"},
 		{"duplicate section", base + "source:\n  page_size: 10\n",
 			nil, `schedules.yaml:4: source: duplicate key (first at line 1)`, 4, "source"},
+		{"header given twice in two cases", base + "targets:\n  - name: a\n    url: https://a.example.com\n    headers:\n      Authorization: Bearer a\n      authorization: Bearer b\n",
+			nil, `schedules.yaml:9: targets[0].headers.authorization is the header Authorization again (also given as Authorization): header names are case-insensitive; keep one`, 9, "targets[0].headers.authorization"},
 		{"duplicate header", base + "targets:\n  - name: a\n    url: https://a.example.com\n    headers:\n      X-A: b\n      X-A: c\n",
 			nil, `schedules.yaml:9: targets[0].headers.X-A: duplicate key (first at line 8)`, 9, "targets[0].headers.X-A"},
 		{"merge key", base + "  <<: {page_size: 10}\n",

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"net"
+	"net/http"
 	"net/url"
 	"path"
 	"slices"
@@ -229,7 +230,16 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 			p.add(c.errorf(fmt.Sprintf("%s.events[%d]", k, j), "want an event type or glob like payment.*, got %q", ev))
 		}
 	}
+	named := make(map[string]string, len(t.Headers)) // canonical name -> the first key given
 	for _, h := range slices.Sorted(maps.Keys(t.Headers)) {
+		canon := http.CanonicalHeaderKey(h)
+		if first, dup := named[canon]; dup {
+			// Header names are case-insensitive: one of the two values
+			// would be sent, a different one from request to request.
+			p.add(c.errorf(k+".headers."+h, "is the header %s again (also given as %s): header names are case-insensitive; keep one", canon, first))
+			continue
+		}
+		named[canon] = h
 		if !isToken(h) {
 			p.add(c.errorf(k+".headers."+h, "want an HTTP header name, got %q", h))
 		} else if err := c.headerText(k+".headers."+h, t.Headers[h]); err != nil {
