@@ -152,26 +152,7 @@ func TestOpsServeWarnsWithoutMaintenanceJob(t *testing.T) {
 // those are in the log.
 func TestOpsReadyzFailsWhileTheStoreCannotCommit(t *testing.T) {
 	e, p, addr := opsServe(t)
-	ctx := context.Background()
-	raw, err := sql.Open("sqlite", e.db+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	conn, err := raw.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
-	locked := true
-	defer func() {
-		if locked {
-			conn.ExecContext(ctx, "ROLLBACK")
-		}
-	}()
+	release := holdWriteLock(t, e.db)
 
 	// serve's commit waits out its busy timeout (10 s), then fails.
 	code, body := postSigned(t, "http://"+addr+"/webhooks/botix", webhookSecret, paymentWebhook("evt_ops_locked", "pay_ops_locked"))
@@ -203,10 +184,7 @@ func TestOpsReadyzFailsWhileTheStoreCannotCommit(t *testing.T) {
 		t.Fatalf("/healthz while the store cannot commit: %d, want 200 (a restart would not help)", got)
 	}
 
-	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
-		t.Fatal(err)
-	}
-	locked = false
+	release()
 	waitFor(t, 30*time.Second, func() bool { return getStatus(t, "http://"+addr+"/readyz") == http.StatusOK })
 	if code, body := postSigned(t, "http://"+addr+"/webhooks/botix", webhookSecret, paymentWebhook("evt_ops_locked", "pay_ops_locked")); code != http.StatusOK {
 		t.Fatalf("webhook once the store is free: %d %s", code, body)
@@ -508,26 +486,7 @@ func TestOpsWebhookAnswerLatencyOnMetrics(t *testing.T) {
 // duplicate.
 func TestOpsWebhookWhoseSenderHungUpIsNotCountedAsAnswered(t *testing.T) {
 	e, p, addr := opsServe(t)
-	ctx := context.Background()
-	raw, err := sql.Open("sqlite", e.db+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	conn, err := raw.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
-	locked := true
-	defer func() {
-		if locked {
-			conn.ExecContext(ctx, "ROLLBACK")
-		}
-	}()
+	release := holdWriteLock(t, e.db)
 
 	url := "http://" + addr + "/webhooks/botix"
 	body := paymentWebhook("evt_ops_gone", "pay_ops_gone")
@@ -544,7 +503,11 @@ func TestOpsWebhookWhoseSenderHungUpIsNotCountedAsAnswered(t *testing.T) {
 		res.Body.Close()
 		t.Fatalf("webhook while the store is locked: answered %d before the lock was released", res.StatusCode)
 	}
-	m := waitMetric(t, p, `backstop_intake_requests_total{outcome="sender_gone"}`, 1, 5*time.Second)
+	var m map[string]float64
+	waitFor(t, 5*time.Second, func() bool {
+		m = p.metrics()
+		return m[`backstop_intake_requests_total{outcome="sender_gone"}`] >= 1
+	})
 	if v := m[`backstop_intake_request_duration_seconds_count{code="499"}`]; v != 1 {
 		t.Errorf(`backstop_intake_request_duration_seconds_count{code="499"} = %v, want 1`, v)
 	}
@@ -552,34 +515,49 @@ func TestOpsWebhookWhoseSenderHungUpIsNotCountedAsAnswered(t *testing.T) {
 		t.Errorf(`backstop_intake_request_duration_seconds_count{code="200"} = %v, want 0: no webhook was answered`, v)
 	}
 
-	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
-		t.Fatal(err)
-	}
-	locked = false
+	release()
 	// The event queued before the sender left commits once the lock is
 	// free; the platform's retry is then a duplicate.
-	waitMetric(t, p, `backstop_emit_commit_batch_size_count`, 1, 15*time.Second)
+	waitFor(t, 15*time.Second, func() bool { return p.metrics()[`backstop_emit_commit_batch_size_count`] >= 1 })
 	code, answer := postSigned(t, url, webhookSecret, body)
 	if code != http.StatusOK || !strings.Contains(string(answer), `"duplicate"`) {
 		t.Fatalf("the sender's retry: %d %s, want 200 duplicate", code, answer)
 	}
 }
 
-// waitMetric polls p's /metrics until name reaches at least want, or fails
-// the test after within; it returns the last metrics read.
-func waitMetric(t *testing.T, p *fleetProc, name string, want float64, within time.Duration) map[string]float64 {
+// holdWriteLock takes the store's write lock at path from a connection of
+// its own, as another process would, and returns what releases it (once;
+// the test's end releases it too).
+func holdWriteLock(t *testing.T, path string) (release func()) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		m := p.metrics()
-		if m[name] >= want {
-			return m
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s = %v after %s, want %v", name, m[name], within, want)
-		}
-		time.Sleep(20 * time.Millisecond) // polling another process's /metrics, bounded by the deadline
+	ctx := context.Background()
+	raw, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
 	}
+	conn, err := raw.Conn(ctx)
+	if err != nil {
+		raw.Close()
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		conn.Close()
+		raw.Close()
+		t.Fatal(err)
+	}
+	var once stdsync.Once
+	release = func() {
+		once.Do(func() {
+			_, err := conn.ExecContext(ctx, "ROLLBACK")
+			conn.Close()
+			raw.Close()
+			if err != nil {
+				t.Errorf("release the store's write lock: %v", err)
+			}
+		})
+	}
+	t.Cleanup(release)
+	return release
 }
 
 // A serve without governor.redis and serves with it on one store (one node
