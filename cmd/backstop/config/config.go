@@ -351,6 +351,9 @@ type meta struct {
 	vars  map[string][]string
 	// unset are, per key, the variables of vars that were unset or empty.
 	unset map[string][]string
+	// bare are, per key, the warning for a $NAME kept as written (of a
+	// variable that is not set: one that is set is an error).
+	bare map[string]string
 }
 
 // line returns the line of key, or of its nearest ancestor that has one.
@@ -406,7 +409,7 @@ func parse(file string, data []byte, lookupEnv func(string) (string, bool), loca
 	}
 	cfg := Default()
 	cfg.local = local
-	cfg.meta = &meta{file: file, lines: map[string]int{}, vars: map[string][]string{}, unset: map[string][]string{}}
+	cfg.meta = &meta{file: file, lines: map[string]int{}, vars: map[string][]string{}, unset: map[string][]string{}, bare: map[string]string{}}
 
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node

@@ -1042,3 +1042,58 @@ jobs:
 		t.Errorf("absolute dir = %s keep %d, want /var/backups/backstop keep 3", got.Dir, got.Keep)
 	}
 }
+
+// $NAME is not expanded (only ${NAME} is): when the variable is set, the
+// user surely meant it, and it is an error naming file, line and the fix;
+// when it is not, it may be a literal $ (a password, an OData path), and
+// serve warns. A secret's message leaves the name out, as it is part of
+// the value. $$NAME is a literal $ and says nothing.
+func TestBareDollarVariables(t *testing.T) {
+	vars := env(map[string]string{"BASE": "https://api.example.com", "BOTIX_KEY": "k"})
+	_, err := Parse("schedules.yaml", []byte("source:\n  base_url: $BASE/v1\n  api_key: key\n"), vars)
+	var e *Error
+	if !errors.As(err, &e) || e.Line != 2 || e.Key != "source.base_url" ||
+		!strings.Contains(e.Msg, "$BASE is kept as written") || !strings.Contains(e.Msg, "write ${BASE}") {
+		t.Errorf("set variable: %v", err)
+	}
+	_, err = Parse("schedules.yaml", []byte("source:\n  base_url: https://api.example.com\n  api_key: $BOTIX_KEY\n"), vars)
+	if !errors.As(err, &e) || e.Line != 3 || e.Key != "source.api_key" || !strings.Contains(e.Msg, "write ${NAME}") ||
+		strings.Contains(e.Msg, "BOTIX_KEY") {
+		t.Errorf("set variable in a secret: %v", err)
+	}
+
+	cfg, err := Parse("schedules.yaml", []byte("source:\n  base_url: https://api.example.com/$metadata\n  api_key: pa$word\n"), vars)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Source.BaseURL != "https://api.example.com/$metadata" || cfg.Source.APIKey.Value() != "pa$word" {
+		t.Errorf("values %q, %q: want them as written", cfg.Source.BaseURL, cfg.Source.APIKey.Value())
+	}
+	w := cfg.Warnings()
+	if len(w) != 2 || w[0].Line != 2 || !strings.Contains(w[0].Msg, "$metadata is kept as written") ||
+		w[1].Line != 3 || strings.Contains(w[1].Msg, "word") {
+		t.Errorf("warnings %v", w)
+	}
+
+	cfg, err = Parse("schedules.yaml", []byte("source:\n  base_url: https://api.example.com/$$BASE\n  api_key: key\n"), vars)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil || len(cfg.Warnings()) != 0 || cfg.Source.BaseURL != "https://api.example.com/$BASE" {
+		t.Errorf("$$BASE: %v, warnings %v, base_url %q", err, cfg.Warnings(), cfg.Source.BaseURL)
+	}
+}
+
+func TestBareRefs(t *testing.T) {
+	for in, want := range map[string][]string{
+		"plain": nil, "$A": {"A"}, "x$A_1/y": {"A_1"}, "$$A": nil, "${A}": nil, "$1": nil,
+		"cost 5$": nil, "$A$B": {"A", "B"}, "$$$A": {"A"}, "$a9": {"a9"},
+	} {
+		if got := bareRefs(in); !reflect.DeepEqual(got, want) {
+			t.Errorf("bareRefs(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -193,6 +193,18 @@ func (d *decoder) scalar(n *yaml.Node, t reflect.Type, key, want string) (string
 	if err != nil {
 		return "", d.valueError(n, key, "%v", err)
 	}
+	if bare := bareRefs(n.Value); len(bare) > 0 {
+		secret := t == secretType
+		for _, name := range bare {
+			if _, set := d.lookupEnv(name); set {
+				return "", d.valueError(n, key, "%s", bareMsg(name, secret, true))
+			}
+		}
+		// Unset: most likely a literal $ (a password, an OData path), but
+		// serve warns of it (Validate), naming the variable unless the
+		// value is a secret.
+		d.meta.bare[key] = bareMsg(bare[0], secret, false)
+	}
 	if len(vars) > 0 {
 		d.meta.vars[key] = vars
 		for _, name := range vars {
@@ -369,6 +381,46 @@ func expand(s string, lookupEnv func(string) (string, bool)) (string, []string, 
 		}
 	}
 	return b.String(), vars, nil
+}
+
+// bareRefs returns the names written $NAME in s (a shell's reference,
+// which expand keeps as written: only ${NAME} expands), in order.
+func bareRefs(s string) []string {
+	var names []string
+	for i := 0; i+1 < len(s); i++ {
+		if s[i] != '$' {
+			continue
+		}
+		if s[i+1] == '$' {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(s) && (s[j] == '_' || 'A' <= s[j] && s[j] <= 'Z' || 'a' <= s[j] && s[j] <= 'z' || j > i+1 && '0' <= s[j] && s[j] <= '9') {
+			j++
+		}
+		if j > i+1 {
+			names = append(names, s[i+1:j])
+		}
+		i = j - 1
+	}
+	return names
+}
+
+// bareMsg is the problem with a $NAME in a value: an error when the
+// variable is set (it was surely meant), else a warning. The name is left
+// out of a secret's message, as it is part of the value.
+func bareMsg(name string, secret, set bool) string {
+	if secret {
+		if set {
+			return "holds $ and the name of a variable that is set, which is kept as written, not expanded: write ${NAME} to expand it, or $$ for a literal $"
+		}
+		return "holds $ followed by a name, kept as written: write ${NAME} to expand a variable, or $$ for a literal $"
+	}
+	if set {
+		return fmt.Sprintf("$%s is kept as written, not expanded (only ${...} is): write ${%s} to expand the variable %s, which is set, or $$%s for a literal $", name, name, name, name)
+	}
+	return fmt.Sprintf("$%s is kept as written, not expanded (only ${...} is): write ${%s} to expand a variable, or $$%s for a literal $", name, name, name)
 }
 
 // isEnvName reports whether s is a shell variable name.

@@ -28,6 +28,7 @@ import (
 func (c *Config) Validate() error {
 	var p problems
 	c.warnings = nil
+	c.warnBare()
 	c.validate(&p)
 	return p.err()
 }
@@ -411,6 +412,21 @@ const minTokenLen = 16
 func (c *Config) shortToken(key string, token Secret) {
 	if n := len(token.Value()); n > 0 && n < minTokenLen {
 		c.warnf(key, "is %d characters: a token served where the platform can reach it should be at least %d random ones (openssl rand -hex 32 makes one)", n, minTokenLen)
+	}
+}
+
+// warnBare warns of each value holding a $NAME of a variable that is not
+// set, kept as written (see bareMsg), in the file's order.
+func (c *Config) warnBare() {
+	if c.meta == nil {
+		return
+	}
+	keys := slices.Collect(maps.Keys(c.meta.bare))
+	slices.SortFunc(keys, func(a, b string) int {
+		return cmp.Or(cmp.Compare(c.meta.line(a), c.meta.line(b)), cmp.Compare(a, b))
+	})
+	for _, key := range keys {
+		c.warnf(key, "%s", c.meta.bare[key])
 	}
 }
 
