@@ -1474,6 +1474,26 @@ var (
 		hWebhookSignature, hEventID, hEventType, hDeliveryAttempt, hRequestID}
 )
 
+// ReservedHeader tells why a target's configured header name (any case)
+// cannot be sent as configured: backstop sets it on every attempt, after
+// the target's headers (the signature only when the target has a secret,
+// but a fixed value could never be a signature of each body), or the
+// HTTP client writes its own (Host, Content-Length). ok is false for any
+// other name.
+func ReservedHeader(name string) (why string, ok bool) {
+	canon := http.CanonicalHeaderKey(name)
+	switch canon {
+	case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
+		return "is written by the HTTP client from the URL and the body, not taken from headers", true
+	case hWebhookSignature:
+		return "is backstop's signature of each delivery: set the target's secret to send it", true
+	}
+	if slices.Contains(attemptHeaders, canon) {
+		return "is set by backstop on every delivery, which would replace this value", true
+	}
+	return "", false
+}
+
 // bodyBufs are buffers of maxLoggedBody bytes for the start of answers.
 var bodyBufs = sync.Pool{New: func() any {
 	b := make([]byte, maxLoggedBody)

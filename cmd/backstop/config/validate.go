@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/sinks/delivery"
 )
@@ -131,7 +133,7 @@ func (c *Config) validate(p *problems) {
 
 	gv := c.Governor
 	if gv.Redis != "" {
-		p.add(c.url("governor.redis", gv.Redis.Value(), "redis", "rediss"))
+		p.add(c.url("governor.redis", gv.Redis.Value(), "redis", "rediss"), c.redisURL(gv.Redis.Value()))
 	}
 	if !(gv.FallbackShare > 0 && gv.FallbackShare <= 1) {
 		p.add(c.errorf("governor.fallback_share", "want a share above 0 and at most 1, got %g", gv.FallbackShare))
@@ -227,8 +229,11 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 		p.add(c.errorf(k+".events", `is empty: leave it out for all events ("*")`))
 	}
 	for j, ev := range t.Events {
+		ek := fmt.Sprintf("%s.events[%d]", k, j)
 		if _, err := path.Match(ev, ""); err != nil || ev == "" {
-			p.add(c.errorf(fmt.Sprintf("%s.events[%d]", k, j), "want an event type or glob like payment.*, got %q", ev))
+			p.add(c.errorf(ek, "want an event type or glob like payment.*, got %q", ev))
+		} else if trimmed := strings.TrimSpace(ev); trimmed != ev {
+			p.add(c.errorf(ek, "%q has spaces at its ends, which no event type has, so it would match nothing: write %q", ev, trimmed))
 		}
 	}
 	named := make(map[string]string, len(t.Headers)) // canonical name -> the first key given
@@ -243,6 +248,8 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 		named[canon] = h
 		if !isToken(h) {
 			p.add(c.errorf(k+".headers."+h, "want an HTTP header name, got %q", h))
+		} else if why, reserved := delivery.ReservedHeader(h); reserved {
+			p.add(c.errorf(k+".headers."+h, "%s: leave it out", why))
 		} else if err := c.headerText(k+".headers."+h, t.Headers[h]); err != nil {
 			p.add(err)
 		} else if unset := c.unsetVarsOf(k + ".headers." + h); len(unset) > 0 {
@@ -320,10 +327,12 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 		}
 		seen[string(r)] = true
 	}
+	// every: 0 written in the file is set (and too short), not left out.
+	every := j.Every != 0 || c.isSet(k+".every", false)
 	switch {
-	case j.Cron != "" && j.Every != 0:
+	case j.Cron != "" && every:
 		p.add(c.errorf(k+".every", "set either cron or every, not both"))
-	case j.Cron == "" && j.Every == 0:
+	case j.Cron == "" && !every:
 		p.add(c.errorf(k, "needs a schedule: set cron or every"))
 	case j.Cron != "":
 		if err := checkCron(j.Cron); err != nil {
@@ -588,6 +597,17 @@ func (c *Config) url(key, v string, schemes ...string) *Error {
 		}
 	}
 	return c.errorf(key, "want a %s URL, got scheme %q", strings.Join(schemes, " or "), u.Scheme)
+}
+
+// redisURL reports a governor.redis URL that go-redis cannot use (a
+// database that is not a number, an option it does not know), found here
+// rather than when a command first connects. Its messages name the path
+// or the option, never the password.
+func (c *Config) redisURL(v string) *Error {
+	if _, err := redis.ParseURL(v); err != nil {
+		return c.errorf("governor.redis", "%s: want redis://[user:password@]host:port[/db][?option=value]", strings.TrimPrefix(err.Error(), "redis: "))
+	}
+	return nil
 }
 
 // baseURL reports a source.base_url that the platform client cannot use:
