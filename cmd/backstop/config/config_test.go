@@ -1113,3 +1113,34 @@ func TestBareRefs(t *testing.T) {
 		}
 	}
 }
+
+// A TZ that names no zone makes Go keep local time as UTC without a word:
+// with a cron job (local time) in the file, it is an error at the job's
+// cron; TZ is not looked at without one.
+func TestMisspeltTZ(t *testing.T) {
+	data := base + "jobs:\n  - {name: a, kind: sync, cron: \"0 3 * * *\"}\n"
+	for tz, bad := range map[string]bool{
+		"Europe/Berlni": true, "Europe/Berlin": false, ":Europe/Berlin": false, "": false, "UTC": false,
+		"/nonexistent/zone": true, "CET": false,
+	} {
+		t.Run(tz, func(t *testing.T) {
+			t.Setenv("TZ", tz)
+			_, err := Parse("schedules.yaml", []byte(data), env(nil)) // Parse validates
+			var e *Error
+			if !bad {
+				if err != nil {
+					t.Errorf("Validate: %v", err)
+				}
+				return
+			}
+			if !errors.As(err, &e) || e.Line != 5 || e.Key != "jobs[0].cron" ||
+				!strings.Contains(e.Msg, fmt.Sprintf("TZ=%q names no time zone", tz)) {
+				t.Errorf("Validate = %v", err)
+			}
+		})
+	}
+	t.Setenv("TZ", "Europe/Berlni")
+	if _, err := Parse("schedules.yaml", []byte(base+"jobs:\n  - {name: a, kind: sync, every: 1h}\n"), env(nil)); err != nil {
+		t.Errorf("without a cron job: %v", err)
+	}
+}

@@ -8,11 +8,13 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	_ "time/tzdata" // the zone database, as the binary has it (tzProblem)
 
 	"github.com/redis/go-redis/v9"
 
@@ -199,6 +201,40 @@ func (c *Config) validate(p *problems) {
 	for i := range c.Jobs {
 		c.job(p, i, names)
 	}
+	for i, j := range c.Jobs {
+		if j.Cron == "" {
+			continue
+		}
+		if msg := tzProblem(os.Getenv("TZ")); msg != "" {
+			p.add(c.errorf(fmt.Sprintf("jobs[%d].cron", i), "is local time, but %s", msg))
+		}
+		break // once: TZ is the whole process's
+	}
+}
+
+// tzProblem says why tz, the TZ environment variable, names no time zone
+// Go can load, or returns "": Go then keeps local time as UTC without a
+// word, and cron jobs would run hours off. An empty TZ is UTC, as for
+// Go and the C library; ":" before a name is dropped, and a name starting
+// with / is a file, as for them.
+func tzProblem(tz string) string {
+	name := strings.TrimPrefix(tz, ":")
+	if name == "" || name == "UTC" {
+		return ""
+	}
+	var err error
+	if strings.HasPrefix(name, "/") {
+		var data []byte
+		if data, err = os.ReadFile(name); err == nil {
+			_, err = time.LoadLocationFromTZData(name, data)
+		}
+	} else {
+		_, err = time.LoadLocation(name)
+	}
+	if err == nil {
+		return ""
+	}
+	return fmt.Sprintf("TZ=%q names no time zone (Go would use UTC): give an IANA name such as Europe/Berlin, or unset TZ for the system's zone", tz)
 }
 
 // target adds the problems of c.Targets[i] to p; names maps names seen so
