@@ -65,18 +65,26 @@ func TestServeGivesUpATruncatedEventFromTheFuture(t *testing.T) {
 // NaN" (or --error-rate, --mutation-rate NaN, --mutation-rate Inf) used to
 // start and serve, losing no webhook, injecting no error, making no change;
 // "backstop demo --rate NaN" ran, made no change, and said "mirror matches
-// platform: yes". Each is refused (exit 2) naming its flag.
+// platform: yes". A rate of 1e9 changes a second ran away (one tick's
+// changes took minutes and Ctrl-C did not end them), and ten million
+// objects per resource filled the memory before serving. Each is refused
+// (exit 2) naming its flag.
 func TestSimAndDemoRefuseRatesThatAreNotNumbers(t *testing.T) {
 	for _, args := range [][]string{
 		{"sim", "--drop-rate", "NaN"}, {"sim", "--error-rate", "nan"},
 		{"sim", "--mutation-rate", "NaN"}, {"sim", "--mutation-rate", "Inf"},
+		{"sim", "--mutation-rate", "1e9"}, {"sim", "--objects", "10000000"},
 		{"demo", "--rate", "NaN"}, {"demo", "--rate", "+Inf"},
+		{"demo", "--rate", "1e9"}, {"demo", "--objects", "10000000"},
 	} {
 		run := append([]string(nil), args...)
 		if args[0] == "sim" {
 			run = append(run, "--listen", "127.0.0.1:0")
 		} else {
-			run = append(run, "--duration", "1s", "--objects", "10")
+			run = append(run, "--duration", "1s")
+			if args[1] != "--objects" {
+				run = append(run, "--objects", "10")
+			}
 		}
 		// The old binary served these (or ran the demo): 20 s is ample to refuse them.
 		code, stdout, stderr := runBinaryFor(t, 20*time.Second, t.TempDir(), nil, run...)

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"os"
@@ -65,10 +64,10 @@ unless --store names one, which must not exist yet.`,
 			switch {
 			case o.duration <= 0:
 				return usagef("--duration %s: want a positive duration", o.duration)
-			case o.objects <= 0:
-				return usagef("--objects %d: want 1 or more", o.objects)
-			case !(o.rate > 0) || math.IsInf(o.rate, 1): // NaN too
-				return usagef("--rate %g: want a number of changes per second, more than 0", o.rate)
+			case o.objects <= 0 || o.objects > sim.MaxObjects:
+				return usagef("--objects %d: want 1 to %d", o.objects, sim.MaxObjects)
+			case !(o.rate > 0 && o.rate <= sim.MaxMutationRate): // NaN too
+				return usagef("--rate %g: want a number of changes per second, more than 0 and at most %d", o.rate, sim.MaxMutationRate)
 			}
 			// The report and the check line count what the database
 			// holds, so a database of an earlier run (or a real mirror)

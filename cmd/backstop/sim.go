@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"math"
 	"net"
 	"net/url"
 	"time"
@@ -137,8 +136,10 @@ func checkSimFlags(opts sim.Options) error {
 		return usagef("--limit %d: want 0 (no limit) or more", opts.Limit)
 	case opts.Latency < 0:
 		return usagef("--latency %s: want 0 or more", opts.Latency)
-	case !(opts.MutationRate >= 0) || math.IsInf(opts.MutationRate, 1): // NaN too
-		return usagef("--mutation-rate %g: want a number of changes per second, 0 or more", opts.MutationRate)
+	case !(opts.MutationRate >= 0 && opts.MutationRate <= sim.MaxMutationRate): // NaN too
+		return usagef("--mutation-rate %g: want a number of changes per second, 0 to %d", opts.MutationRate, sim.MaxMutationRate)
+	case opts.Objects > sim.MaxObjects:
+		return usagef("--objects %d: want at most %d per resource (the simulator holds them all in memory)", opts.Objects, sim.MaxObjects)
 	}
 	switch opts.RetryAfter {
 	case sim.RetryAfterSeconds, sim.RetryAfterDate, sim.RetryAfterRFC850, sim.RetryAfterAsctime, sim.RetryAfterMixed:

@@ -17,7 +17,6 @@ package sim
 import (
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"sort"
 	"sync"
@@ -30,6 +29,14 @@ import (
 const (
 	DefaultAPIKey     = "sim_test_key"
 	DefaultObjects    = 1000
+	// MaxObjects bounds Objects: the simulator holds every object in
+	// memory and makes them all before it serves (a million per resource
+	// take about a gigabyte).
+	MaxObjects = 1_000_000
+	// MaxMutationRate bounds MutationRate, changes per second: a change
+	// holds the simulator's lock, and at a billion a second one tick's
+	// changes would take minutes and no Ctrl-C would end them.
+	MaxMutationRate = 100_000
 	DefaultBigObjects = 3
 	DefaultWindow     = 60 * time.Second
 )
@@ -145,8 +152,10 @@ func (o Options) Validate() error {
 		return fmt.Errorf("sim: error rate %g: want 0..1", o.ErrorRate)
 	case o.Latency < 0:
 		return fmt.Errorf("sim: latency %s: must not be negative", o.Latency)
-	case !(o.MutationRate >= 0) || math.IsInf(o.MutationRate, 1): // NaN too
-		return fmt.Errorf("sim: mutation rate %g: want a finite number, 0 or more", o.MutationRate)
+	case !(o.MutationRate >= 0 && o.MutationRate <= MaxMutationRate): // NaN too
+		return fmt.Errorf("sim: mutation rate %g: want 0..%d changes per second", o.MutationRate, MaxMutationRate)
+	case o.Objects > MaxObjects:
+		return fmt.Errorf("sim: objects %d: want at most %d per resource", o.Objects, MaxObjects)
 	}
 	return o.validateWebhooks()
 }
