@@ -27,8 +27,8 @@ import (
 
 // Defaults applied by New to zero Options fields.
 const (
-	DefaultAPIKey     = "sim_test_key"
-	DefaultObjects    = 1000
+	DefaultAPIKey  = "sim_test_key"
+	DefaultObjects = 1000
 	// MaxObjects bounds Objects: the simulator holds every object in
 	// memory and makes them all before it serves (a million per resource
 	// take about a gigabyte).
@@ -36,7 +36,7 @@ const (
 	// MaxMutationRate bounds MutationRate, changes per second: a change
 	// holds the simulator's lock, and at a billion a second one tick's
 	// changes would take minutes and no Ctrl-C would end them.
-	MaxMutationRate = 100_000
+	MaxMutationRate   = 100_000
 	DefaultBigObjects = 3
 	DefaultWindow     = 60 * time.Second
 )
