@@ -40,6 +40,7 @@ func TestParseSinceTakesADate(t *testing.T) {
 		"2026-01-01T10:00:00Z": time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC),
 		"3d":                   now.AddDate(0, 0, -3),
 		"2h":                   now.Add(-2 * time.Hour),
+		"1d12h":                now.Add(-36 * time.Hour), // as in the configuration
 	} {
 		if got, err := parseSince(in, now); err != nil || !got.Equal(want) {
 			t.Errorf("parseSince(%q) = %v, %v; want %v", in, got, err, want)
@@ -86,5 +87,36 @@ func TestCachedProbeRunsAtMostOnceASecond(t *testing.T) {
 	c.every = 0
 	if err := c.check(context.Background(), probe); err == nil || err.Error() != "disk full 2" || runs != 2 {
 		t.Errorf("check after its interval = %v (%d runs), want a second run", err, runs)
+	}
+}
+
+// The environment's durations read as the configuration's do: a day count
+// first ("1d", "1d12h") as well as Go's forms.
+func TestEnvDurationsTakeDays(t *testing.T) {
+	lookup := func(v string) func(string) (string, bool) {
+		return func(k string) (string, bool) {
+			if k == "BACKSTOP_PROGRESS_INTERVAL" || k == "BACKSTOP_DRAIN_PERIOD" {
+				return v, true
+			}
+			return "", false
+		}
+	}
+	for v, want := range map[string]time.Duration{"1d": 24 * time.Hour, "1d12h": 36 * time.Hour, "90s": 90 * time.Second} {
+		m := &Main{LookupEnv: lookup(v)}
+		if got, err := progressInterval(m); err != nil || got != want {
+			t.Errorf("BACKSTOP_PROGRESS_INTERVAL=%s: %v, %v; want %v", v, got, err, want)
+		}
+		if got, err := m.drainPeriod(); err != nil || got != want {
+			t.Errorf("BACKSTOP_DRAIN_PERIOD=%s: %v, %v; want %v", v, got, err, want)
+		}
+	}
+	for _, v := range []string{"1x", "-1d", "d"} {
+		m := &Main{LookupEnv: lookup(v)}
+		if _, err := progressInterval(m); err == nil {
+			t.Errorf("BACKSTOP_PROGRESS_INTERVAL=%s accepted", v)
+		}
+		if _, err := m.drainPeriod(); err == nil {
+			t.Errorf("BACKSTOP_DRAIN_PERIOD=%s accepted", v)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/vbauerster/mpb/v8/decor"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/cmd/backstop/config"
 )
 
 // defaultProgressInterval is how often a run that draws no bars logs a
@@ -104,8 +105,8 @@ func progressInterval(m *Main) (time.Duration, error) {
 	if !ok || v == "" {
 		return defaultProgressInterval, nil
 	}
-	if d, err := time.ParseDuration(v); err == nil && d > 0 {
-		return d, nil
+	if d, err := config.ParseDuration(v); err == nil && d > 0 {
+		return time.Duration(d), nil
 	}
 	return 0, usagef("BACKSTOP_PROGRESS_INTERVAL %q: want a positive duration such as 5s or 1m (how often a run without progress bars logs each resource's progress)", v)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/cmd/backstop/config"
 	bsync "github.com/backstop-sync/backstop/sync"
 )
 
@@ -87,7 +88,7 @@ progress line per resource every 5 seconds and a line when each ends.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&since, "since", "", "start of the window: a duration back from now (2h, 3d), an RFC 3339 time or a date (UTC)")
+	f.StringVar(&since, "since", "", "start of the window: a duration back from now (2h, 3d, 1d12h), an RFC 3339 time or a date (UTC)")
 	f.BoolVar(&full, "full", false, "compare the whole feed and count orphans")
 	f.BoolVar(&dry, "dry-run", false, "compare and report, emit nothing")
 	f.BoolVar(&asJ, "json", false, "print the report as JSON")
@@ -120,8 +121,9 @@ func parseSinceForms(s string, now time.Time) (time.Time, bool) {
 	if t, err := time.Parse(time.DateOnly, s); err == nil {
 		return t, true
 	}
-	if d, err := time.ParseDuration(s); err == nil && d > 0 {
-		return now.Add(-d), true
+	// As in the configuration: "2h", "3d", "1d12h" (a day is 24 hours).
+	if d, err := config.ParseDuration(s); err == nil && d > 0 {
+		return now.Add(-time.Duration(d)), true
 	}
 	var days int
 	if n, err := fmt.Sscanf(s, "%dd", &days); err == nil && n == 1 && days > 0 && fmt.Sprintf("%dd", days) == s {

@@ -49,7 +49,8 @@ the systems that consume it:
 Configuration comes from schedules.yaml (--config, or BACKSTOP_CONFIG);
 ${VAR} in it expands from the environment, so secrets stay out of the file.
 
-Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 130 interrupted.`,
+Exit codes: 0 success, 1 failure, 2 bad usage or configuration, 75 a run skipped
+because the job runs in another process (backstop run), 130 interrupted.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		// --version, which people try first, prints what "version" does.

@@ -56,11 +56,11 @@ func (m *Main) drainPeriod() (time.Duration, error) {
 	if !ok || v == "" {
 		return drainPeriod, nil
 	}
-	d, err := time.ParseDuration(v)
+	d, err := config.ParseDuration(v)
 	if err != nil || d < 0 {
 		return 0, usagef("BACKSTOP_DRAIN_PERIOD %q: want a duration of 0 or more such as 2s or 30s", v)
 	}
-	return d, nil
+	return time.Duration(d), nil
 }
 
 func (m *Main) serveCommand(g *globals) *cobra.Command {

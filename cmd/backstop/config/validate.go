@@ -119,10 +119,10 @@ func (c *Config) validate(p *problems) {
 		p.add(c.errorf("source.rate_limit.reserve", "want 0..%d (less than per_minute), got %s", s.RateLimit.PerMinute-1, got))
 	}
 	p.add(c.positive("source.rate_limit.window", s.RateLimit.Window))
-	if s.RetryMax < 0 {
-		p.add(c.errorf("source.retry_max", "want 0 or more, got %d", s.RetryMax))
+	if s.RetryMax < 0 || s.RetryMax > maxRetries {
+		p.add(c.errorf("source.retry_max", "want 0..%d, got %d: each retry waits up to 30s first and may take the whole source.timeout, so more would hold a run on one failing request for a quarter of an hour or more", maxRetries, s.RetryMax))
 	}
-	p.add(c.positive("source.timeout", s.Timeout))
+	p.add(c.positive("source.timeout", s.Timeout), c.atMost("source.timeout", s.Timeout, maxRequestTimeout))
 
 	if e := c.required("store.path", c.Store.Path); e != nil {
 		p.add(e)
@@ -292,8 +292,8 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 			c.warnf(k+".headers."+h, "uses %s, unset or empty: deliveries to %s carry this header without it", strings.Join(unset, ", "), t.Name)
 		}
 	}
-	p.add(c.positive(k+".connect_timeout", t.ConnectTimeout))
-	p.add(c.positive(k+".timeout", t.Timeout))
+	p.add(c.positive(k+".connect_timeout", t.ConnectTimeout), c.atMost(k+".connect_timeout", t.ConnectTimeout, maxRequestTimeout))
+	p.add(c.positive(k+".timeout", t.Timeout), c.atMost(k+".timeout", t.Timeout, maxRequestTimeout))
 	for j, d := range t.RetrySchedule {
 		p.add(c.positive(fmt.Sprintf("%s.retry_schedule[%d]", k, j), d))
 	}
@@ -596,6 +596,22 @@ func (c *Config) emptyMsg(key string) string {
 // maxLinger bounds intake.linger: every webhook of a lingering commit waits
 // that much longer for its answer.
 const maxLinger = Duration(100 * time.Millisecond)
+
+// maxRetries bounds source.retry_max.
+const maxRetries = 20
+
+// maxRequestTimeout bounds the timeouts of one request (the platform's,
+// a target's attempt): an answer later than this is not coming, and the
+// queue behind it waits as long (most often a unit mistaken: 30m for 30s).
+const maxRequestTimeout = 10 * time.Minute
+
+// atMost reports a duration above limit.
+func (c *Config) atMost(key string, d Duration, limit time.Duration) *Error {
+	if time.Duration(d) <= limit {
+		return nil
+	}
+	return c.errorf(key, "want at most %s, got %s: an answer later than that is not coming, and everything behind it waits as long", Duration(limit), d)
+}
 
 // positive reports a duration that is not above zero.
 func (c *Config) positive(key string, d Duration) *Error {
