@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -80,11 +81,24 @@ func (db *DB) emit(ctx context.Context, events []backstop.Event, routes []backst
 	// held elsewhere: while another process holds the store's write lock,
 	// each write before it (a delivery claim, say) waits the busy timeout
 	// in turn, and a webhook behind several would go unanswered.
+	began := time.Now()
 	conn, err := db.writer(ctx, db.busy)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer conn.Close()
+	// Nor do the two waits add up: after a wait for the writer, the lock
+	// is waited for only what is left of the busy timeout, so that a
+	// webhook is answered (503) within about that timeout, not twice it,
+	// when a write before it held the writer while it waited for a lock
+	// held elsewhere. Only then is the connection's timeout changed.
+	if waited := time.Since(began); waited > emitWaitSlack {
+		left := max(db.busy-waited, time.Millisecond)
+		if _, err := conn.ExecContext(ctx, `PRAGMA busy_timeout = `+strconv.FormatInt(left.Milliseconds(), 10)); err != nil {
+			return nil, fmt.Errorf("begin: %w", err)
+		}
+		defer conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA busy_timeout = `+strconv.FormatInt(db.busy.Milliseconds(), 10))
+	}
 	tx, err := conn.BeginTxx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
@@ -103,6 +117,10 @@ func (db *DB) emit(ctx context.Context, events []backstop.Event, routes []backst
 	}
 	return out, nil
 }
+
+// emitWaitSlack is how long Emit may wait for the writer before the lock
+// wait after it is shortened by as much.
+const emitWaitSlack = 50 * time.Millisecond
 
 // emitTx is one Emit transaction: its statements and the time it stamps.
 type emitTx struct {
