@@ -32,20 +32,7 @@ func TestCause(t *testing.T) {
 
 	// A write lock another connection holds.
 	db, _ := openFull(t)
-	other, err := sql.Open(driverName, db.path+"?_pragma=busy_timeout(0)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	conn, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.ExecContext(ctx, "ROLLBACK")
+	defer holdLock(t, db.path)()
 	second, err := sql.Open(driverName, db.path+"?_pragma=busy_timeout(0)")
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,32 @@ import (
 	"github.com/backstop-sync/backstop"
 )
 
+// holdLock takes the write lock of the store at path on a connection of
+// its own, as another process would, and returns what releases it.
+func holdLock(t *testing.T, path string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	other, err := sql.Open(driverName, path+"?_pragma=busy_timeout(0)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := other.Conn(ctx)
+	if err != nil {
+		other.Close()
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		conn.Close()
+		other.Close()
+		t.Fatal(err)
+	}
+	return func() {
+		conn.ExecContext(ctx, "ROLLBACK")
+		conn.Close()
+		other.Close()
+	}
+}
+
 // stuckWriters opens a store with the busy timeout busy, lets another
 // connection hold its write lock, and queues n writes (a delivery
 // worker's target update each) on the store's writer: each waits the busy
@@ -24,22 +50,10 @@ func stuckWriters(t *testing.T, busy time.Duration, n int) *DB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := sql.Open(driverName, db.path+"?_pragma=busy_timeout(0)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
+	release := holdLock(t, db.path)
 	var wg sync.WaitGroup
 	t.Cleanup(func() {
-		conn.ExecContext(ctx, "ROLLBACK")
-		conn.Close()
-		other.Close()
+		release()
 		wg.Wait()
 		db.Close()
 	})
@@ -122,20 +136,7 @@ func TestEmitWaitsTheBusyTimeoutOnceInAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	other, err := sql.Open(driverName, db.path+"?_pragma=busy_timeout(0)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	lock, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	if _, err := lock.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
-	defer lock.ExecContext(ctx, "ROLLBACK")
+	defer holdLock(t, db.path)()
 
 	held, err := db.w.Connx(ctx)
 	if err != nil {
