@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -93,11 +92,11 @@ func (db *DB) emit(ctx context.Context, events []backstop.Event, routes []backst
 	// when a write before it held the writer while it waited for a lock
 	// held elsewhere. Only then is the connection's timeout changed.
 	if waited := time.Since(began); waited > emitWaitSlack {
-		left := max(db.busy-waited, time.Millisecond)
-		if _, err := conn.ExecContext(ctx, `PRAGMA busy_timeout = `+strconv.FormatInt(left.Milliseconds(), 10)); err != nil {
+		restore, err := db.withBusyTimeout(ctx, conn, max(db.busy-waited, time.Millisecond))
+		if err != nil {
 			return nil, fmt.Errorf("begin: %w", err)
 		}
-		defer conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA busy_timeout = `+strconv.FormatInt(db.busy.Milliseconds(), 10))
+		defer restore()
 	}
 	tx, err := conn.BeginTxx(ctx, nil)
 	if err != nil {

@@ -11,6 +11,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"embed"
 	"errors"
 	"fmt"
@@ -300,6 +301,26 @@ func (db *DB) writer(ctx context.Context, wait time.Duration) (*sqlx.Conn, error
 	return conn, err
 }
 
+// withBusyTimeout sets the busy timeout of conn, a writer connection, to
+// d until restore sets it back to the store's. Both run without ctx's
+// cancellation, which could fail a PRAGMA after SQLite applied it; a
+// connection whose timeout could not be set back is discarded (database/sql
+// closes it, and opens a new one for the next write), so that no later
+// write fails at once on a lock held elsewhere for a moment.
+func (db *DB) withBusyTimeout(ctx context.Context, conn *sqlx.Conn, d time.Duration) (restore func(), err error) {
+	nctx := context.WithoutCancel(ctx)
+	restore = func() {
+		if _, err := conn.ExecContext(nctx, `PRAGMA busy_timeout = `+strconv.FormatInt(db.busy.Milliseconds(), 10)); err != nil {
+			conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}
+	if _, err := conn.ExecContext(nctx, `PRAGMA busy_timeout = `+strconv.FormatInt(d.Milliseconds(), 10)); err != nil {
+		restore()
+		return nil, err
+	}
+	return restore, nil
+}
+
 // pingWriteBusy bounds how long PingWrite waits for a lock that another
 // process holds, so that a readiness probe answers in about a second.
 const pingWriteBusy = 500 * time.Millisecond
@@ -324,10 +345,11 @@ func (db *DB) pingWrite(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, `PRAGMA busy_timeout = `+strconv.FormatInt(pingWriteBusy.Milliseconds(), 10)); err != nil {
+	restore, err := db.withBusyTimeout(ctx, conn, pingWriteBusy)
+	if err != nil {
 		return err
 	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA busy_timeout = `+strconv.FormatInt(db.busy.Milliseconds(), 10))
+	defer restore()
 	tx, err := conn.BeginTxx(ctx, nil) // BEGIN IMMEDIATE (_txlock)
 	if err != nil {
 		return err

@@ -238,3 +238,26 @@ func TestPlainBackfillRefusedForMessageUpdatedSubscriber(t *testing.T) {
 		t.Errorf("sync did not emit the updated message: %+v", s.Resources[0])
 	}
 }
+
+// TestMisspeltTZIsRefusedBySchedulers: with TZ=Europe/Berlni, Go keeps
+// local time as UTC without a word, and a "0 3 * * *" job ran at 3:00 UTC,
+// hours off. serve and jobs, which schedule by it, exit 2 naming the job's
+// cron and TZ; a command that schedules nothing (cursors) still runs.
+func TestMisspeltTZIsRefusedBySchedulers(t *testing.T) {
+	e := newServeEnv(t, freeAddr(t), envOpts{sim: sim.Options{Seed: 1, Objects: 5}})
+	e.appendConfig("jobs:\n  - {name: nightly, kind: sync, cron: \"0 3 * * *\"}\n")
+	vars := []string{"BOTIX_API_KEY=" + e.sim.APIKey(), "BOTIX_WEBHOOK_SECRET=" + webhookSecret, "TZ=Europe/Berlni"}
+	for _, command := range []string{"serve", "jobs"} {
+		code, _, stderr := runBinaryFor(t, 30*time.Second, e.dir, vars, command)
+		if code != exitUsage || !strings.Contains(stderr, `jobs[0].cron is local time, but TZ="Europe/Berlni" names no time zone`) {
+			t.Errorf("%s with TZ=Europe/Berlni: exit %d, want 2 naming the cron and TZ\n%s", command, code, stderr)
+		}
+	}
+	if code, _, stderr := runBinaryFor(t, 30*time.Second, e.dir, vars, "cursors"); code != exitOK {
+		t.Errorf("cursors with TZ=Europe/Berlni: exit %d, want 0\n%s", code, stderr)
+	}
+	vars[2] = "TZ=Europe/Berlin"
+	if code, _, stderr := runBinaryFor(t, 30*time.Second, e.dir, vars, "jobs"); code != exitOK {
+		t.Errorf("jobs with TZ=Europe/Berlin: exit %d, want 0\n%s", code, stderr)
+	}
+}

@@ -61,7 +61,7 @@ func TestServeGivesUpATruncatedEventFromTheFuture(t *testing.T) {
 	waitFor(t, 30*time.Second, func() bool { return strings.Contains(metrics(), "backstop_truncated_pending 0\n") })
 }
 
-// TestSimAndDemoRefuseRatesThatAreNotNumbers: "backstop sim --drop-rate
+// TestSimAndDemoRefuseBadRatesAndCounts: "backstop sim --drop-rate
 // NaN" (or --error-rate, --mutation-rate NaN, --mutation-rate Inf) used to
 // start and serve, losing no webhook, injecting no error, making no change;
 // "backstop demo --rate NaN" ran, made no change, and said "mirror matches
@@ -69,7 +69,7 @@ func TestServeGivesUpATruncatedEventFromTheFuture(t *testing.T) {
 // changes took minutes and Ctrl-C did not end them), and ten million
 // objects per resource filled the memory before serving. Each is refused
 // (exit 2) naming its flag.
-func TestSimAndDemoRefuseRatesThatAreNotNumbers(t *testing.T) {
+func TestSimAndDemoRefuseBadRatesAndCounts(t *testing.T) {
 	for _, args := range [][]string{
 		{"sim", "--drop-rate", "NaN"}, {"sim", "--error-rate", "nan"},
 		{"sim", "--mutation-rate", "NaN"}, {"sim", "--mutation-rate", "Inf"},

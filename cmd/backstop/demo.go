@@ -103,6 +103,11 @@ unless --store names one, which must not exist yet.`,
 	return cmd
 }
 
+// demoWebhookRetries is the platform's retry schedule of a webhook answered
+// non-2xx in the demo, compressed from hours to seconds (a variable for
+// tests, which must keep webhooksIdleWait above its longest step).
+var demoWebhookRetries = []time.Duration{250 * time.Millisecond, time.Second, 2 * time.Second}
+
 // webhooksIdleWait is how long the demo waits for the platform's webhooks
 // to end with no attempt made before it gives up on them (a variable for
 // tests).
@@ -137,7 +142,7 @@ func (m *Main) demo(ctx context.Context, log *slog.Logger, o demoOptions) error 
 		Seed: o.seed, Objects: o.objects, MutationRate: o.rate,
 		WebhookURL: "http://" + intakeLn.Addr().String() + "/webhooks/botix", WebhookSecret: secret,
 		DropRate: 0.10, DuplicateRate: 0.05, ReorderRate: 0.05,
-		RetrySchedule: []time.Duration{250 * time.Millisecond, time.Second, 2 * time.Second},
+		RetrySchedule: demoWebhookRetries,
 	})
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -156,14 +156,15 @@ func TestDemoInterruptedSaysNothingIsSaved(t *testing.T) {
 // webhooks that took longer than the demo's fixed 30 s wait for them, and
 // the demo failed ("waiting for the platform's webhook retries: context
 // deadline exceeded") though nothing was wrong; it now waits as long as
-// webhooks are still being taken. The wait is shortened here, but kept
-// above the platform's longest retry step in the demo (2 s), so that a
-// backlog of 15,000 webhooks (several seconds at a 2-core intake, as fast as
-// it was: 3,000 were taken as they came on session 19's machine) outlasts
-// it while a retry pending does not.
+// webhooks are still being taken. The wait and the platform's retry steps
+// are shortened here (the wait kept above the longest step, so that a retry
+// pending does not outlast it), so that a backlog of 15,000 webhooks,
+// seconds at a 2-core intake, outlasts the wait on a fast machine too
+// (3,000 against a 2.5 s wait did not, on session 19's).
 func TestDemoWaitsOutAWebhookBacklog(t *testing.T) {
-	defer func(d time.Duration) { webhooksIdleWait = d }(webhooksIdleWait)
-	webhooksIdleWait = 2500 * time.Millisecond
+	defer func(d time.Duration, r []time.Duration) { webhooksIdleWait, demoWebhookRetries = d, r }(webhooksIdleWait, demoWebhookRetries)
+	webhooksIdleWait = 500 * time.Millisecond
+	demoWebhookRetries = []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}
 	e := newEnv(t, envOpts{})
 	code, stdout, stderr := e.run(context.Background(), "demo", "--duration", "1s", "--objects", "30", "--rate", "15000")
 	if code != 0 || !strings.Contains(stdout, "mirror matches platform: yes") {

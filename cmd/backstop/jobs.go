@@ -44,6 +44,10 @@ its next run reads "1m after serve starts" (for every: 1m), and is null in
 				return err
 			}
 			defer a.Close()
+			// Its next runs would be as wrong as serve's.
+			if e := a.cfg.ScheduleProblem(); e != nil {
+				return usageError{e}
+			}
 			s, err := a.scheduler()
 			if err != nil {
 				return err

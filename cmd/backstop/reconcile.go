@@ -121,10 +121,15 @@ func parseSinceForms(s string, now time.Time) (time.Time, bool) {
 	if t, err := time.Parse(time.DateOnly, s); err == nil {
 		return t, true
 	}
-	// As in the configuration: "2h", "3d", "1d12h" (a day is 24 hours).
+	// As in the configuration: "2h", "3d", "1d12h" (a day is 24 hours,
+	// not a calendar day: across a change of summer time in a local zone
+	// "3d" is an hour more or less than three days by the clock).
 	if d, err := config.ParseDuration(s); err == nil && d > 0 {
 		return now.Add(-time.Duration(d)), true
 	}
+	// Only a day count past what a time.Duration holds (106,751 days)
+	// gets here: it reaches before 1970, which parseSince refuses with
+	// that reason rather than as a malformed value.
 	var days int
 	if n, err := fmt.Sscanf(s, "%dd", &days); err == nil && n == 1 && days > 0 && fmt.Sprintf("%dd", days) == s {
 		if days > 100_000 {

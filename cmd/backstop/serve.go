@@ -140,6 +140,9 @@ func (m *Main) serve(ctx context.Context, g *globals) error {
 	}
 	defer a.Close()
 	cfg, log := a.cfg, a.log
+	if e := cfg.ScheduleProblem(); e != nil {
+		return usageError{e}
+	}
 	// A store it can read but not write (a file restored as another user,
 	// a read-only mount) would open, say ready, and answer every webhook
 	// 503: refused here instead. A write lock held elsewhere is only

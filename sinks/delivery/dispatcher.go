@@ -1484,12 +1484,12 @@ func ReservedHeader(name string) (why string, ok bool) {
 	canon := http.CanonicalHeaderKey(name)
 	switch canon {
 	case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
-		return "is written by the HTTP client from the URL and the body, not taken from headers", true
+		return "is written by the HTTP client from the URL and the body, not taken from headers: leave it out", true
 	case hWebhookSignature:
-		return "is backstop's signature of each delivery: set the target's secret to send it", true
+		return "is backstop's signature of each delivery, made with the target's secret: leave it out and set secret", true
 	}
 	if slices.Contains(attemptHeaders, canon) {
-		return "is set by backstop on every delivery, which would replace this value", true
+		return "is set by backstop on every delivery, which would replace this value: leave it out", true
 	}
 	return "", false
 }

@@ -29,11 +29,11 @@ import (
 const (
 	DefaultAPIKey  = "sim_test_key"
 	DefaultObjects = 1000
-	// MaxObjects bounds Objects: the simulator holds every object in
+	// MaxObjects, a bound rather than a default, bounds Objects: the simulator holds every object in
 	// memory and makes them all before it serves (a million per resource
 	// take about a gigabyte).
 	MaxObjects = 1_000_000
-	// MaxMutationRate bounds MutationRate, changes per second: a change
+	// MaxMutationRate, a bound too, bounds MutationRate, changes per second: a change
 	// holds the simulator's lock, and at a billion a second one tick's
 	// changes would take minutes and no Ctrl-C would end them.
 	MaxMutationRate   = 100_000

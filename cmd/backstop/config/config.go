@@ -354,6 +354,9 @@ type meta struct {
 	// bare are, per key, the warning for a $NAME kept as written (of a
 	// variable that is not set: one that is set is an error).
 	bare map[string]string
+	// nulls are the keys written with a null value (key: ~, or nothing
+	// after the colon): the same as left out.
+	nulls map[string]bool
 }
 
 // line returns the line of key, or of its nearest ancestor that has one.
@@ -409,7 +412,7 @@ func parse(file string, data []byte, lookupEnv func(string) (string, bool), loca
 	}
 	cfg := Default()
 	cfg.local = local
-	cfg.meta = &meta{file: file, lines: map[string]int{}, vars: map[string][]string{}, unset: map[string][]string{}, bare: map[string]string{}}
+	cfg.meta = &meta{file: file, lines: map[string]int{}, vars: map[string][]string{}, unset: map[string][]string{}, bare: map[string]string{}, nulls: map[string]bool{}}
 
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node

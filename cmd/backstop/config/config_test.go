@@ -111,7 +111,7 @@ func TestParseErrors(t *testing.T) {
 		{"reserve above budget", base + "  rate_limit: {per_minute: 5, reserve: 5}\n",
 			nil, `schedules.yaml:4: source.rate_limit.reserve: want 0..4 (less than per_minute), got 5`, 4, "source.rate_limit.reserve"},
 		{"retry_max above 20", base + "  retry_max: 100\n",
-			nil, `schedules.yaml:4: source.retry_max: want 0..20, got 100: each retry waits up to 30s first and may take the whole source.timeout, so more would hold a run on one failing request for a quarter of an hour or more`, 4, "source.retry_max"},
+			nil, `schedules.yaml:4: source.retry_max: want 0..20, got 100: each retry waits up to 30s first and may take the whole source.timeout, so more would hold a run on one failing request for twenty minutes or more`, 4, "source.retry_max"},
 		{"timeout above 10m", base + "  timeout: 30m\n",
 			nil, `schedules.yaml:4: source.timeout: want at most 10m0s, got 30m0s: an answer later than that is not coming, and everything behind it waits as long`, 4, "source.timeout"},
 		{"target timeout above 10m", base + "targets:\n  - {name: a, url: \"https://a.example.com\", timeout: 1h}\n",
@@ -124,6 +124,8 @@ func TestParseErrors(t *testing.T) {
 			nil, `schedules.yaml:5: governor.redis: want a redis or rediss URL, got scheme "http"`, 5, "governor.redis"},
 		{"redis database", base + "governor:\n  redis: redis://:s3cret@127.0.0.1:6379/first\n",
 			nil, `schedules.yaml:5: governor.redis: invalid database number: "first": want redis://[user:password@]host:port[/db][?option=value]`, 5, "governor.redis"},
+		{"redis database option", base + "governor:\n  redis: redis://127.0.0.1:6379?db=x\n",
+			nil, `schedules.yaml:5: governor.redis: invalid database number: "x" is not a number: want redis://[user:password@]host:port[/db][?option=value]`, 5, "governor.redis"},
 		{"redis option", base + "governor:\n  redis: redis://:s3cret@127.0.0.1:6379/0?dial_timout=1s\n",
 			nil, `schedules.yaml:5: governor.redis: unexpected option: dial_timout: want redis://[user:password@]host:port[/db][?option=value]`, 5, "governor.redis"},
 		{"fallback share zero", base + "governor:\n  fallback_share: 0\n",
@@ -209,7 +211,7 @@ func TestParseErrors(t *testing.T) {
 		{"header backstop sets", base + "targets:\n  - name: a\n    url: https://a.example.com\n    headers: {user-agent: my-crm-sync}\n",
 			nil, `schedules.yaml:7: targets[0].headers.user-agent is set by backstop on every delivery, which would replace this value: leave it out`, 7, "targets[0].headers.user-agent"},
 		{"signature header", base + "targets:\n  - name: a\n    url: https://a.example.com\n    headers: {Webhook-Signature: v1,abc}\n",
-			nil, `schedules.yaml:7: targets[0].headers.Webhook-Signature is backstop's signature of each delivery: set the target's secret to send it: leave it out`, 7, "targets[0].headers.Webhook-Signature"},
+			nil, `schedules.yaml:7: targets[0].headers.Webhook-Signature is backstop's signature of each delivery, made with the target's secret: leave it out and set secret`, 7, "targets[0].headers.Webhook-Signature"},
 		{"host header", base + "targets:\n  - name: a\n    url: https://a.example.com\n    headers: {Host: crm.internal}\n",
 			nil, `schedules.yaml:7: targets[0].headers.Host is written by the HTTP client from the URL and the body, not taken from headers: leave it out`, 7, "targets[0].headers.Host"},
 		{"bad cron", base + "jobs:\n  - name: a\n    kind: sync\n    cron: \"61 * * * *\"\n",
@@ -1095,8 +1097,15 @@ func TestBareDollarVariables(t *testing.T) {
 		t.Errorf("values %q, %q: want them as written", cfg.Source.BaseURL, cfg.Source.APIKey.Value())
 	}
 	w := cfg.Warnings()
-	if len(w) != 2 || w[0].Line != 2 || !strings.Contains(w[0].Msg, "$metadata is kept as written") ||
+	if len(w) != 2 || w[0].Line != 2 || !strings.Contains(w[0].Msg, "kept as written") || strings.Contains(w[0].Msg, "metadata") ||
 		w[1].Line != 3 || strings.Contains(w[1].Msg, "word") {
+		t.Errorf("warnings %v: want them without the names, parts of a URL (which may hold a token) and of a secret", w)
+	}
+	cfg, err = Parse("schedules.yaml", []byte("source:\n  base_url: https://api.example.com\n  api_key: key\nstore:\n  path: /var/lib/$state.db\n"), vars)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := cfg.Warnings(); len(w) != 1 || w[0].Line != 5 || !strings.Contains(w[0].Msg, "$state is kept as written") {
 		t.Errorf("warnings %v", w)
 	}
 
@@ -1113,6 +1122,7 @@ func TestBareRefs(t *testing.T) {
 	for in, want := range map[string][]string{
 		"plain": nil, "$A": {"A"}, "x$A_1/y": {"A_1"}, "$$A": nil, "${A}": nil, "$1": nil,
 		"cost 5$": nil, "$A$B": {"A", "B"}, "$$$A": {"A"}, "$a9": {"a9"},
+		"abc$_!": nil, "$__": nil, "$_A": {"_A"},
 	} {
 		if got := bareRefs(in); !reflect.DeepEqual(got, want) {
 			t.Errorf("bareRefs(%q) = %q, want %q", in, got, want)
@@ -1121,32 +1131,54 @@ func TestBareRefs(t *testing.T) {
 }
 
 // A TZ that names no zone makes Go keep local time as UTC without a word:
-// with a cron job (local time) in the file, it is an error at the job's
-// cron; TZ is not looked at without one.
+// with a cron job (local time) in the file, it is a problem at the job's
+// cron, which serve and jobs refuse to start with (the other commands do
+// not schedule); TZ is not looked at without one.
 func TestMisspeltTZ(t *testing.T) {
 	data := base + "jobs:\n  - {name: a, kind: sync, cron: \"0 3 * * *\"}\n"
 	for tz, bad := range map[string]bool{
 		"Europe/Berlni": true, "Europe/Berlin": false, ":Europe/Berlin": false, "": false, "UTC": false,
-		"/nonexistent/zone": true, "CET": false,
+		"/nonexistent/zone": true, "CET": false, "Local": true,
 	} {
 		t.Run(tz, func(t *testing.T) {
 			t.Setenv("TZ", tz)
-			_, err := Parse("schedules.yaml", []byte(data), env(nil)) // Parse validates
-			var e *Error
+			cfg, err := Parse("schedules.yaml", []byte(data), env(nil)) // Parse validates
+			if err != nil {
+				t.Fatalf("Parse: %v (only serve and jobs look at TZ)", err)
+			}
+			e := cfg.ScheduleProblem()
 			if !bad {
-				if err != nil {
-					t.Errorf("Validate: %v", err)
+				if e != nil {
+					t.Errorf("ScheduleProblem: %v", e)
 				}
 				return
 			}
-			if !errors.As(err, &e) || e.Line != 5 || e.Key != "jobs[0].cron" ||
+			if e == nil || e.Line != 5 || e.Key != "jobs[0].cron" ||
 				!strings.Contains(e.Msg, fmt.Sprintf("TZ=%q names no time zone", tz)) {
-				t.Errorf("Validate = %v", err)
+				t.Errorf("ScheduleProblem = %v", e)
 			}
 		})
 	}
 	t.Setenv("TZ", "Europe/Berlni")
-	if _, err := Parse("schedules.yaml", []byte(base+"jobs:\n  - {name: a, kind: sync, every: 1h}\n"), env(nil)); err != nil {
-		t.Errorf("without a cron job: %v", err)
+	cfg, err := Parse("schedules.yaml", []byte(base+"jobs:\n  - {name: a, kind: sync, every: 1h}\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := cfg.ScheduleProblem(); e != nil {
+		t.Errorf("without a cron job: %v", e)
+	}
+}
+
+// A key written with a null value (every: ~, or nothing after the colon,
+// as a template leaves it) is the same as one left out: beside cron it is
+// not a second schedule, and keep: on a sync job is not a backup option.
+func TestNullIsLeftOut(t *testing.T) {
+	data := base + "jobs:\n  - name: a\n    kind: sync\n    cron: \"0 * * * *\"\n    every: ~\n    lookback: ~\n    keep:\n"
+	cfg, err := Parse("schedules.yaml", []byte(data), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := cfg.Jobs[0]; j.Every != 0 || j.Lookback != Duration(10*time.Minute) || j.Keep != 0 {
+		t.Errorf("job %+v: want every and keep unset, lookback the default", j)
 	}
 }

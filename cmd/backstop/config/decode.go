@@ -159,6 +159,9 @@ func (d *decoder) mapping(n *yaml.Node, v reflect.Value, key string) error {
 		}
 		seen[name] = k.Line
 		d.meta.lines[sub] = k.Line
+		if val.Kind == yaml.ScalarNode && val.ShortTag() == "!!null" {
+			d.meta.nulls[sub] = true
+		}
 		if fields == nil {
 			elem := reflect.New(v.Type().Elem()).Elem()
 			if err := d.decode(val, elem, sub); err != nil {
@@ -196,14 +199,17 @@ func (d *decoder) scalar(n *yaml.Node, t reflect.Type, key, want string) (string
 	if bare := bareRefs(n.Value); len(bare) > 0 {
 		secret := t == secretType
 		for _, name := range bare {
+			// The name of a variable that is set is not a secret's text.
 			if _, set := d.lookupEnv(name); set {
 				return "", d.valueError(n, key, "%s", bareMsg(name, secret, true))
 			}
 		}
 		// Unset: most likely a literal $ (a password, an OData path), but
-		// serve warns of it (Validate), naming the variable unless the
-		// value is a secret.
-		d.meta.bare[key] = bareMsg(bare[0], secret, false)
+		// serve warns of it (Validate), naming what follows the $ unless
+		// the value is a secret or a URL, which may hold a password or a
+		// token too (user:pass@, ?token=).
+		url := strings.HasSuffix(strings.ToLower(key), "url")
+		d.meta.bare[key] = bareMsg(bare[0], secret || url, false)
 	}
 	if len(vars) > 0 {
 		d.meta.vars[key] = vars
@@ -399,8 +405,10 @@ func bareRefs(s string) []string {
 		for j < len(s) && (s[j] == '_' || 'A' <= s[j] && s[j] <= 'Z' || 'a' <= s[j] && s[j] <= 'z' || j > i+1 && '0' <= s[j] && s[j] <= '9') {
 			j++
 		}
-		if j > i+1 {
-			names = append(names, s[i+1:j])
+		// $_ alone is not taken for a variable: bash exports _ to every
+		// command, so a literal "$_" would fail when run from a shell.
+		if name := s[i+1 : j]; strings.Trim(name, "_") != "" {
+			names = append(names, name)
 		}
 		i = j - 1
 	}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -120,7 +121,7 @@ func (c *Config) validate(p *problems) {
 	}
 	p.add(c.positive("source.rate_limit.window", s.RateLimit.Window))
 	if s.RetryMax < 0 || s.RetryMax > maxRetries {
-		p.add(c.errorf("source.retry_max", "want 0..%d, got %d: each retry waits up to 30s first and may take the whole source.timeout, so more would hold a run on one failing request for a quarter of an hour or more", maxRetries, s.RetryMax))
+		p.add(c.errorf("source.retry_max", "want 0..%d, got %d: each retry waits up to 30s first and may take the whole source.timeout, so more would hold a run on one failing request for twenty minutes or more", maxRetries, s.RetryMax))
 	}
 	p.add(c.positive("source.timeout", s.Timeout), c.atMost("source.timeout", s.Timeout, maxRequestTimeout))
 
@@ -201,15 +202,24 @@ func (c *Config) validate(p *problems) {
 	for i := range c.Jobs {
 		c.job(p, i, names)
 	}
+}
+
+// ScheduleProblem reports, at the first job with a cron schedule, a TZ
+// environment variable that names no time zone (see tzProblem), or
+// returns nil: cron is local time, and Go would keep local time as UTC
+// without a word, so that the jobs ran hours off. serve and jobs, which
+// schedule by it, refuse to start; other commands do not look.
+func (c *Config) ScheduleProblem() *Error {
 	for i, j := range c.Jobs {
 		if j.Cron == "" {
 			continue
 		}
 		if msg := tzProblem(os.Getenv("TZ")); msg != "" {
-			p.add(c.errorf(fmt.Sprintf("jobs[%d].cron", i), "is local time, but %s", msg))
+			return c.errorf(fmt.Sprintf("jobs[%d].cron", i), "is local time, but %s", msg)
 		}
-		break // once: TZ is the whole process's
+		return nil // TZ is the whole process's
 	}
+	return nil
 }
 
 // tzProblem says why tz, the TZ environment variable, names no time zone
@@ -223,12 +233,17 @@ func tzProblem(tz string) string {
 		return ""
 	}
 	var err error
-	if strings.HasPrefix(name, "/") {
+	switch {
+	case name == "Local":
+		// LoadLocation's own name for time.Local, but no zone to Go's
+		// start, which looks for a file of that name.
+		err = errors.New("no zone file")
+	case strings.HasPrefix(name, "/"):
 		var data []byte
 		if data, err = os.ReadFile(name); err == nil {
 			_, err = time.LoadLocationFromTZData(name, data)
 		}
-	} else {
+	default:
 		_, err = time.LoadLocation(name)
 	}
 	if err == nil {
@@ -285,7 +300,7 @@ func (c *Config) target(p *problems, i int, names map[string]string) {
 		if !isToken(h) {
 			p.add(c.errorf(k+".headers."+h, "want an HTTP header name, got %q", h))
 		} else if why, reserved := delivery.ReservedHeader(h); reserved {
-			p.add(c.errorf(k+".headers."+h, "%s: leave it out", why))
+			p.add(c.errorf(k+".headers."+h, "%s", why))
 		} else if err := c.headerText(k+".headers."+h, t.Headers[h]); err != nil {
 			p.add(err)
 		} else if unset := c.unsetVarsOf(k + ".headers." + h); len(unset) > 0 {
@@ -388,14 +403,15 @@ func (c *Config) job(p *problems, i int, names map[string]string) {
 // jobKinds are the values of jobs[].kind.
 var jobKinds = []string{KindSync, KindReconcile, KindBackfill, KindMaintenance, KindBackup}
 
-// isSet reports whether key is written in the file; for a configuration
-// built in code, which has no file, it returns set.
+// isSet reports whether key is written in the file with a value (a null
+// is the same as leaving it out); for a configuration built in code,
+// which has no file, it returns set.
 func (c *Config) isSet(key string, set bool) bool {
 	if c.meta == nil {
 		return set
 	}
 	_, ok := c.meta.lines[key]
-	return ok
+	return ok && !c.meta.nulls[key]
 }
 
 // intakePath reports an intake.path that serve cannot route: one that does
@@ -657,7 +673,13 @@ func (c *Config) url(key, v string, schemes ...string) *Error {
 // or the option, never the password.
 func (c *Config) redisURL(v string) *Error {
 	if _, err := redis.ParseURL(v); err != nil {
-		return c.errorf("governor.redis", "%s: want redis://[user:password@]host:port[/db][?option=value]", strings.TrimPrefix(err.Error(), "redis: "))
+		msg := strings.TrimPrefix(err.Error(), "redis: ")
+		var num *strconv.NumError
+		if errors.As(err, &num) {
+			// "invalid database number: strconv.Atoi: parsing "x": invalid syntax"
+			msg = strings.Replace(msg, num.Error(), strconv.Quote(num.Num)+" is not a number", 1)
+		}
+		return c.errorf("governor.redis", "%s: want redis://[user:password@]host:port[/db][?option=value]", msg)
 	}
 	return nil
 }
