@@ -6,11 +6,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/syncbuf"
 	"github.com/backstop-sync/backstop/sources/sim"
 )
 
@@ -117,4 +121,43 @@ func TestSimRefusesWebhookFlagsThatWouldSendNothing(t *testing.T) {
 	}
 	startSim(t, "--mutation-rate", "20", "--drop-rate", "0.1", "--duplicate-rate", "0.05",
 		"--webhook-url", "http://127.0.0.1:1/webhooks/botix", "--webhook-secret", "s")
+}
+
+// TestSimWarnsOfWebhooksNotAccepted: "backstop sim --webhook-url" with a
+// mistyped URL (or a secret serve does not share) said nothing at all,
+// not even at debug level, and its stop line counted no webhooks, so it
+// looked like no traffic. It now warns of the first attempt not answered
+// 2xx at once, naming the URL and the error (then at most once per 10 s,
+// with how many failed), and its stop line counts the webhooks.
+func TestSimWarnsOfWebhooksNotAccepted(t *testing.T) {
+	closed := freeAddr(t) // nothing listens there
+	cmd := exec.Command(binPath, "sim", "--listen", "127.0.0.1:0", "--mutation-rate", "20",
+		"--webhook-url", "http://"+closed+"/webhooks/botix", "--webhook-secret", "s")
+	cmd.Env = append(os.Environ(), "BACKSTOP_CONFIG=")
+	var stderr syncbuf.Buffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	waitFor(t, 20*time.Second, func() bool { return strings.Contains(stderr.String(), "webhook not accepted") })
+	line := stderr.String()
+	if !strings.Contains(line, "url=http://"+closed+"/webhooks/botix") || !strings.Contains(line, "connection refused") {
+		t.Errorf("warning names neither the URL nor the error:\n%s", line)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("sim after SIGTERM: %v\n%s", err, stderr.String())
+	}
+	out := stderr.String()
+	// Every attempt failed (20 a second): one line per 10 s at most.
+	if n, most := strings.Count(out, "webhook not accepted"), 1+int(time.Since(start)/sim.WebhookWarnEvery); n > most {
+		t.Errorf("%d warnings in %v, want at most %d:\n%s", n, time.Since(start), most, out)
+	}
+	if !strings.Contains(out, "simulator stopped") || !strings.Contains(out, "webhooks_delivered=0") || strings.Contains(out, "webhook_attempts=0 ") {
+		t.Errorf("stop line without the webhook counts:\n%s", out)
+	}
 }

@@ -86,6 +86,7 @@ It prints its base URL and API key, then serves until Ctrl-C.`,
 			if err != nil {
 				return usagef("--listen %s: %v", listen, err)
 			}
+			opts.Logger = log
 			s := sim.New(opts)
 			fmt.Fprintf(m.Stdout, "base_url=http://%s\napi_key=%s\n", ln.Addr(), s.APIKey())
 			log.Info("simulator serving", "addr", ln.Addr().String(), "objects_per_resource", max(opts.Objects, 0),
@@ -95,7 +96,13 @@ It prints its base URL and API key, then serves until Ctrl-C.`,
 				return err
 			}
 			st := s.Stats()
-			log.Info("simulator stopped", "requests", st.Requests, "rate_limited", st.RateLimited, "errors", st.Errors)
+			attrs := []any{"requests", st.Requests, "rate_limited", st.RateLimited, "errors", st.Errors}
+			if opts.WebhookURL != "" {
+				ws := s.WebhookStats()
+				attrs = append(attrs, "webhook_events", ws.Events, "webhooks_delivered", ws.Delivered,
+					"webhooks_dropped", ws.Dropped, "webhook_attempts", ws.Attempts, "webhooks_given_up", ws.GaveUp)
+			}
+			log.Info("simulator stopped", attrs...)
 			return nil
 		},
 	}

@@ -17,6 +17,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sort"
 	"sync"
@@ -129,6 +130,11 @@ type Options struct {
 	// WebhookTimeout bounds one delivery attempt; 0 means
 	// DefaultWebhookTimeout.
 	WebhookTimeout time.Duration
+	// Logger, when set, is told of webhook attempts that were not
+	// answered 2xx (a wrong URL, a secret the receiver does not share):
+	// the first at once, then at most one line per WebhookWarnEvery with
+	// how many failed meanwhile. Nil logs nothing.
+	Logger *slog.Logger
 	// TruncateOver is the largest webhook body, in bytes, sent whole; an
 	// event whose body would be larger carries only the object's id,
 	// "data":{"id":"…"}, with "truncated":true. 0 means

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -98,6 +99,10 @@ type WebhookAttempt struct {
 	At time.Time
 }
 
+// WebhookWarnEvery is how often at most Options.Logger is told of failed
+// webhook attempts.
+const WebhookWarnEvery = 10 * time.Second
+
 // WebhookStats counts the Sim's webhook traffic.
 type WebhookStats struct {
 	Events     int // distinct events generated, dropped ones included
@@ -125,8 +130,14 @@ type webhooks struct {
 	transport    *http.Transport
 	rng          *rand.Rand // decisions; guarded by Sim.mu, under which events are made
 
-	mu          sync.Mutex // guards the fields below
-	started     bool
+	logger *slog.Logger
+
+	mu      sync.Mutex // guards the fields below
+	started bool
+	// failed counts the attempts not answered 2xx since the last warning,
+	// warned when it was (see Options.Logger).
+	failed      int
+	warned      time.Time
 	stopped     bool
 	events      []*SentEvent
 	queue       []*delivery
@@ -195,6 +206,7 @@ func newWebhooks(o Options) *webhooks {
 		schedule:     append([]time.Duration(nil), o.RetrySchedule...),
 		workers:      o.WebhookWorkers,
 		truncateOver: o.TruncateOver,
+		logger:       o.Logger,
 		rng:          rand.New(rand.NewPCG(uint64(o.Seed), 0x776562686f6f6b)),
 		timers:       make(map[*time.Timer]struct{}),
 		ready:        make(chan struct{}, 1),
@@ -459,8 +471,24 @@ func (w *webhooks) send(ctx context.Context, d *delivery) {
 	}
 	ok := err == nil && status >= 200 && status < 300
 
+	var warn []any // logged once the lock is released
+	defer func() {
+		if warn != nil {
+			w.logger.Warn("webhook not accepted", warn...)
+		}
+	}()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !ok && w.logger != nil {
+		w.failed++
+		if now := time.Now(); now.Sub(w.warned) >= WebhookWarnEvery {
+			warn = []any{"url", w.url, "event_id", a.EventID, "attempt", a.Attempt, "status", a.Status, "failed_since_last_warning", w.failed}
+			if a.Err != "" {
+				warn = append(warn, "error", a.Err)
+			}
+			w.failed, w.warned = 0, now
+		}
+	}
 	w.log = append(w.log, a)
 	w.stats.Attempts++
 	if d.attempt > 1 {
