@@ -58,11 +58,26 @@ type Engine struct {
 	// Command is how the commands that its errors and logs suggest begin
 	// ("backstop --config prod.yaml"); "backstop" when empty.
 	Command string
+	// Routes are the delivery targets' subscriptions, for the command a
+	// finished backfill suggests to read everything again: with --emit
+	// where a restart without it would be refused (CheckBackfill). Nil
+	// suggests it without.
+	Routes []backstop.Route
 	// Now defaults to time.Now.
 	Now func() time.Time
 }
 
 // command is Command, or "backstop".
+// restartEmit is " --emit" when a restart of r's finished backfill must
+// emit: this run does (emitting), or one without emitting would be refused
+// (CheckBackfill with routes); else "".
+func (e *Engine) restartEmit(ctx context.Context, r backstop.Resource, emitting bool, routes []backstop.Route) string {
+	if emitting || errors.Is(e.CheckBackfill(ctx, r, true, routes), ErrSilentBackfill) {
+		return " --emit"
+	}
+	return ""
+}
+
 func (e *Engine) command() string {
 	if e.Command == "" {
 		return "backstop"
@@ -213,7 +228,7 @@ func (e *Engine) backfill(ctx context.Context, r backstop.Resource, restart bool
 	}
 	switch {
 	case ok && cur.Done && !restart:
-		e.logger().Info("backfill already finished; `"+e.command()+" backfill "+string(r)+" --restart` reads everything again", "resource", r,
+		e.logger().Info("backfill already finished; `"+e.command()+" backfill "+string(r)+" --restart"+e.restartEmit(ctx, r, em != nil && em.quiet == nil, e.Routes)+"` reads everything again", "resource", r,
 			"finished_at", cur.UpdatedAt, "position", cur.Position)
 		// A run killed between its last page and the hand-off left the
 		// sync cursor behind: hand it over now, as that run would have.

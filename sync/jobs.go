@@ -1114,7 +1114,13 @@ func (s *Scheduler) work(ctx context.Context, j Job, live *runProgress) (backsto
 	if len(done) > 0 {
 		// A backfill job is one pass: once done it reads nothing again,
 		// and an ok with nothing read should say why.
-		out = fmt.Sprintf("%s: %s (backstop backfill --restart RESOURCE reads one again)", BackfillDone, strings.Join(done, ", "))
+		emit := ""
+		for _, r := range done {
+			if flag := e.restartEmit(ctx, backstop.Resource(r), j.Emit, s.opts.Routes); flag != "" {
+				emit = flag
+			}
+		}
+		out = fmt.Sprintf("%s: %s (%s backfill RESOURCE --restart%s reads one again)", BackfillDone, strings.Join(done, ", "), e.command(), emit)
 	}
 	return c, out, errors.Join(errs...)
 }

@@ -69,6 +69,11 @@ Ctrl-C finishes the page being written, saves the checkpoint and exits 130.`,
 				if emit && noEmit {
 					return nil, usagef("--emit and --no-emit exclude each other")
 				}
+				if !noEmit {
+					// A finished backfill's hint then says --emit where
+					// a restart needs it.
+					a.engine.Routes = routes
+				}
 				if !emit {
 					if !noEmit {
 						if err := checkSilentBackfill(ctx, cmd, a, resources, restart, routes); err != nil {
