@@ -938,6 +938,12 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func(), retry
 	if run.Output != "" {
 		attrs = append(attrs, "output", run.Output)
 	}
+	if err != nil {
+		// The line says why, on its own (as under backstop run, whose
+		// stderr has it apart): a warning, as the run did not do its work.
+		log.Warn("job finished", append(attrs, "error", err.Error())...)
+		return run, err
+	}
 	log.Info("job finished", attrs...)
 	return run, err
 }

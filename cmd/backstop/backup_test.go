@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"regexp"
 	"strings"
 	stdsync "sync"
 	"sync/atomic"
@@ -343,10 +344,15 @@ func TestBackupJob(t *testing.T) {
 		t.Errorf("run: exit %d\n%s", code, stdout)
 	}
 
+	// A failed run's summary does not claim "deleted 0 older backups", and
+	// its "job finished" line says why it failed.
 	code, stdout, stderr := e.run(t.Context(), "run", "lost-backup")
-	if code != exitFailure || !strings.Contains(stdout, "failed") ||
+	if code != exitFailure || !strings.Contains(stdout, "failed") || strings.Contains(stdout, "older backups") ||
 		!strings.Contains(stderr, "backup directory "+filepath.Join(dir, "missing")) || !strings.Contains(stderr, "no such file or directory") {
 		t.Errorf("backup job into a missing directory: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if !regexp.MustCompile(`level=WARN msg="job finished".* error=.*backup directory`).MatchString(stderr) {
+		t.Errorf("the failed run's job finished line does not say why:\n%s", stderr)
 	}
 }
 

@@ -260,7 +260,9 @@ func printJobRun(w io.Writer, run bsync.JobRun, lockWait time.Duration, asJSON b
 		if run.Output != "" {
 			fmt.Fprintf(tw, "backup\t%s\n", run.Output)
 		}
-		fmt.Fprintf(tw, "deleted\t%d older backups\n", c.Pruned)
+		if run.Err == nil || c.Pruned > 0 { // a run that failed before pruning deleted none, as the error says
+			fmt.Fprintf(tw, "deleted\t%d older backups\n", c.Pruned)
+		}
 	case bsync.JobReconcile:
 		fmt.Fprintf(tw, "pages\t%d\nscanned\t%d\nmissing\t%d\nbehind\t%d\n", c.Pages, c.Objects, c.Missing, c.Behind)
 		if c.Orphans != nil { // a full reconcile's
