@@ -131,7 +131,7 @@ func (e *Engine) checkFirstFill(ctx context.Context, r backstop.Resource, routes
 		return err
 	}
 	return fmt.Errorf("%w: the backfill of %s, run without --emit so that the targets do not get its history, "+
-		"has not finished, and a sync now would read the feed from its start and emit every %s it has not reached yet as new (%s); "+
+		"has not finished, and a sync now would read the feed from its start and emit each of the %s it has not reached yet as new (%s); "+
 		"finish it first: %s backfill %s", ErrFirstFillUnfinished, r, r, strings.Join(subs, ", "), e.command(), r)
 }
 

@@ -108,7 +108,16 @@ func TestDeliveriesErrorsSayWhatIsWrong(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, `--before "bogus"`) || strings.Contains(stderr, "--since") {
 		t.Errorf("purge --before bogus: exit %d, stderr %q; want 2 naming --before", code, stderr)
 	}
-	code, stdout, _ := e.run(context.Background(), "deliveries", "list", "--target", "crmm")
+	// A --before in the future (2099 for 2019) purged every dead letter.
+	code, _, stderr = e.run(context.Background(), "deliveries", "purge", "--dead", "--before", "2099-01-01")
+	if code != 2 || !strings.Contains(stderr, "--before 2099-01-01 is in the future") || !strings.Contains(stderr, "--before 1s") {
+		t.Errorf("purge --before 2099-01-01: exit %d, stderr %q; want 2 saying it is in the future", code, stderr)
+	}
+	code, stdout, stderr := e.run(context.Background(), "deliveries", "purge", "--dead", "--before", "1s")
+	if code != 0 || !strings.HasPrefix(stdout, "0 dead letters from before ") {
+		t.Errorf("purge --before 1s: exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, _ = e.run(context.Background(), "deliveries", "list", "--target", "crmm")
 	if code != 0 || strings.TrimSpace(stdout) != `no deliveries match (and the configuration has no target "crmm")` {
 		t.Errorf("list --target crmm: exit %d, stdout %q", code, stdout)
 	}

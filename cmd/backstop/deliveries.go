@@ -357,9 +357,15 @@ deliveries are still sent; retry or purge --dead its dead letters instead.`,
 			if !dead || before == "" {
 				return usagef("purge needs --dead and --before (a duration back such as 30d, an RFC 3339 time or a date), or --target T for a target removed from the configuration")
 			}
-			t, err := parseSince(before, time.Now())
+			now := time.Now()
+			t, err := parseSince(before, now)
 			if err != nil {
 				return usagef("--before %q: want a duration back such as 30d or 12h, an RFC 3339 time or a date (2026-01-31)", before)
+			}
+			// Most likely a typo (2099 for 2019), and every dead letter
+			// would go: a minute of clock skew is let through.
+			if t.After(now.Add(time.Minute)) {
+				return usagef("--before %s is in the future, which would purge every dead letter: check the date, or give --before 1s to purge them all", before)
 			}
 			db, _, err := m.openStore(cmd.Context(), g)
 			if err != nil {
