@@ -67,7 +67,6 @@ type Engine struct {
 	Now func() time.Time
 }
 
-// command is Command, or "backstop".
 // restartEmit is " --emit" when a restart of r's finished backfill must
 // emit: this run does (emitting), or one without emitting would be refused
 // (CheckBackfill with routes); else "".
@@ -78,6 +77,7 @@ func (e *Engine) restartEmit(ctx context.Context, r backstop.Resource, emitting 
 	return ""
 }
 
+// command is Command, or "backstop".
 func (e *Engine) command() string {
 	if e.Command == "" {
 		return "backstop"

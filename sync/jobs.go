@@ -939,12 +939,15 @@ func (s *Scheduler) run(ctx context.Context, st *jobState, started func(), retry
 		attrs = append(attrs, "output", run.Output)
 	}
 	if err != nil {
-		// The line says why, on its own (as under backstop run, whose
-		// stderr has it apart): a warning, as the run did not do its work.
-		log.Warn("job finished", append(attrs, "error", err.Error())...)
-		return run, err
+		// The line says why on its own (under backstop run the error is
+		// printed apart from it).
+		attrs = append(attrs, "error", err.Error())
 	}
-	log.Info("job finished", attrs...)
+	if run.Status == JobFailed {
+		log.Warn("job finished", attrs...) // the run did not do its work
+	} else {
+		log.Info("job finished", attrs...)
+	}
 	return run, err
 }
 

@@ -28,18 +28,21 @@ import (
 
 // Defaults applied by New to zero Options fields.
 const (
-	DefaultAPIKey  = "sim_test_key"
-	DefaultObjects = 1000
-	// MaxObjects, a bound rather than a default, bounds Objects: the simulator holds every object in
-	// memory and makes them all before it serves (a million per resource
-	// take about a gigabyte).
-	MaxObjects = 1_000_000
-	// MaxMutationRate, a bound too, bounds MutationRate, changes per second: a change
-	// holds the simulator's lock, and at a billion a second one tick's
-	// changes would take minutes and no Ctrl-C would end them.
-	MaxMutationRate   = 100_000
+	DefaultAPIKey     = "sim_test_key"
+	DefaultObjects    = 1000
 	DefaultBigObjects = 3
 	DefaultWindow     = 60 * time.Second
+)
+
+// Bounds that Validate enforces.
+const (
+	// MaxObjects bounds Objects: the simulator holds every object in
+	// memory and makes them all before it serves.
+	MaxObjects = 1_000_000
+	// MaxMutationRate bounds MutationRate, changes per second: a change
+	// holds the simulator's lock, and at a billion a second one tick's
+	// changes would take minutes and no Ctrl-C would end them.
+	MaxMutationRate = 100_000
 )
 
 // UnlimitedLimit is what X-RateLimit-Limit reports when Options.Limit is 0

@@ -208,8 +208,8 @@ func (d *decoder) scalar(n *yaml.Node, t reflect.Type, key, want string) (string
 		// serve warns of it (Validate), naming what follows the $ unless
 		// the value is a secret or a URL, which may hold a password or a
 		// token too (user:pass@, ?token=).
-		url := strings.HasSuffix(strings.ToLower(key), "url")
-		d.meta.bare[key] = bareMsg(bare[0], secret || url, false)
+		isURL := strings.HasSuffix(strings.ToLower(key), "url")
+		d.meta.bare[key] = bareMsg(bare[0], secret || isURL, false)
 	}
 	if len(vars) > 0 {
 		d.meta.vars[key] = vars
