@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/backstop-sync/backstop/internal/locktest"
 )
 
 // Cause names the condition behind a store error in words without the
@@ -32,7 +34,7 @@ func TestCause(t *testing.T) {
 
 	// A write lock another connection holds.
 	db, _ := openFull(t)
-	defer holdLock(t, db.path)()
+	defer locktest.HoldWriteLock(t, db.path)()
 	second, err := sql.Open(driverName, db.path+"?_pragma=busy_timeout(0)")
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"path/filepath"
 	"sync"
@@ -10,33 +9,8 @@ import (
 	"time"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/locktest"
 )
-
-// holdLock takes the write lock of the store at path on a connection of
-// its own, as another process would, and returns what releases it.
-func holdLock(t *testing.T, path string) (release func()) {
-	t.Helper()
-	ctx := context.Background()
-	other, err := sql.Open(driverName, path+"?_pragma=busy_timeout(0)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := other.Conn(ctx)
-	if err != nil {
-		other.Close()
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		conn.Close()
-		other.Close()
-		t.Fatal(err)
-	}
-	return func() {
-		conn.ExecContext(ctx, "ROLLBACK")
-		conn.Close()
-		other.Close()
-	}
-}
 
 // stuckWriters opens a store with the busy timeout busy, lets another
 // connection hold its write lock, and queues n writes (a delivery
@@ -50,7 +24,7 @@ func stuckWriters(t *testing.T, busy time.Duration, n int) *DB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release := holdLock(t, db.path)
+	release := locktest.HoldWriteLock(t, db.path)
 	var wg sync.WaitGroup
 	t.Cleanup(func() {
 		release()
@@ -136,7 +110,7 @@ func TestEmitWaitsTheBusyTimeoutOnceInAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	defer holdLock(t, db.path)()
+	defer locktest.HoldWriteLock(t, db.path)()
 
 	held, err := db.w.Connx(ctx)
 	if err != nil {

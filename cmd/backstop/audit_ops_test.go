@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/locktest"
 	"github.com/backstop-sync/backstop/internal/redistest"
 	"github.com/backstop-sync/backstop/sinks/intake"
 	"github.com/backstop-sync/backstop/sources/sim"
@@ -152,7 +153,7 @@ func TestOpsServeWarnsWithoutMaintenanceJob(t *testing.T) {
 // those are in the log.
 func TestOpsReadyzFailsWhileTheStoreCannotCommit(t *testing.T) {
 	e, p, addr := opsServe(t)
-	release := holdWriteLock(t, e.db)
+	release := locktest.HoldWriteLock(t, e.db)
 
 	// serve's commit waits out its busy timeout (10 s), then fails.
 	code, body := postSigned(t, "http://"+addr+"/webhooks/botix", webhookSecret, paymentWebhook("evt_ops_locked", "pay_ops_locked"))
@@ -486,7 +487,7 @@ func TestOpsWebhookAnswerLatencyOnMetrics(t *testing.T) {
 // duplicate.
 func TestOpsWebhookWhoseSenderHungUpIsNotCountedAsAnswered(t *testing.T) {
 	e, p, addr := opsServe(t)
-	release := holdWriteLock(t, e.db)
+	release := locktest.HoldWriteLock(t, e.db)
 
 	url := "http://" + addr + "/webhooks/botix"
 	body := paymentWebhook("evt_ops_gone", "pay_ops_gone")
@@ -523,41 +524,6 @@ func TestOpsWebhookWhoseSenderHungUpIsNotCountedAsAnswered(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(string(answer), `"duplicate"`) {
 		t.Fatalf("the sender's retry: %d %s, want 200 duplicate", code, answer)
 	}
-}
-
-// holdWriteLock takes the store's write lock at path from a connection of
-// its own, as another process would, and returns what releases it (once;
-// the test's end releases it too).
-func holdWriteLock(t *testing.T, path string) (release func()) {
-	t.Helper()
-	ctx := context.Background()
-	raw, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := raw.Conn(ctx)
-	if err != nil {
-		raw.Close()
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		conn.Close()
-		raw.Close()
-		t.Fatal(err)
-	}
-	var once stdsync.Once
-	release = func() {
-		once.Do(func() {
-			_, err := conn.ExecContext(ctx, "ROLLBACK")
-			conn.Close()
-			raw.Close()
-			if err != nil {
-				t.Errorf("release the store's write lock: %v", err)
-			}
-		})
-	}
-	t.Cleanup(release)
-	return release
 }
 
 // A serve without governor.redis and serves with it on one store (one node
