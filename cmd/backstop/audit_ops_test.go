@@ -504,10 +504,13 @@ func TestOpsWebhookWhoseSenderHungUpIsNotCountedAsAnswered(t *testing.T) {
 		res.Body.Close()
 		t.Fatalf("webhook while the store is locked: answered %d before the lock was released", res.StatusCode)
 	}
+	// The handler counts the outcome, then the middleware around it times
+	// the answer: wait for both, or a scrape between the two sees one.
 	var m map[string]float64
 	waitFor(t, 5*time.Second, func() bool {
 		m = p.metrics()
-		return m[`backstop_intake_requests_total{outcome="sender_gone"}`] >= 1
+		return m[`backstop_intake_requests_total{outcome="sender_gone"}`] >= 1 &&
+			m[`backstop_intake_request_duration_seconds_count{code="499"}`]+m[`backstop_intake_request_duration_seconds_count{code="200"}`] >= 1
 	})
 	if v := m[`backstop_intake_request_duration_seconds_count{code="499"}`]; v != 1 {
 		t.Errorf(`backstop_intake_request_duration_seconds_count{code="499"} = %v, want 1`, v)
