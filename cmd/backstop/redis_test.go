@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,9 +17,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/internal/redistest"
@@ -436,5 +441,45 @@ jobs:
 	}
 	if code := serve.wait(time.Minute); code != 0 {
 		t.Errorf("serve: exit %d after SIGTERM\n%s", code, serve.output())
+	}
+}
+
+// dialCounter is a go-redis hook that counts the client's dials, each
+// attempt of the pool's included.
+type dialCounter struct{ n atomic.Int64 }
+
+func (d *dialCounter) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		d.n.Add(1)
+		return next(ctx, network, addr)
+	}
+}
+
+func (d *dialCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (d *dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// The request that finds Redis gone mid-run gives up on it after one dial
+// per try, and the governor paces it locally: go-redis's default dials
+// five times, 100 ms apart (0.8 s for a refused connection, five dial
+// timeouts for a host that does not answer).
+func TestRedisGoneFailsAfterOneDialPerTry(t *testing.T) {
+	rds := redistest.Start(t)
+	rdb, err := connectRedis(context.Background(), rds.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	dials := &dialCounter{}
+	rdb.AddHook(dials)
+	rds.Stop()
+	if err := rdb.Get(context.Background(), "k").Err(); err == nil || errors.Is(err, redis.Nil) {
+		t.Fatalf("GET with Redis stopped: %v, want a connection error", err)
+	}
+	// Two tries (MaxRetries 1): the pooled connection, dead, then one dial.
+	if n := dials.n.Load(); n < 1 || n > 2 {
+		t.Errorf("%d dials for one command with Redis stopped, want 1 or 2", n)
 	}
 }
