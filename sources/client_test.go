@@ -333,7 +333,9 @@ func TestNetworkErrorsExhaustRetries(t *testing.T) {
 	if cost.Requests != 4 || hs.requests.Load() != 4 {
 		t.Errorf("requests = %d (cost %d), want 4", hs.requests.Load(), cost.Requests)
 	}
-	if st, _ := hs.gov.State(context.Background()); st.InFlight != 0 {
+	if st, err := hs.gov.State(context.Background()); err != nil {
+		t.Fatal(err)
+	} else if st.InFlight != 0 {
 		t.Errorf("governor still counts %d in flight", st.InFlight)
 	}
 }

@@ -368,7 +368,9 @@ func TestPurgeDeadAndPruneAttemptsAndDelivered(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("PurgeDead = %d, %v; want 1", n, err)
 	}
-	if _, ok, _ := db.Delivery(ctx, oldDead); ok {
+	if _, ok, err := db.Delivery(ctx, oldDead); err != nil {
+		t.Fatal(err)
+	} else if ok {
 		t.Error("the old dead letter was kept")
 	}
 	if atts, err := db.Attempts(ctx, oldDead); err != nil || len(atts) != 0 {
@@ -383,7 +385,9 @@ func TestPurgeDeadAndPruneAttemptsAndDelivered(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("PruneAttempts = %d, %v; want 1 (the delivered row's)", n, err)
 	}
-	if atts, _ := db.Attempts(ctx, oldDelivered); len(atts) != 0 {
+	if atts, err := db.Attempts(ctx, oldDelivered); err != nil {
+		t.Fatal(err)
+	} else if len(atts) != 0 {
 		t.Errorf("old attempt kept: %+v", atts)
 	}
 	if atts, _ := db.Attempts(ctx, newDead); len(atts) != 1 {
@@ -412,11 +416,15 @@ func TestPurgeDeadAndPruneAttemptsAndDelivered(t *testing.T) {
 		t.Fatalf("PruneDelivered = %d, %v; want 2 (the old delivered rows)", n, err)
 	}
 	for _, id := range []int64{oldDelivered, oldDelivered2} {
-		if _, ok, _ := db.Delivery(ctx, id); ok {
+		if _, ok, err := db.Delivery(ctx, id); err != nil {
+			t.Fatal(err)
+		} else if ok {
 			t.Errorf("old delivered row %d was kept", id)
 		}
 	}
-	if atts, _ := db.Attempts(ctx, oldDelivered2); len(atts) != 0 {
+	if atts, err := db.Attempts(ctx, oldDelivered2); err != nil {
+		t.Fatal(err)
+	} else if len(atts) != 0 {
 		t.Errorf("the pruned delivery kept %d attempts", len(atts))
 	}
 	mustDelivery(t, db, newDelivered)
@@ -653,7 +661,9 @@ func TestRecordAttempts(t *testing.T) {
 	if r := mustDelivery(t, db, d); r.Status != StatusPending || r.Attempts != 0 {
 		t.Errorf("a failed RecordAttempts changed delivery d: %+v", r)
 	}
-	if atts, _ := db.Attempts(ctx, d); len(atts) != 0 {
+	if atts, err := db.Attempts(ctx, d); err != nil {
+		t.Fatal(err)
+	} else if len(atts) != 0 {
 		t.Errorf("a failed RecordAttempts logged %d attempts of d", len(atts))
 	}
 }

@@ -217,7 +217,9 @@ func TestEmitDuplicateByDedupKey(t *testing.T) {
 			if got := emit(t, db, testRoutes, tc.second); got[0] != duplicate {
 				t.Fatalf("second = %+v, want duplicate", got[0])
 			}
-			if _, ok, _ := db.ProcessedEvent(context.Background(), tc.second.ID); ok {
+			if _, ok, err := db.ProcessedEvent(context.Background(), tc.second.ID); err != nil {
+				t.Fatal(err)
+			} else if ok {
 				t.Errorf("the duplicate %s was stored", tc.second.ID)
 			}
 			if pe := mustProcessed(t, db, tc.first.ID); pe.Origin != tc.first.Origin {
@@ -674,7 +676,9 @@ func TestPruneProcessed(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("PruneProcessed = %d, %v; want 1", n, err)
 	}
-	if _, ok, _ := db.ProcessedEvent(ctx, "evt_old"); ok {
+	if _, ok, err := db.ProcessedEvent(ctx, "evt_old"); err != nil {
+		t.Fatal(err)
+	} else if ok {
 		t.Error("evt_old was kept")
 	}
 	mustProcessed(t, db, "evt_trunc") // still waiting for its object

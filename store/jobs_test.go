@@ -213,10 +213,14 @@ func TestEmitPageCommitsEventsWithCursor(t *testing.T) {
 	if _, err := db.EmitPage(ctx, []backstop.Event{e1, bad}, routes, cur); err == nil {
 		t.Fatal("EmitPage with a broken event succeeded")
 	}
-	if _, ok, _ := db.Cursor(ctx, backstop.Contacts, backstop.CursorSync); ok {
+	if _, ok, err := db.Cursor(ctx, backstop.Contacts, backstop.CursorSync); err != nil {
+		t.Fatal(err)
+	} else if ok {
 		t.Error("cursor saved although the page failed")
 	}
-	if n, _ := db.CountProcessed(ctx); n != 0 {
+	if n, err := db.CountProcessed(ctx); err != nil {
+		t.Fatal(err)
+	} else if n != 0 {
 		t.Errorf("%d events kept from a failed page", n)
 	}
 

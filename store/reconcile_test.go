@@ -120,7 +120,9 @@ func TestReconcileRunsAndOrphans(t *testing.T) {
 	if err != nil || !ok || !last.Equal(start) {
 		t.Errorf("last reconcile %v ok=%v err=%v, want %v", last, ok, err, start)
 	}
-	if _, ok, _ := db.LastReconcile(ctx, backstop.Chats); ok {
+	if _, ok, err := db.LastReconcile(ctx, backstop.Chats); err != nil {
+		t.Fatal(err)
+	} else if ok {
 		t.Error("chats have a last reconcile")
 	}
 
@@ -327,7 +329,9 @@ func TestEmitChanged(t *testing.T) {
 	if _, err := db.EmitChanged(ctx, bad, routes); err == nil || !strings.Contains(err.Error(), "event 2 of 2 (evt_bad)") {
 		t.Errorf("an event without type: %v, want an error naming it", err)
 	}
-	if _, ok, _ := db.ProcessedEvent(ctx, "evt_r6"); ok {
+	if _, ok, err := db.ProcessedEvent(ctx, "evt_r6"); err != nil {
+		t.Fatal(err)
+	} else if ok {
 		t.Error("the batch with a bad event was committed in part")
 	}
 }

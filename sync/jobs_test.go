@@ -281,10 +281,14 @@ func TestMaintenanceJobPrunes(t *testing.T) {
 	if err != nil || run.Status != bsync.JobOK || run.Counts.Pruned != 2 {
 		t.Fatalf("run = %+v, err = %v; want ok with 2 pruned (the job run, the old delivery)", run, err)
 	}
-	if runs, _ := db.JobRuns(ctx, "x", 0); len(runs) != 0 {
+	if runs, err := db.JobRuns(ctx, "x", 0); err != nil {
+		t.Fatal(err)
+	} else if len(runs) != 0 {
 		t.Errorf("old job run kept: %+v", runs)
 	}
-	if _, ok, _ := db.Delivery(ctx, oldDelivery); ok {
+	if _, ok, err := db.Delivery(ctx, oldDelivery); err != nil {
+		t.Fatal(err)
+	} else if ok {
 		t.Error("a delivery delivered before the retention was kept")
 	}
 	if _, ok, _ := db.Delivery(ctx, newDelivery); !ok {
@@ -336,7 +340,9 @@ func TestMaintenanceJobPrunesDashboardSamples(t *testing.T) {
 	if is, err := db.IntakeSamples(ctx, time.Time{}); err != nil || len(is) != 1 {
 		t.Errorf("intake samples left: %+v (%v), want the recent one", is, err)
 	}
-	if ok, _ := db.SessionRevoked(ctx, "expired"); ok {
+	if ok, err := db.SessionRevoked(ctx, "expired"); err != nil {
+		t.Fatal(err)
+	} else if ok {
 		t.Error("an expired revoked session was kept")
 	}
 	if ok, _ := db.SessionRevoked(ctx, "live"); !ok {

@@ -169,7 +169,9 @@ func TestReconcileRestoresMissingAndBehind(t *testing.T) {
 			t.Errorf("processed event %s: %+v ok=%v err=%v, want origin reconcile for %s", row.EventID, pe, ok, err, o.ID)
 		}
 	}
-	if rows, _ := w.db.OutboxRows(ctx, "support"); len(rows) != 0 {
+	if rows, err := w.db.OutboxRows(ctx, "support"); err != nil {
+		t.Fatal(err)
+	} else if len(rows) != 0 {
 		t.Errorf("support (chat.*) got %d payment events", len(rows))
 	}
 
@@ -243,7 +245,9 @@ func TestReconcileDryRun(t *testing.T) {
 	if n, err := w.db.CountProcessed(ctx); err != nil || n != 0 {
 		t.Errorf("dry run processed %d events (err %v), want none", n, err)
 	}
-	if rows, _ := w.db.OutboxRows(ctx, "billing"); len(rows) != 0 {
+	if rows, err := w.db.OutboxRows(ctx, "billing"); err != nil {
+		t.Fatal(err)
+	} else if len(rows) != 0 {
 		t.Errorf("dry run queued %d deliveries", len(rows))
 	}
 	if _, ok, err := w.db.LastReconcile(ctx, backstop.Payments); err != nil || ok {

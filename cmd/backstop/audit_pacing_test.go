@@ -268,7 +268,9 @@ func TestUncappedTargetGoesThroughRedisOnceItSendsHeaders(t *testing.T) {
 	for range 20 {
 		deliver(nil)
 	}
-	if keys, _ := rdb.Keys(ctx, targetRedisPrefix+"*").Result(); len(keys) != 0 {
+	if keys, err := rdb.Keys(ctx, targetRedisPrefix+"*").Result(); err != nil {
+		t.Fatal(err)
+	} else if len(keys) != 0 {
 		t.Fatalf("a target that sends no rate-limit headers has keys in Redis: %q", keys)
 	}
 	reset := strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10)

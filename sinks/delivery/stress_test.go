@@ -48,7 +48,7 @@ const (
 	stressForceOK = 6
 	// stressPauseSlack is how long after a 429 is answered a request sent
 	// before the dispatcher saw it may still reach the target.
-	stressPauseSlack = 300 * time.Millisecond
+	stressPauseSlack = 500 * time.Millisecond
 	// stressMaxGap bounds the wait between a row's requests: its retries
 	// wait at most a 429's second and their turn; a row left claimed
 	// until its lease ends (14 s or more here) waits longer.

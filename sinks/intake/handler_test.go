@@ -326,7 +326,9 @@ func TestDrainAnswers503(t *testing.T) {
 		t.Fatalf("draining: %d, Retry-After %q, Connection %q; want 503, a Retry-After, close",
 			rec.Code, rec.Header().Get("Retry-After"), rec.Header().Get("Connection"))
 	}
-	if n, _ := db.CountProcessed(context.Background()); n != 0 {
+	if n, err := db.CountProcessed(context.Background()); err != nil {
+		t.Fatal(err)
+	} else if n != 0 {
 		t.Error("stored while draining")
 	}
 }

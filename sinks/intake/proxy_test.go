@@ -224,7 +224,9 @@ func TestProxyRefusesInvalidUTF8AndBadIDs(t *testing.T) {
 			t.Errorf("%s: %d %v, want 400 %s saying %q", c.name, code, answer, c.code, c.want)
 		}
 	}
-	if rows, _ := db.OutboxRows(context.Background(), ""); len(rows) != 0 {
+	if rows, err := db.OutboxRows(context.Background(), ""); err != nil {
+		t.Fatal(err)
+	} else if len(rows) != 0 {
 		t.Errorf("refused calls queued %d rows: %+v", len(rows), rows)
 	}
 	// Ids the intake takes are taken, and reported as sent.

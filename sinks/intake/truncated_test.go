@@ -55,10 +55,10 @@ func TestTruncatedEventIsCompletedFromTheAPI(t *testing.T) {
 	s.SetErrorRate(1)
 	f.Wake()
 	waitFor(t, func() bool {
-		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_trunc")
+		pe := processed(t, db, "evt_trunc")
 		return pe.FetchAttempts >= 1
 	})
-	pe, _, _ := db.ProcessedEvent(context.Background(), "evt_trunc")
+	pe := processed(t, db, "evt_trunc")
 	if !pe.Truncated || pe.LastFetchError == "" || !pe.NextFetchAt.After(now) {
 		t.Fatalf("after a failed fetch: %+v", pe)
 	}
@@ -71,7 +71,7 @@ func TestTruncatedEventIsCompletedFromTheAPI(t *testing.T) {
 	now = pe.NextFetchAt.Add(time.Millisecond)
 	f.Wake()
 	waitFor(t, func() bool {
-		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_trunc")
+		pe := processed(t, db, "evt_trunc")
 		return !pe.Truncated
 	})
 	got, ok, err := db.Get(context.Background(), backstop.Messages, big.ID)
@@ -107,10 +107,10 @@ func TestTruncatedEventWithoutObjectIsGivenUp(t *testing.T) {
 
 	// Within the grace a 404 is retried like any failure.
 	waitFor(t, func() bool {
-		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_gone")
+		pe := processed(t, db, "evt_gone")
 		return pe.FetchAttempts >= 1
 	})
-	pe, _, _ := db.ProcessedEvent(context.Background(), "evt_gone")
+	pe := processed(t, db, "evt_gone")
 	if !pe.Truncated || !pe.NextFetchAt.After(created) {
 		t.Fatalf("after a 404 within the grace: %+v, want it retried", pe)
 	}
@@ -124,10 +124,10 @@ func TestTruncatedEventWithoutObjectIsGivenUp(t *testing.T) {
 	mu.Unlock()
 	f.Wake()
 	waitFor(t, func() bool {
-		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_gone")
+		pe := processed(t, db, "evt_gone")
 		return !pe.Truncated
 	})
-	pe, _, _ = db.ProcessedEvent(context.Background(), "evt_gone")
+	pe = processed(t, db, "evt_gone")
 	if !strings.HasPrefix(pe.LastFetchError, "given up") || pe.FetchAttempts < 2 {
 		t.Fatalf("given-up event: %+v", pe)
 	}
@@ -173,10 +173,10 @@ func TestTruncatedEventFromTheFutureWithoutObjectIsGivenUp(t *testing.T) {
 	runFetcher(t, db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
 
 	waitFor(t, func() bool {
-		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_ahead")
+		pe := processed(t, db, "evt_ahead")
 		return pe.FetchAttempts >= 1
 	})
-	pe, _, _ := db.ProcessedEvent(context.Background(), "evt_ahead")
+	pe := processed(t, db, "evt_ahead")
 	if pe.Truncated || !strings.HasPrefix(pe.LastFetchError, "given up") {
 		t.Fatalf("404 two hours after arrival, created_at a year ahead: %+v; want it given up", pe)
 	}
@@ -228,10 +228,10 @@ func TestTruncatedEventWhoseObjectIsGoneIsGivenUp(t *testing.T) {
 	runFetcher(t, db, client, intake.FetcherOptions{Routes: routes, Metrics: metrics, Now: clock, Interval: time.Hour})
 
 	waitFor(t, func() bool {
-		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_deleted")
+		pe := processed(t, db, "evt_deleted")
 		return pe.FetchAttempts >= 1
 	})
-	pe, _, _ := db.ProcessedEvent(context.Background(), "evt_deleted")
+	pe := processed(t, db, "evt_deleted")
 	if pe.Truncated || !strings.HasPrefix(pe.LastFetchError, "given up") || !strings.Contains(pe.LastFetchError, "410") {
 		t.Fatalf("after a 410 Gone: %+v; want it given up, saying 410", pe)
 	}
@@ -257,6 +257,21 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// processed returns the stored event id, failing the test when the store
+// cannot read it or holds no such event: a wait on it would otherwise take
+// a missing row, or an error, for a completed fetch.
+func processed(t *testing.T, db *store.DB, id string) store.ProcessedEvent {
+	t.Helper()
+	pe, ok, err := db.ProcessedEvent(context.Background(), id)
+	if err != nil {
+		t.Fatalf("processed event %s: %v", id, err)
+	}
+	if !ok {
+		t.Fatalf("processed event %s: not stored", id)
+	}
+	return pe
 }
 
 // The truncated-fetch results are exported from the start, at zero, so a
@@ -420,7 +435,7 @@ func TestTruncatedFetchOncePerStepAcrossProcesses(t *testing.T) {
 	step := func(k int, wait time.Duration) time.Time {
 		t.Helper()
 		waitFor(t, func() bool {
-			pe, _, _ := a.ProcessedEvent(context.Background(), "evt_gone")
+			pe := processed(t, a, "evt_gone")
 			return pe.FetchAttempts >= k
 		})
 		pe, _, err := b.ProcessedEvent(context.Background(), "evt_gone")
@@ -468,7 +483,7 @@ func TestTruncatedEventCompletedOnceAcrossProcesses(t *testing.T) {
 	stopB := h.start(b, routes, mb)
 	emitTruncated(t, a, ev, routes)
 	waitFor(t, func() bool {
-		pe, _, _ := b.ProcessedEvent(context.Background(), "evt_big")
+		pe := processed(t, b, "evt_big")
 		return !pe.Truncated
 	})
 	stopA()
@@ -503,7 +518,7 @@ func TestTruncatedFetchStoppedMidwayIsHandedBack(t *testing.T) {
 	}
 	h.start(b, routes, nil) // the clock stands still: only a handed-back claim is due
 	waitFor(t, func() bool {
-		pe, _, _ := b.ProcessedEvent(context.Background(), "evt_big")
+		pe := processed(t, b, "evt_big")
 		return !pe.Truncated
 	})
 	if got := h.getsOf(pay.ID); got != 2 {
@@ -557,15 +572,15 @@ func TestSlowTruncatedFetchDoesNotHoldUpOthers(t *testing.T) {
 	emitTruncated(t, db, truncatedPayment(t, "evt_fast", fastID), routes)
 	f.Wake()
 	waitFor(t, func() bool {
-		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_fast")
+		pe := processed(t, db, "evt_fast")
 		return !pe.Truncated
 	})
-	if pe, _, _ := db.ProcessedEvent(context.Background(), "evt_slow"); !pe.Truncated {
+	if pe := processed(t, db, "evt_slow"); !pe.Truncated {
 		t.Fatalf("the slow event completed before its answer: %+v", pe)
 	}
 	close(release)
 	waitFor(t, func() bool {
-		pe, _, _ := db.ProcessedEvent(context.Background(), "evt_slow")
+		pe := processed(t, db, "evt_slow")
 		return !pe.Truncated
 	})
 	rows, err := db.OutboxRows(context.Background(), "crm")

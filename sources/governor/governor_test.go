@@ -366,7 +366,9 @@ func TestAcquireCancelled(t *testing.T) {
 	if _, err := g.Acquire(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Acquire on a done context = %v, want context.Canceled", err)
 	}
-	if st, _ := g.State(context.Background()); st.InFlight != 0 {
+	if st, err := g.State(context.Background()); err != nil {
+		t.Fatal(err)
+	} else if st.InFlight != 0 {
 		t.Errorf("in flight = %d after cancelled acquires", st.InFlight)
 	}
 }
@@ -380,7 +382,9 @@ func TestAbortReleases(t *testing.T) {
 	}
 	tk.Abort()
 	tk.Done(http.StatusOK, nil)
-	if st, _ := g.State(context.Background()); st.InFlight != 0 || st.Learned {
+	if st, err := g.State(context.Background()); err != nil {
+		t.Fatal(err)
+	} else if st.InFlight != 0 || st.Learned {
 		t.Fatalf("state = %+v, want released, still not learned", st)
 	}
 }
@@ -448,7 +452,9 @@ func TestRegistry(t *testing.T) {
 	// Governors of one registry share its store, keyed by KeyID.
 	tk, _ := a.Acquire(context.Background())
 	defer tk.Abort()
-	if st, _ := b.State(context.Background()); st.InFlight != 0 {
+	if st, err := b.State(context.Background()); err != nil {
+		t.Fatal(err)
+	} else if st.InFlight != 0 {
 		t.Fatal("key-b sees key-a's request")
 	}
 	if st, _ := r.Get("key-a").State(context.Background()); st.InFlight != 1 {

@@ -25,7 +25,7 @@ import (
 func newRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 	t.Helper()
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: time.Second})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: time.Second, DialerRetries: 1})
 	t.Cleanup(func() { rdb.Close() })
 	return srv, rdb
 }
@@ -34,7 +34,7 @@ func newRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 // client of a process of its own.
 func countedRedis(t *testing.T, srv *redistest.Server) (*redis.Client, *redistest.RoundTrips) {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: time.Second})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: time.Second, DialerRetries: 1})
 	t.Cleanup(func() { rdb.Close() })
 	rt := &redistest.RoundTrips{}
 	rdb.AddHook(rt)
@@ -293,7 +293,9 @@ func TestRedisStoreForgetsDeadProcess(t *testing.T) {
 	if st, _ := live.Snapshot(ctx, "k", now.Add(10*time.Second), pol); st.InFlight != 3 {
 		t.Fatalf("in flight = %d, want the dead process's 3", st.InFlight)
 	}
-	if st, _ := live.Snapshot(ctx, "k", now.Add(3*time.Second+ttl), pol); st.InFlight != 0 {
+	if st, err := live.Snapshot(ctx, "k", now.Add(3*time.Second+ttl), pol); err != nil {
+		t.Fatal(err)
+	} else if st.InFlight != 0 {
 		t.Fatalf("in flight after the holder ttl = %d, want 0", st.InFlight)
 	}
 }
@@ -510,6 +512,42 @@ func probesEnded(f *FallbackStore, d time.Duration) bool {
 	}
 }
 
+// probedStore is a RedisStore whose failed Snapshots (the background
+// probe's calls, while Redis is down) are counted.
+type probedStore struct {
+	*RedisStore
+	failed atomic.Int64
+}
+
+func (s *probedStore) Snapshot(ctx context.Context, key string, now time.Time, p Policy) (State, error) {
+	st, err := s.RedisStore.Snapshot(ctx, key, now, p)
+	if err != nil {
+		s.failed.Add(1)
+	}
+	return st, err
+}
+
+// waitFailedProbes waits until s has failed n more Snapshots than it had
+// when called, or fails the test after 10 s.
+func waitFailedProbes(t *testing.T, s *probedStore, n int64) {
+	t.Helper()
+	want := s.failed.Load() + n
+	deadline := time.Now().Add(10 * time.Second)
+	for s.failed.Load() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d failed probes of Redis in 10 s, want %d", s.failed.Load(), want)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a counter, with a deadline
+	}
+}
+
+// probeRunning tells whether f has a background probe running.
+func probeRunning(f *FallbackStore) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stopProbe != nil
+}
+
 // fallBack makes f lose its shared store (srv stopped): a reservation on
 // "k" fails there and f paces locally.
 func fallBack(t *testing.T, f *FallbackStore, pol Policy) {
@@ -531,7 +569,8 @@ func TestFallbackStoreProbesInTheBackground(t *testing.T) {
 	ctx := context.Background()
 	var logs syncbuf.Buffer
 	const retry = 100 * time.Millisecond
-	f := NewFallbackStore(NewRedisStore(rdb, RedisOptions{}), FallbackOptions{Share: 0.25, Retry: retry,
+	shared := &probedStore{RedisStore: NewRedisStore(rdb, RedisOptions{})}
+	f := NewFallbackStore(shared, FallbackOptions{Share: 0.25, Retry: retry,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	t.Cleanup(func() { f.Close() })
 	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
@@ -550,11 +589,11 @@ func TestFallbackStoreProbesInTheBackground(t *testing.T) {
 		t.Fatalf("budget shown with Redis down: %+v, want the local quarter (limit 25)", st)
 	}
 	// Redis still down: the probe keeps trying, and the store stays local.
-	time.Sleep(5 * retry)
+	waitFailedProbes(t, shared, 3)
 	if !f.Stats().Local {
 		t.Fatal("switched back to Redis while it was down")
 	}
-	if probesEnded(f, 0) {
+	if !probeRunning(f) {
 		t.Fatal("the background probe gave up while Redis was down")
 	}
 
@@ -588,11 +627,12 @@ func TestFallbackStoreProbesInTheBackground(t *testing.T) {
 func TestFallbackStoreCloseEndsTheProbe(t *testing.T) {
 	srv, rdb := newRedis(t)
 	const retry = 50 * time.Millisecond
-	f := NewFallbackStore(NewRedisStore(rdb, RedisOptions{}), FallbackOptions{Retry: retry})
+	shared := &probedStore{RedisStore: NewRedisStore(rdb, RedisOptions{})}
+	f := NewFallbackStore(shared, FallbackOptions{Retry: retry})
 	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
 	srv.Stop()
 	fallBack(t, f, pol)
-	time.Sleep(3 * retry) // the probe has tried a few times
+	waitFailedProbes(t, shared, 3)
 	closed := make(chan struct{})
 	go func() {
 		f.Close()
@@ -607,7 +647,7 @@ func TestFallbackStoreCloseEndsTheProbe(t *testing.T) {
 		t.Fatal("a probe still runs after Close")
 	}
 	srv.Restart()
-	time.Sleep(10 * retry)
+	time.Sleep(10 * retry) // ten probe intervals in which a probe left running would have switched back
 	if !f.Stats().Local {
 		t.Error("switched back to Redis after Close with no call made: a probe ran after Close")
 	}
@@ -619,7 +659,7 @@ func TestFallbackStoreCloseEndsTheProbe(t *testing.T) {
 // never answer again.
 func TestFallbackStoreProbeEndsWithItsClient(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: time.Second})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialTimeout: time.Second, DialerRetries: 1})
 	const retry = 50 * time.Millisecond
 	f := NewFallbackStore(NewRedisStore(rdb, RedisOptions{}), FallbackOptions{Retry: retry})
 	t.Cleanup(func() { f.Close() })
@@ -707,7 +747,9 @@ func TestRedisStoreProcessesWithSkewedClocks(t *testing.T) {
 func TestRedisStoreRenewsInFlightAndForgetsDeadProbe(t *testing.T) {
 	_, rdb := newRedis(t)
 	ctx := context.Background()
-	const ttl = 600 * time.Millisecond
+	// Renewed every third of it: a renewal would have to run 650 ms late
+	// for the other process to see the entry expire while it lives.
+	const ttl = time.Second
 	holder, other := NewRedisStore(rdb, RedisOptions{HolderTTL: ttl}), NewRedisStore(rdb, RedisOptions{HolderTTL: ttl})
 	t.Cleanup(func() { holder.Close(); other.Close() })
 	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
