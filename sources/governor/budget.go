@@ -52,6 +52,11 @@ type Budget struct {
 	// before the first response. Reset after Observed means the current
 	// window is assumed, not yet confirmed by a response.
 	Observed time.Time
+	// ObservedRaw is Observed as the platform wrote it (Unix seconds on
+	// its clock), when it wrote a time rather than seconds from now: the
+	// window's name, which its answers repeat exactly while Observed, read
+	// through their Date headers, wanders by up to a second.
+	ObservedRaw float64 `json:",omitzero"`
 	// Window is the window length learned from successive Reset values;
 	// zero until learned (Policy.Window is used meanwhile).
 	Window time.Duration
@@ -87,6 +92,9 @@ type Observation struct {
 	Limit     int
 	Remaining int
 	Reset     time.Time
+	// ResetRaw is X-RateLimit-Reset as sent, when it is a Unix time (0 for
+	// seconds from now): answers of one window carry the same.
+	ResetRaw float64
 	// RetryAfter is the parsed Retry-After of a 429; HasRetryAfter is false
 	// when the header was absent or unreadable.
 	RetryAfter    time.Duration
@@ -213,10 +221,28 @@ func (b Budget) State(now time.Time, p Policy) State {
 
 func (b *Budget) observeHeaders(obs Observation, p Policy) {
 	r := obs.Reset
-	// A reset given relative to the answer (X-RateLimit-Reset-After, or a
-	// small X-RateLimit-Reset) moves a little with every answer; within
-	// ResetMargin of the window known it is that window, not a new one.
-	if !b.Observed.IsZero() && p.ResetMargin > 0 {
+	named := obs.ResetRaw > 0 && b.ObservedRaw > 0 && !b.Observed.IsZero()
+	switch {
+	case named:
+		// Windows named by the platform's own clock are told apart, and
+		// ordered, by their names: their times here, read through Date
+		// headers of a clock apart from this one, wander by up to a
+		// second (its resolution and the answer's way here).
+		// (Within ResetMargin they are one window, for a platform whose
+		// fractional resets move a little with every answer.)
+		switch d := time.Duration((obs.ResetRaw - b.ObservedRaw) * float64(time.Second)); {
+		case d > -p.ResetMargin && d < p.ResetMargin:
+			r = b.Observed
+		case d < 0:
+			return // an older window: stale news
+		default:
+			r = b.Observed.Add(d)
+		}
+	case !b.Observed.IsZero() && p.ResetMargin > 0:
+		// A reset given relative to the answer (X-RateLimit-Reset-After,
+		// or a small X-RateLimit-Reset) moves a little with every answer;
+		// within ResetMargin of the window known it is that window, not a
+		// new one.
 		if d := r.Sub(b.Observed); d > -p.ResetMargin && d < p.ResetMargin {
 			r = b.Observed
 		}
@@ -228,6 +254,7 @@ func (b *Budget) observeHeaders(obs Observation, p Policy) {
 				b.Window = d
 			}
 		}
+		b.ObservedRaw = obs.ResetRaw
 		switch {
 		case r.Equal(b.Reset):
 			// The window this process assumed is confirmed.

@@ -1,8 +1,12 @@
 package governor
 
 import (
+	"context"
+	"net/http"
 	"testing"
 	"time"
+
+	"github.com/backstop-sync/backstop"
 )
 
 var (
@@ -365,5 +369,72 @@ func TestRelativeResetJitterIsOneWindow(t *testing.T) {
 	}
 	if !b.Reset.Equal(base.Add(500*time.Millisecond)) || b.Remaining != 8 {
 		t.Fatalf("budget after jittered resets: reset %v remaining %d, want the first window with 8 left", b.Reset.Sub(base), b.Remaining)
+	}
+}
+
+// A platform whose clock is minutes apart from this process's names each
+// minute's window by the same X-RateLimit-Reset in every answer, but read
+// through the answers' Date headers (whole seconds, plus the way here)
+// that reset wanders by up to a second. It is one window all the same:
+// the budget counts it down with every answer (when the wandering
+// resets were taken for older windows, Remaining stood still and 429s
+// followed), learns a minute as the window's length (not the wander),
+// and never provokes a 429, with 50 ms or 300 ms answers.
+func TestBudgetPacesAPlatformClockApart(t *testing.T) {
+	for _, skew := range []time.Duration{0, -3 * time.Minute, 3 * time.Minute} {
+		for _, lat := range []time.Duration{50 * time.Millisecond, 300 * time.Millisecond} {
+			t.Run(skew.String()+"/"+lat.String(), func(t *testing.T) {
+				ctx := context.Background()
+				s := NewMemoryStore()
+				pol := Options{Limit: 30, Window: time.Minute, Jitter: -1}.withDefaults().policy()
+				plat := &fixedWindow{limit: 30, window: time.Minute, counts: map[int64]int{}}
+				start := time.Unix(1_700_000_040, 0) // the platform's time, a whole minute
+				local := start.Add(skew)
+				end := local.Add(10 * time.Minute)
+				for local.Before(end) {
+					wait, ok, err := s.Reserve(ctx, "k", local, pol)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !ok {
+						local = local.Add(wait)
+						continue
+					}
+					granted := local
+					platNow := local.Add(-skew).Add(lat / 2)
+					status, h := plat.hit(platNow)
+					h.Set("Date", platNow.UTC().Format(http.TimeFormat))
+					local = local.Add(lat)
+					obs := parseHeaders(h, local)
+					obs.Status, obs.Granted = status, granted
+					if status == http.StatusTooManyRequests {
+						obs.RetryAfter, obs.HasRetryAfter = backstop.RetryAfterIn(h, local)
+					}
+					if err := s.Observe(ctx, "k", local, obs, pol); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var per []int
+				for w := start.Unix() + 60; w <= start.Unix()+600; w += 60 {
+					per = append(per, plat.counts[w])
+				}
+				st, err := s.Snapshot(ctx, "k", local, pol)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("per platform minute %v, 429s %d, learned window %v", per, plat.rejected, st.Window)
+				if plat.rejected > 0 {
+					t.Errorf("%d answers 429", plat.rejected)
+				}
+				if st.Window != time.Minute {
+					t.Errorf("learned window %v, want the platform's minute", st.Window)
+				}
+				for i, n := range per[1:] {
+					if n < 20 {
+						t.Errorf("minute %d carried %d requests, want at least 20 of 30", i+2, n)
+					}
+				}
+			})
+		}
 	}
 }

@@ -12,6 +12,7 @@ package governor
 
 import (
 	"github.com/backstop-sync/backstop"
+	"math"
 
 	"context"
 	"crypto/sha256"
@@ -321,6 +322,19 @@ func (t *Ticket) Abort() {
 	}
 }
 
+// maxResetAhead is the furthest off a window's reset is believed: a
+// monthly quota's.
+const maxResetAhead = 32 * 24 * time.Hour
+
+// resetBelievable tells whether a window ending at reset, read at now, can
+// be the current one. One that has already ended, or that ends further
+// off than any quota's, says nothing of it: taken at its word it would
+// refill the budget at once (Remaining: 0 and all: a 429 storm), or hold
+// the key for years. The answer is then read as one without headers.
+func resetBelievable(reset, now time.Time) bool {
+	return reset.After(now) && reset.Sub(now) <= maxResetAhead
+}
+
 // parseHeaders reads X-RateLimit-Limit, -Remaining and -Reset, or Discord's
 // -Reset-After (seconds until the reset). Reset is Unix seconds (fractions
 // allowed); a value too small to be a date (under ten years of seconds) is
@@ -344,10 +358,13 @@ func parseHeaders(h http.Header, now time.Time) Observation {
 		// than its X-RateLimit-Reset, so preferred).
 		obs.HasBudget, obs.Remaining = true, rem
 		obs.Reset = now.Add(time.Duration(after * float64(time.Second)))
-	case err2 != nil || reset < 0 || reset > 1e11:
+	case err2 != nil || math.IsNaN(reset) || reset < 0 || reset > 1e11:
 		return obs
 	}
 	if obs.HasBudget {
+		if !resetBelievable(obs.Reset, now) {
+			return Observation{}
+		}
 		if l, err := strconv.Atoi(strings.TrimSpace(h.Get("X-RateLimit-Limit"))); err == nil && l > 0 {
 			obs.Limit = l
 		}
@@ -361,6 +378,10 @@ func parseHeaders(h http.Header, now time.Time) Observation {
 		sec := int64(reset)
 		at := time.Unix(sec, int64((reset-float64(sec))*1e9))
 		obs.Reset = now.Add(at.Sub(backstop.ServerClock(h, now)))
+		obs.ResetRaw = reset
+	}
+	if !resetBelievable(obs.Reset, now) {
+		return Observation{}
 	}
 	if l, err := strconv.Atoi(strings.TrimSpace(h.Get("X-RateLimit-Limit"))); err == nil && l > 0 {
 		obs.Limit = l

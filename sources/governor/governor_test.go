@@ -422,6 +422,17 @@ func TestParseHeaders(t *testing.T) {
 		{"Date agreeing within a second", map[string]string{"X-RateLimit-Remaining": "7", "X-RateLimit-Reset": "1700000001.5",
 			"Date": "Tue, 14 Nov 2023 22:13:19 GMT"},
 			Observation{HasBudget: true, Remaining: 7, Reset: now.Add(1500 * time.Millisecond)}},
+
+		// Resets that cannot be the current window's are read as no
+		// headers: taken at their word, Remaining: 0 would be followed by
+		// a refilled budget at once (a 429 storm), or a wait of centuries.
+		{"NaN reset", map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "NaN"}, Observation{}},
+		{"reset in the past", map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1699999995"}, Observation{}},
+		{"reset now", map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "0"}, Observation{}},
+		{"reset-after zero", map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset-After": "0"}, Observation{}},
+		{"reset in 2286", map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "9999999999"}, Observation{}},
+		{"a monthly quota's reset", map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1702500000"},
+			Observation{HasBudget: true, Remaining: 0, Reset: time.Unix(1702500000, 0)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

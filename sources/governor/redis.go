@@ -80,11 +80,14 @@ type RedisOptions struct {
 // KeyID values, never API keys.
 //
 // The times in the shared state (a 429 pause's end, a holder's expiry,
-// the last grant) are Redis's time, so that processes whose clocks differ
-// by minutes agree on them: every answer of Redis carries its clock, and a
-// process whose clock is off by more than a second (skewTolerance) moves
-// the times it reads and writes by the difference. X-RateLimit-Reset, the
-// platform's own clock, is kept as it came.
+// the last grant, the window's reset) are Redis's time, so that processes
+// whose clocks differ by minutes agree on them: every answer of Redis
+// carries its clock, and a process whose clock is off by more than a
+// second (skewTolerance) moves the times it reads and writes by the
+// difference. (X-RateLimit-Reset comes from parseHeaders in this
+// process's time, already moved from the platform's clock when that is
+// apart.) Until a process has Redis's clock, a key it has not read is
+// read before it is written.
 type RedisStore struct {
 	rdb       redis.Scripter
 	prefix    string
@@ -95,6 +98,7 @@ type RedisStore struct {
 	// Redis's time less clock's, as last measured, 0 within skewTolerance.
 	clock func() time.Time
 	skew  atomic.Int64
+	timed atomic.Bool // whether skew has been measured
 
 	mu   sync.Mutex
 	keys map[string]*redisKey
@@ -246,6 +250,9 @@ func (s *RedisStore) Observe(ctx context.Context, key string, now time.Time, obs
 		if !o.Granted.IsZero() {
 			o.Granted = o.Granted.Add(skew)
 		}
+		if o.HasBudget && !o.Reset.IsZero() {
+			o.Reset = o.Reset.Add(skew) // Snapshot moves it back
+		}
 		b.Observe(now, o, p)
 		return false
 	})
@@ -297,6 +304,7 @@ func (s *RedisStore) measured(redisNow, sent, received time.Time) {
 		skew = 0
 	}
 	s.skew.Store(int64(skew))
+	s.timed.Store(true)
 }
 
 // update runs op on the key's shared budget at now and writes the result
@@ -355,6 +363,17 @@ func (s *RedisStore) updateLocked(ctx context.Context, key string, k *redisKey, 
 	version, raw, fresh := k.version, k.raw, false
 	if !k.known {
 		version, raw = 0, nil
+	}
+	// A process that has not yet heard Redis's clock would create the key
+	// with times in its own (a reset, the last grant, its holder entry):
+	// minutes off for a clock minutes apart, so that a probe that died
+	// held the key for minutes, or none at all. Its first call reads.
+	if !k.known && !s.timed.Load() {
+		var err error
+		if version, raw, err = s.read(ctx, rkey); err != nil {
+			return fail(err)
+		}
+		fresh = true
 	}
 	for range maxCASAttempts {
 		st, err := decodeShared(raw)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/internal/redistest"
 	"github.com/backstop-sync/backstop/internal/syncbuf"
 )
@@ -823,5 +824,68 @@ func TestRedisStoreStopsRenewingALostRequest(t *testing.T) {
 			t.Fatalf("still refused %s after the probe: a request lost %s ago should have stopped being renewed", since, idle)
 		}
 		time.Sleep(20 * time.Millisecond) // polling, with a deadline
+	}
+}
+
+// A process alone on a key through Redis whose clock is minutes off
+// Redis's (and the platform's) paces as one whose clock is right: no 429,
+// and each of the platform's minutes carries most of its 30 requests. The
+// window's reset, read from the platform's headers in the process's time,
+// is stored in Redis's, as the other times are: stored as it came, it was
+// minutes off, and a process behind took every window for over (a 429 in
+// each) while one ahead waited for a reset minutes away (8 a minute).
+func TestRedisStorePacesWithAClockMinutesOff(t *testing.T) {
+	for _, skew := range []time.Duration{0, -3 * time.Minute, 3 * time.Minute} {
+		t.Run(skew.String(), func(t *testing.T) {
+			_, rdb := newRedis(t)
+			ctx := context.Background()
+			s := NewRedisStore(rdb, RedisOptions{})
+			t.Cleanup(func() { s.Close() })
+			s.clock = skewedClock(skew)
+			pol := Options{Limit: 30, Window: time.Minute, Jitter: -1}.withDefaults().policy()
+			plat := &fixedWindow{limit: 30, window: time.Minute, counts: map[int64]int{}}
+			start := time.Now().Truncate(time.Minute).Add(time.Minute) // the platform's time
+			// Virtual time: the process's clock at local, the platform's
+			// and Redis's at local - skew (Redis's own clock moves on
+			// meanwhile, by the test's few seconds only).
+			local := start.Add(skew)
+			end := local.Add(5 * time.Minute)
+			for local.Before(end) {
+				wait, ok, err := s.Reserve(ctx, "k", local, pol)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ok {
+					local = local.Add(wait)
+					continue
+				}
+				granted := local
+				platNow := local.Add(-skew)
+				status, h := plat.hit(platNow)
+				h.Set("Date", platNow.UTC().Format(http.TimeFormat))
+				local = local.Add(50 * time.Millisecond)
+				obs := parseHeaders(h, local)
+				obs.Status, obs.Granted = status, granted
+				if status == http.StatusTooManyRequests {
+					obs.RetryAfter, obs.HasRetryAfter = backstop.RetryAfterIn(h, local)
+				}
+				if err := s.Observe(ctx, "k", local, obs, pol); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var per []int
+			for w := start.Unix() + 60; w <= start.Unix()+300; w += 60 {
+				per = append(per, plat.counts[w])
+			}
+			t.Logf("per platform minute: %v, 429s: %d", per, plat.rejected)
+			if plat.rejected > 0 {
+				t.Errorf("%d answers 429", plat.rejected)
+			}
+			for i, n := range per[1:] { // the first minute is learned
+				if n < 20 {
+					t.Errorf("minute %d carried %d requests, want at least 20 of 30", i+2, n)
+				}
+			}
+		})
 	}
 }
