@@ -889,3 +889,38 @@ func TestRedisStorePacesWithAClockMinutesOff(t *testing.T) {
 		})
 	}
 }
+
+// A process whose clock is minutes ahead, the first on a key, writes the
+// key in Redis's time all the same: it reads before its first write. Its
+// probe, when it dies with it, stops holding the key for the others
+// within the holder ttl (written in its own time, it held it 3 minutes).
+func TestRedisStoreFirstWriterWithAClockAhead(t *testing.T) {
+	_, rdb := newRedis(t)
+	ctx := context.Background()
+	const ttl = time.Second
+	ahead, other := NewRedisStore(rdb, RedisOptions{HolderTTL: ttl}), NewRedisStore(rdb, RedisOptions{HolderTTL: ttl})
+	t.Cleanup(func() { ahead.Close(); other.Close() })
+	ahead.clock = skewedClock(3 * time.Minute)
+	pol := Policy{Limit: 100, Window: time.Minute, ResetMargin: 100 * time.Millisecond}
+	if _, ok, err := ahead.Reserve(ctx, "k", ahead.clock(), pol); err != nil || !ok {
+		t.Fatalf("the probe of a new key: %v %v", ok, err)
+	}
+	if err := ahead.Close(); err != nil { // dies with its probe in flight
+		t.Fatal(err)
+	}
+	died := time.Now()
+	for {
+		_, ok, err := other.Reserve(ctx, "k", time.Now(), pol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			break
+		}
+		if time.Since(died) > 2*ttl+time.Second {
+			t.Fatalf("still refused %s after the process ahead died: its probe should stop counting within the ttl (%s)", time.Since(died), ttl)
+		}
+		time.Sleep(20 * time.Millisecond) // polling Redis, with a deadline
+	}
+	t.Logf("granted %s after the process ahead died", time.Since(died).Round(time.Millisecond))
+}
