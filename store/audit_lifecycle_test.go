@@ -345,7 +345,7 @@ func TestUpgradeFromFirstSchemaKeepsEveryRow(t *testing.T) {
 
 	added := map[string]map[string]bool{ // columns the migrations add
 		"outbox":         {"proxy_key": true, "failures": true, "claimed_until": true},
-		"reconcile_runs": {"heartbeat_at": true},
+		"reconcile_runs": {"heartbeat_at": true, "owner": true},
 		"job_runs":       {"heartbeat_at": true, "output": true, "owner": true, "orphans": true},
 		"cursors":        {"started_at": true},
 	}
@@ -397,6 +397,15 @@ func TestUpgradeFromFirstSchemaKeepsEveryRow(t *testing.T) {
 	for i, k := range keys {
 		if proxied := i == 5; k.Valid != proxied || (proxied && k.String != "order-7731") {
 			t.Errorf("outbox row %d: proxy_key %v; want %v", i+1, k, proxied)
+		}
+	}
+	var owners []sql.NullString
+	if err := db.r.SelectContext(ctx, &owners, `SELECT owner FROM reconcile_runs ORDER BY id`); err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range owners {
+		if o.Valid {
+			t.Errorf("reconcile run %d: owner %q after the upgrade, want NULL (a run of an older binary)", i+1, o.String)
 		}
 	}
 	var beats []string

@@ -148,9 +148,10 @@ func eventVersions(ctx context.Context, tx *sqlx.Tx, events []backstop.Event) (m
 // when the rate-limit governor waits for the next window or a 429 pauses
 // the key (capped at a minute) and retries back off: an hour without a
 // beat is far beyond any live run, also one in another process sharing
-// this store, so such a run is never closed under it. Nothing else tells
-// a live run from a dead one: a process does not know whether another
-// process's run is still going.
+// this store, so such a run is never closed under it. A run of a process
+// of this host that is gone (ownerGone) is closed at once, whatever its
+// heartbeat; for one of another host, or of an older binary (no owner),
+// nothing else tells a live run from a dead one.
 const ReconcileStaleAfter = time.Hour
 
 // abandonSQL closes the running runs whose last heartbeat is before the
@@ -171,8 +172,15 @@ func (db *DB) abandonStale(ctx context.Context, tx *sqlx.Tx, r backstop.Resource
 		return 0, err
 	}
 	n, err := res.RowsAffected()
-	if err != nil || n == 0 {
+	if err != nil {
 		return n, err
+	}
+	gone, err := db.abandonGoneReconciles(ctx, tx, r, now)
+	if err != nil {
+		return n, err
+	}
+	if n += gone; n == 0 {
+		return 0, nil
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM reconcile_seen WHERE run_id IN
 		(SELECT id FROM reconcile_runs WHERE status = 'abandoned')`); err != nil {
@@ -181,9 +189,45 @@ func (db *DB) abandonStale(ctx context.Context, tx *sqlx.Tx, r backstop.Resource
 	return n, nil
 }
 
+// abandonGoneReconciles closes, in tx, the running runs of r (of every
+// resource when r is empty) whose process is known to be gone (ownerGone:
+// it ran on this host and was killed), whatever their heartbeat, and
+// returns how many it closed.
+func (db *DB) abandonGoneReconciles(ctx context.Context, tx *sqlx.Tx, r backstop.Resource, now time.Time) (int64, error) {
+	var running []struct {
+		ID    int64  `db:"id"`
+		Owner string `db:"owner"`
+	}
+	if err := tx.SelectContext(ctx, &running, `SELECT id, owner FROM reconcile_runs
+		WHERE status = 'running' AND owner IS NOT NULL AND (?1 = '' OR resource = ?1)`, string(r)); err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, run := range running {
+		o, gone := ownerGone(run.Owner)
+		if !gone {
+			continue
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE reconcile_runs SET status = 'abandoned', finished_at = ?1,
+				error = 'abandoned: its process (' || ?3 || ') is gone; last heartbeat ' || heartbeat_at
+			WHERE id = ?2 AND status = 'running'`,
+			backstop.CanonicalTime(now), run.ID, fmt.Sprintf("pid %d on host %s", o.pid, o.host))
+		if err != nil {
+			return n, err
+		}
+		k, err := res.RowsAffected()
+		if err != nil {
+			return n, err
+		}
+		n += k
+	}
+	return n, nil
+}
+
 // AbandonStaleReconciles closes as "abandoned" every "running" reconcile
 // run of any resource whose last heartbeat is more than
-// ReconcileStaleAfter old: its process died without finishing it. It
+// ReconcileStaleAfter old, or whose process ran on this host and is gone:
+// its process died without finishing it. It
 // deletes their seen marks and returns how many runs it closed.
 // Maintenance runs it; StartReconcile does the same for its resource.
 func (db *DB) AbandonStaleReconciles(ctx context.Context) (int64, error) {
@@ -282,8 +326,8 @@ func (db *DB) startReconcile(ctx context.Context, rep backstop.ReconcileReport) 
 		return 0, fmt.Errorf("abandon stale runs: %w", err)
 	}
 	res, err := tx.ExecContext(ctx, `INSERT INTO reconcile_runs (resource, started_at, window_since, full, dry_run,
-		heartbeat_at) VALUES (?, ?, ?, ?, ?, ?)`, string(rep.Resource), backstop.CanonicalTime(started),
-		nullTime(rep.Since), rep.Full, rep.DryRun, backstop.CanonicalTime(now))
+		heartbeat_at, owner) VALUES (?, ?, ?, ?, ?, ?, ?)`, string(rep.Resource), backstop.CanonicalTime(started),
+		nullTime(rep.Since), rep.Full, rep.DryRun, backstop.CanonicalTime(now), processOwner().String())
 	if err != nil {
 		return 0, err
 	}

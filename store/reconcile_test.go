@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -333,5 +334,67 @@ func TestEmitChanged(t *testing.T) {
 		t.Fatal(err)
 	} else if ok {
 		t.Error("the batch with a bad event was committed in part")
+	}
+}
+
+// A reconcile run whose process ran on this host and is gone (a serve
+// killed and restarted) is closed as abandoned by the next reconcile of
+// its resource at once, saying which process that was, not an hour after
+// its last heartbeat; one of this process, or of a process of another
+// host, is left running.
+func TestReconcileRunOfAGoneProcessIsClosedAtOnce(t *testing.T) {
+	me := processOwner()
+	if me.start == "" || me.space == "" {
+		t.Skip("no /proc: a process's owner is not known")
+	}
+	child := exec.Command("true")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := runOwner{host: me.host, pid: child.Process.Pid, start: "12345", space: me.space}
+	for _, c := range []struct {
+		name  string
+		owner string
+		gone  bool
+	}{
+		{"exited child", dead.String(), true},
+		{"this process", me.String(), false},
+		{"another host", runOwner{host: me.host + "-other", pid: dead.pid, start: dead.start, space: me.space}.String(), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db, clk := openTest(t)
+			ctx := context.Background()
+			first, err := db.StartReconcile(ctx, backstop.ReconcileReport{Resource: backstop.Chats})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.w.ExecContext(ctx, `UPDATE reconcile_runs SET owner = ? WHERE id = ?`, c.owner, first); err != nil {
+				t.Fatal(err)
+			}
+			clk.Set(t0.Add(30 * time.Second)) // its heartbeat is fresh
+			if _, err := db.StartReconcile(ctx, backstop.ReconcileReport{Resource: backstop.Chats}); err != nil {
+				t.Fatal(err)
+			}
+			runs, err := db.ReconcileRuns(ctx, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got *ReconcileRun
+			for i := range runs {
+				if runs[i].ID == first {
+					got = &runs[i]
+				}
+			}
+			if got == nil {
+				t.Fatalf("run %d not listed: %+v", first, runs)
+			}
+			want := fmt.Sprintf("abandoned: its process (pid %d on host %s) is gone", dead.pid, me.host)
+			switch {
+			case c.gone && (got.Status != "abandoned" || !strings.Contains(got.Error, want)):
+				t.Errorf("the run of a process gone: %s %q, want abandoned at once, saying %q", got.Status, got.Error, want)
+			case !c.gone && got.Status != "running":
+				t.Errorf("the run is %s (%q), want still running", got.Status, got.Error)
+			}
+		})
 	}
 }
