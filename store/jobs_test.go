@@ -368,16 +368,7 @@ func TestJobRunRefusedWhileAnotherGoesOn(t *testing.T) {
 // host, another pid namespace or boot, an older binary that stored no
 // owner), still does.
 func TestJobRunOfAGoneProcessDoesNotHoldItsJob(t *testing.T) {
-	me := processOwner()
-	if me.start == "" || me.space == "" {
-		t.Skip("no /proc: a process's owner is not known")
-	}
-	// A pid that was a process of this host a moment ago and is free now.
-	child := exec.Command("true")
-	if err := child.Run(); err != nil {
-		t.Fatal(err)
-	}
-	dead := child.Process.Pid
+	me, dead := goneProcess(t)
 	owner := func(host string, pid int, start, space string) string {
 		return runOwner{host: host, pid: pid, start: start, space: space}.String()
 	}
@@ -440,6 +431,21 @@ func TestJobRunOfAGoneProcessDoesNotHoldItsJob(t *testing.T) {
 			}
 		})
 	}
+}
+
+// goneProcess returns this process as an owner and a pid that was a
+// process of this host a moment ago and is free now.
+func goneProcess(t *testing.T) (me runOwner, dead int) {
+	t.Helper()
+	me = processOwner()
+	if me.start == "" || me.space == "" {
+		t.Skip("no /proc: a process's owner is not known")
+	}
+	child := exec.Command("true")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return me, child.Process.Pid
 }
 
 // An owner is stored and read back as it is, and what is not one is not

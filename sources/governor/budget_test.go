@@ -372,6 +372,67 @@ func TestRelativeResetJitterIsOneWindow(t *testing.T) {
 	}
 }
 
+// paceFixedWindows drives s on key "k" against a platform of fixed
+// windows of 30 requests a minute, from start (the platform's time, a
+// whole minute) for minutes, from a process whose clock is skew off the
+// platform's, each request answered lat after its grant with the
+// platform's Date. It returns the requests each whole minute after the
+// first carried, the answers 429 and the key's state at the end.
+func paceFixedWindows(t *testing.T, s Store, start time.Time, skew, lat time.Duration, minutes int) (per []int, rejected int, st State) {
+	t.Helper()
+	ctx := context.Background()
+	pol := Options{Limit: 30, Window: time.Minute, Jitter: -1}.withDefaults().policy()
+	plat := &fixedWindow{limit: 30, window: time.Minute, counts: map[int64]int{}}
+	local := start.Add(skew)
+	end := local.Add(time.Duration(minutes) * time.Minute)
+	for local.Before(end) {
+		wait, ok, err := s.Reserve(ctx, "k", local, pol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			local = local.Add(wait)
+			continue
+		}
+		granted := local
+		platNow := local.Add(-skew).Add(lat / 2)
+		status, h := plat.hit(platNow)
+		h.Set("Date", platNow.UTC().Format(http.TimeFormat))
+		local = local.Add(lat)
+		obs := parseHeaders(h, local)
+		obs.Status, obs.Granted = status, granted
+		if status == http.StatusTooManyRequests {
+			obs.RetryAfter, obs.HasRetryAfter = backstop.RetryAfterIn(h, local)
+		}
+		if err := s.Observe(ctx, "k", local, obs, pol); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for w := start.Unix() + 120; w <= start.Unix()+int64(minutes)*60; w += 60 {
+		per = append(per, plat.counts[w])
+	}
+	st, err := s.Snapshot(ctx, "k", local, pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("per platform minute after the first %v, 429s %d, learned window %v", per, plat.rejected, st.Window)
+	return per, plat.rejected, st
+}
+
+// checkPaced fails t unless the platform answered no 429 and each minute
+// carried at least 20 of its 30 requests.
+func checkPaced(t *testing.T, per []int, rejected int) {
+	t.Helper()
+	if rejected > 0 {
+		t.Errorf("%d answers 429", rejected)
+	}
+	for i, n := range per {
+		if n < 20 {
+			t.Errorf("minute %d carried %d requests, want at least 20 of 30", i+2, n)
+		}
+	}
+}
+
 // A platform whose clock is minutes apart from this process's names each
 // minute's window by the same X-RateLimit-Reset in every answer, but read
 // through the answers' Date headers (whole seconds, plus the way here)
@@ -384,55 +445,10 @@ func TestBudgetPacesAPlatformClockApart(t *testing.T) {
 	for _, skew := range []time.Duration{0, -3 * time.Minute, 3 * time.Minute} {
 		for _, lat := range []time.Duration{50 * time.Millisecond, 300 * time.Millisecond} {
 			t.Run(skew.String()+"/"+lat.String(), func(t *testing.T) {
-				ctx := context.Background()
-				s := NewMemoryStore()
-				pol := Options{Limit: 30, Window: time.Minute, Jitter: -1}.withDefaults().policy()
-				plat := &fixedWindow{limit: 30, window: time.Minute, counts: map[int64]int{}}
-				start := time.Unix(1_700_000_040, 0) // the platform's time, a whole minute
-				local := start.Add(skew)
-				end := local.Add(10 * time.Minute)
-				for local.Before(end) {
-					wait, ok, err := s.Reserve(ctx, "k", local, pol)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if !ok {
-						local = local.Add(wait)
-						continue
-					}
-					granted := local
-					platNow := local.Add(-skew).Add(lat / 2)
-					status, h := plat.hit(platNow)
-					h.Set("Date", platNow.UTC().Format(http.TimeFormat))
-					local = local.Add(lat)
-					obs := parseHeaders(h, local)
-					obs.Status, obs.Granted = status, granted
-					if status == http.StatusTooManyRequests {
-						obs.RetryAfter, obs.HasRetryAfter = backstop.RetryAfterIn(h, local)
-					}
-					if err := s.Observe(ctx, "k", local, obs, pol); err != nil {
-						t.Fatal(err)
-					}
-				}
-				var per []int
-				for w := start.Unix() + 60; w <= start.Unix()+600; w += 60 {
-					per = append(per, plat.counts[w])
-				}
-				st, err := s.Snapshot(ctx, "k", local, pol)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Logf("per platform minute %v, 429s %d, learned window %v", per, plat.rejected, st.Window)
-				if plat.rejected > 0 {
-					t.Errorf("%d answers 429", plat.rejected)
-				}
+				per, rejected, st := paceFixedWindows(t, NewMemoryStore(), time.Unix(1_700_000_040, 0), skew, lat, 10)
+				checkPaced(t, per, rejected)
 				if st.Window != time.Minute {
 					t.Errorf("learned window %v, want the platform's minute", st.Window)
-				}
-				for i, n := range per[1:] {
-					if n < 20 {
-						t.Errorf("minute %d carried %d requests, want at least 20 of 30", i+2, n)
-					}
 				}
 			})
 		}
