@@ -335,7 +335,7 @@ func (db *DB) checkRunningJobRuns(ctx context.Context, tx *sqlx.Tx, job string, 
 		}
 		if owner, gone := ownerGone(other.Owner); gone {
 			if _, err := tx.ExecContext(ctx, abandonGoneJobRunSQL, backstop.CanonicalTime(now), other.ID,
-				fmt.Sprintf("pid %d on host %s", owner.pid, owner.host)); err != nil {
+				owner.process()); err != nil {
 				return nil, fmt.Errorf("abandon run %d: %w", other.ID, err)
 			}
 			continue
@@ -368,6 +368,9 @@ type runOwner struct {
 func (o runOwner) String() string {
 	return o.host + "/" + strconv.Itoa(o.pid) + "/" + o.start + "/" + o.space
 }
+
+// process names the owner's process as messages do: "pid 4242 on host vm".
+func (o runOwner) process() string { return fmt.Sprintf("pid %d on host %s", o.pid, o.host) }
 
 // parseOwner reads a stored owner; ok=false when s is not one (empty, for
 // a run of an older binary).
@@ -487,7 +490,7 @@ func OwnerGone(owner string) (process string, gone bool) {
 	if !gone {
 		return "", false
 	}
-	return fmt.Sprintf("pid %d on host %s", o.pid, o.host), true
+	return o.process(), true
 }
 
 // JobRunHeartbeat records that run id is still going, so that it is not

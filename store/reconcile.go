@@ -189,6 +189,13 @@ func (db *DB) abandonStale(ctx context.Context, tx *sqlx.Tx, r backstop.Resource
 	return n, nil
 }
 
+// abandonGoneReconcileSQL closes the running run ?2, whose process is gone
+// (ownerGone), saying which process that was (?3), as abandonGoneJobRunSQL
+// does for a job run.
+const abandonGoneReconcileSQL = `UPDATE reconcile_runs SET status = 'abandoned', finished_at = ?1,
+		error = 'abandoned: its process (' || ?3 || ') is gone; last heartbeat ' || heartbeat_at
+	WHERE id = ?2 AND status = 'running'`
+
 // abandonGoneReconciles closes, in tx, the running runs of r (of every
 // resource when r is empty) whose process is known to be gone (ownerGone:
 // it ran on this host and was killed), whatever their heartbeat, and
@@ -208,10 +215,7 @@ func (db *DB) abandonGoneReconciles(ctx context.Context, tx *sqlx.Tx, r backstop
 		if !gone {
 			continue
 		}
-		res, err := tx.ExecContext(ctx, `UPDATE reconcile_runs SET status = 'abandoned', finished_at = ?1,
-				error = 'abandoned: its process (' || ?3 || ') is gone; last heartbeat ' || heartbeat_at
-			WHERE id = ?2 AND status = 'running'`,
-			backstop.CanonicalTime(now), run.ID, fmt.Sprintf("pid %d on host %s", o.pid, o.host))
+		res, err := tx.ExecContext(ctx, abandonGoneReconcileSQL, backstop.CanonicalTime(now), run.ID, o.process())
 		if err != nil {
 			return n, err
 		}
@@ -227,8 +231,8 @@ func (db *DB) abandonGoneReconciles(ctx context.Context, tx *sqlx.Tx, r backstop
 // AbandonStaleReconciles closes as "abandoned" every "running" reconcile
 // run of any resource whose last heartbeat is more than
 // ReconcileStaleAfter old, or whose process ran on this host and is gone:
-// its process died without finishing it. It
-// deletes their seen marks and returns how many runs it closed.
+// its process died without finishing it. It deletes their seen marks and
+// returns how many runs it closed.
 // Maintenance runs it; StartReconcile does the same for its resource.
 func (db *DB) AbandonStaleReconciles(ctx context.Context) (int64, error) {
 	tx, err := db.w.BeginTxx(ctx, nil)

@@ -11,14 +11,12 @@
 package governor
 
 import (
-	"github.com/backstop-sync/backstop"
-	"math"
-
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -26,6 +24,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/backstop-sync/backstop"
 )
 
 // Defaults applied by New to zero Options fields.
