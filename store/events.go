@@ -159,7 +159,7 @@ func (et *emitTx) emit(ctx context.Context, ev backstop.Event, routes []backstop
 		return r, nil
 	}
 	if o, ok := ev.Object(); ok {
-		if r.MirrorWritten, err = et.mirror.write(ctx, o); err != nil {
+		if r.MirrorWritten, err = et.mirror.writeJSON(ctx, o); err != nil {
 			return backstop.EmitResult{}, err
 		}
 	}
@@ -193,7 +193,7 @@ func (et *emitTx) duplicate(ctx context.Context, ev backstop.Event) (backstop.Em
 		return r, nil
 	}
 	var err error
-	if r.MirrorWritten, err = et.mirror.write(ctx, o); err != nil {
+	if r.MirrorWritten, err = et.mirror.writeJSON(ctx, o); err != nil {
 		return backstop.EmitResult{}, err
 	}
 	return r, nil

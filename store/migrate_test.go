@@ -209,3 +209,51 @@ func TestOpenRefusesAnUnknownSchemaVersion(t *testing.T) {
 		t.Fatalf("Open of a store with an unknown schema version: %v, want it refused", err)
 	}
 }
+
+// Migration 0022 turns the mirror's generated columns into stored ones
+// filled with what they gave, in the same order, and the mirror's writes
+// fill them from then on.
+func TestMigration22StoresTheTypedColumns(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	db := openUpgraded(t, path, 21,
+		`INSERT INTO payments (id, updated_at, data, synced_at) VALUES ('pay_1', '2026-01-01T00:00:00.000000000Z',
+			'{"id":"pay_1","contact_id":"ct_1","amount":1250,"currency":"EUR","status":"succeeded","created_at":"2025-12-31T10:00:00Z"}', '2026-01-01T00:00:00.000000000Z')`,
+		`INSERT INTO payments (id, updated_at, data, synced_at) VALUES ('pay_2', '2026-01-01T00:00:00.000000000Z',
+			'{"id":"pay_2","amount":12.5,"status":"caf\u00e9 \"x\""}', '2026-01-01T00:00:00.000000000Z')`,
+		`INSERT INTO contacts (id, updated_at, data, synced_at) VALUES ('ct_1', '2026-01-01T00:00:00.000000000Z',
+			'{"id":"ct_1","name":"Ada","email":"ada@example.com","phone":null}', '2026-01-01T00:00:00.000000000Z')`,
+	)
+	defer db.Close()
+	var cols []string
+	if err := db.r.SelectContext(ctx, &cols, `SELECT name || ' ' || type || ' ' || hidden FROM pragma_table_xinfo('payments')`); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(cols, ", "), "id TEXT 0, updated_at TEXT 0, data TEXT 0, synced_at TEXT 0, created_at TEXT 0, contact_id TEXT 0, amount INTEGER 0, currency TEXT 0, status TEXT 0"; got != want {
+		t.Errorf("payments columns after the upgrade:\n %s\nwant\n %s", got, want)
+	}
+	rows := func(q string) string {
+		t.Helper()
+		var out []string
+		if err := db.r.SelectContext(ctx, &out, q); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(out, "; ")
+	}
+	if got, want := rows(`SELECT id || ' ' || quote(created_at) || ' ' || quote(contact_id) || ' ' || quote(amount) || ' ' || typeof(amount) || ' ' || quote(currency) || ' ' || quote(status) FROM payments ORDER BY id`),
+		`pay_1 '2025-12-31T10:00:00Z' 'ct_1' 1250 integer 'EUR' 'succeeded'; pay_2 NULL NULL 12.5 real NULL 'café "x"'`; got != want {
+		t.Errorf("payments after the upgrade:\n %s\nwant\n %s", got, want)
+	}
+	if got, want := rows(`SELECT quote(name) || ' ' || quote(email) || ' ' || quote(phone) FROM contacts`), `'Ada' 'ada@example.com' NULL`; got != want {
+		t.Errorf("contacts after the upgrade: %s, want %s", got, want)
+	}
+	// A newer version written after the upgrade replaces them all.
+	o := backstop.Object{Resource: backstop.Payments, ID: "pay_1", UpdatedAt: time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC),
+		Data: []byte(`{"id":"pay_1","amount":990,"status":"refunded"}`)}
+	if _, err := db.ApplyPage(ctx, []backstop.Object{o}, backstop.Cursor{Resource: backstop.Payments, Kind: backstop.CursorSync}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rows(`SELECT quote(contact_id) || ' ' || quote(amount) || ' ' || quote(status) FROM payments WHERE id = 'pay_1'`), `NULL 990 'refunded'`; got != want {
+		t.Errorf("pay_1 after a newer version: %s, want %s", got, want)
+	}
+}

@@ -12,14 +12,26 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/backstop-sync/backstop"
+	"github.com/backstop-sync/backstop/internal/jsonvalid"
 )
 
 // table is the mirror table of one resource and the SQL that touches it.
 // Table names come only from this fixed set, never from input.
 type table struct {
 	name      string
-	upsertSQL string // one object, written only when newer
-	existSQL  string // "... WHERE id IN (" + placeholders + ")"
+	columns   []string // the typed columns, each read out of data by its own name (typedValues)
+	upsertSQL string   // one object, written only when newer
+	existSQL  string   // "... WHERE id IN (" + placeholders + ")"
+}
+
+// typedColumns are each mirror table's typed columns, in their order in
+// the table: each holds the object's top-level member of its name
+// (migration 0022).
+var typedColumns = map[backstop.Resource][]string{
+	backstop.Contacts: {"created_at", "name", "email", "phone"},
+	backstop.Chats:    {"created_at", "contact_id", "channel", "status"},
+	backstop.Messages: {"created_at", "chat_id", "direction"},
+	backstop.Payments: {"created_at", "contact_id", "amount", "currency", "status"},
 }
 
 // tables maps each resource to its mirror table.
@@ -27,13 +39,20 @@ var tables = func() map[backstop.Resource]*table {
 	m := make(map[backstop.Resource]*table, len(backstop.Resources))
 	for _, r := range backstop.Resources {
 		n := string(r)
+		cols := typedColumns[r]
+		set := ""
+		for _, c := range cols {
+			set += ",\n\t\t\t\t\t" + c + " = excluded." + c
+		}
 		m[r] = &table{
-			name: n,
-			upsertSQL: `INSERT INTO ` + n + ` (id, updated_at, data, synced_at) VALUES (?, ?, ?, ?)
+			name:    n,
+			columns: cols,
+			upsertSQL: `INSERT INTO ` + n + ` (id, updated_at, data, synced_at, ` + strings.Join(cols, ", ") + `)
+				VALUES (` + placeholders(4+len(cols)) + `)
 				ON CONFLICT (id) DO UPDATE SET
 					updated_at = excluded.updated_at,
 					data = excluded.data,
-					synced_at = excluded.synced_at
+					synced_at = excluded.synced_at` + set + `
 				WHERE excluded.updated_at > ` + n + `.updated_at`,
 			existSQL: `SELECT id, updated_at FROM ` + n + ` WHERE id IN (`,
 		}
@@ -199,6 +218,7 @@ type mirrorWriter struct {
 	tx     *sqlx.Tx
 	synced string
 	stmts  map[backstop.Resource]*sqlx.Stmt // db.upsert bound to tx, on first use
+	args   []any                            // the statement's arguments, reused from object to object
 }
 
 // mirrorWriter returns a mirrorWriter for tx that stamps synced_at with now.
@@ -246,8 +266,17 @@ func (mw *mirrorWriter) apply(ctx context.Context, objs []backstop.Object) (back
 
 // write upserts o when it is newer than the stored version (or not stored)
 // and reports whether it wrote. It fails on an unknown resource or an object
-// without id or data.
+// without id or data, or whose data is not JSON.
 func (m *mirrorWriter) write(ctx context.Context, o backstop.Object) (bool, error) {
+	if len(o.Data) > 0 && !jsonvalid.Valid(o.Data) {
+		return false, fmt.Errorf("write %s %s: data is not valid JSON", o.Resource, o.ID)
+	}
+	return m.writeJSON(ctx, o)
+}
+
+// writeJSON is write for an object whose data has been checked to be JSON
+// (an event's, by checkEvent).
+func (m *mirrorWriter) writeJSON(ctx context.Context, o backstop.Object) (bool, error) {
 	if err := checkObject(o); err != nil {
 		return false, err
 	}
@@ -263,7 +292,14 @@ func (m *mirrorWriter) write(ctx context.Context, o backstop.Object) (bool, erro
 		st = m.tx.StmtxContext(ctx, prepared)
 		m.stmts[o.Resource] = st
 	}
-	res, err := st.ExecContext(ctx, o.ID, backstop.CanonicalTime(o.UpdatedAt), string(o.Data), m.synced)
+	// The typed columns are read out of data before the statement, as
+	// SQLite did for its generated columns (migration 0022).
+	m.args = append(m.args[:0], o.ID, backstop.CanonicalTime(o.UpdatedAt), string(o.Data), m.synced)
+	m.args = typedValues(m.args, o.Data, typedColumns[o.Resource])
+	if err := resolveNumbers(ctx, m.tx, m.args); err != nil {
+		return false, fmt.Errorf("write %s %s: %w", o.Resource, o.ID, err)
+	}
+	res, err := st.ExecContext(ctx, m.args...)
 	if err != nil {
 		return false, fmt.Errorf("write %s %s: %w", o.Resource, o.ID, err)
 	}
@@ -373,7 +409,7 @@ func (db *DB) Get(ctx context.Context, r backstop.Resource, id string) (backstop
 }
 
 // insertBatchRows is how many objects one multi-row INSERT of InsertBatch
-// carries (4 variables each).
+// carries (4 variables each and one per typed column).
 const insertBatchRows = 200
 
 // InsertBatch writes objs with plain multi-row INSERT OR REPLACE statements
@@ -401,7 +437,7 @@ func (db *DB) insertBatch(ctx context.Context, objs []backstop.Object) error {
 			return err
 		}
 		var full *sqlx.Stmt // the statement for a full chunk, prepared once
-		args := make([]any, 0, 4*insertBatchRows)
+		args := make([]any, 0, (4+len(t.columns))*insertBatchRows)
 		for start := 0; start < len(g.objs); start += insertBatchRows {
 			chunk := g.objs[start:min(start+insertBatchRows, len(g.objs))]
 			args = args[:0]
@@ -409,7 +445,14 @@ func (db *DB) insertBatch(ctx context.Context, objs []backstop.Object) error {
 				if err := checkObject(o); err != nil {
 					return err
 				}
+				if !jsonvalid.Valid(o.Data) {
+					return fmt.Errorf("%s %s: data is not valid JSON", o.Resource, o.ID)
+				}
 				args = append(args, o.ID, backstop.CanonicalTime(o.UpdatedAt), string(o.Data), synced)
+				args = typedValues(args, o.Data, t.columns)
+			}
+			if err := resolveNumbers(ctx, tx, args); err != nil {
+				return fmt.Errorf("insert %s: %w", t.name, err)
 			}
 			if len(chunk) == insertBatchRows && full == nil {
 				if full, err = tx.PreparexContext(ctx, insertSQL(t, insertBatchRows)); err != nil {
@@ -435,12 +478,13 @@ func (db *DB) insertBatch(ctx context.Context, objs []backstop.Object) error {
 // insertSQL is a multi-row INSERT OR REPLACE of n objects into t.
 func insertSQL(t *table, n int) string {
 	var b strings.Builder
-	b.WriteString(`INSERT OR REPLACE INTO ` + t.name + ` (id, updated_at, data, synced_at) VALUES `)
+	b.WriteString(`INSERT OR REPLACE INTO ` + t.name + ` (id, updated_at, data, synced_at, ` + strings.Join(t.columns, ", ") + `) VALUES `)
+	row := "(" + placeholders(4+len(t.columns)) + ")"
 	for i := range n {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString("(?, ?, ?, ?)")
+		b.WriteString(row)
 	}
 	return b.String()
 }
