@@ -853,3 +853,68 @@ func TestEnvelopeStringsAreJSONMarshals(t *testing.T) {
 		}
 	}
 }
+
+// A batch's outbox rows go in by multi-row statements: every row is
+// queued in the order of its event, across the statements' sizes, and an
+// event queued already to some of its targets (its processed_events row
+// pruned while its deliveries are kept) counts only the others, whatever
+// its place in the batch.
+func TestEmitQueuesABatchInOrderAndCountsWhatWasQueuedAlready(t *testing.T) {
+	ctx := context.Background()
+	db, clk := openTest(t)
+	routes := testRoutes[:3] // billing and audit match payments
+	old := payment(t, "evt_old", "pay_old", "2024-05-01T10:00:00Z")
+	both := payment(t, "evt_both", "pay_both", "2024-05-01T10:00:00Z")
+	emit(t, db, routes, old, both)
+	// Delivered long ago and pruned: old keeps its billing delivery only,
+	// both keeps both.
+	if _, err := db.w.ExecContext(ctx, `DELETE FROM outbox WHERE event_id = 'evt_old' AND target = 'audit'`); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(40 * 24 * time.Hour))
+	if n, err := db.PruneProcessed(ctx, t0.Add(30*24*time.Hour)); err != nil || n != 2 {
+		t.Fatalf("PruneProcessed = %d, %v; want 2", n, err)
+	}
+
+	// 37 events of two rows each: 74 rows, 32 + 32 + 8 + 2 in statements.
+	evs := benchEvents(t, "b", 35)
+	batch := append([]backstop.Event{evs[0], old}, evs[1:]...)
+	batch = append(batch[:20], append([]backstop.Event{both}, batch[20:]...)...)
+	res, err := db.Emit(ctx, batch, routes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		want := 2
+		switch batch[i].ID {
+		case "evt_old":
+			want = 1 // audit again, not billing
+		case "evt_both":
+			want = 0
+		}
+		if r.Status != backstop.EmitAccepted || r.Outbox != want {
+			t.Errorf("event %d (%s): %+v, want accepted with %d deliveries queued", i, batch[i].ID, r, want)
+		}
+	}
+	rows := outboxRows(t, db, "")
+	if len(rows) != 4-1+1+35*2 {
+		t.Fatalf("%d outbox rows, want %d", len(rows), 4-1+1+35*2)
+	}
+	// The batch's rows follow its events, each event's in route order.
+	var got []string
+	for _, r := range rows[3:] {
+		got = append(got, r.EventID+">"+r.Target)
+	}
+	var want []string
+	for _, ev := range batch {
+		for _, tgt := range []string{"billing", "audit"} {
+			if ev.ID == "evt_both" || ev.ID == "evt_old" && tgt == "billing" {
+				continue
+			}
+			want = append(want, ev.ID+">"+tgt)
+		}
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("outbox rows of the batch in id order:\n %v\nwant\n %v", got, want)
+	}
+}

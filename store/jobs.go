@@ -717,11 +717,14 @@ func (db *DB) emitInTx(ctx, sctx context.Context, tx *sqlx.Tx, now time.Time, st
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		r, err := et.emit(sctx, ev, routes)
+		r, err := et.emit(sctx, ev, routes, i)
 		if err != nil {
 			return nil, fmt.Errorf("event %d of %d (%s): %w", i+1, len(events), ev.ID, err)
 		}
 		out[i] = r
+	}
+	if err := et.queue.flush(sctx, out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -76,7 +76,9 @@ type DB struct {
 	saveCursor   *sqlx.Stmt
 	insertEvent  *sqlx.Stmt // the dedup insert of the emit path
 	insertOutbox *sqlx.Stmt
-	delivery     *deliveryStmts
+	// insertOutboxRows are the multi-row outbox inserts, one per outboxChunks.
+	insertOutboxRows [len(outboxChunks)]*sqlx.Stmt
+	delivery         *deliveryStmts
 
 	// releaseOpen releases the store's open claim (openClaimName), held
 	// shared for as long as the DB is open.
@@ -225,6 +227,11 @@ func (db *DB) prepare(ctx context.Context) error {
 	if db.insertOutbox, err = db.w.PreparexContext(ctx, insertOutboxSQL); err != nil {
 		return fmt.Errorf("prepare outbox insert: %w", err)
 	}
+	for i, n := range outboxChunks {
+		if db.insertOutboxRows[i], err = db.w.PreparexContext(ctx, insertOutboxRowsSQL(n)); err != nil {
+			return fmt.Errorf("prepare outbox insert of %d rows: %w", n, err)
+		}
+	}
 	return db.prepareDelivery(ctx)
 }
 
@@ -236,7 +243,7 @@ func (db *DB) Close() error {
 		for _, st := range db.upsert {
 			errs = append(errs, st.Close())
 		}
-		for _, st := range []*sqlx.Stmt{db.saveCursor, db.insertEvent, db.insertOutbox} {
+		for _, st := range append([]*sqlx.Stmt{db.saveCursor, db.insertEvent, db.insertOutbox}, db.insertOutboxRows[:]...) {
 			if st != nil {
 				errs = append(errs, st.Close())
 			}
