@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -124,43 +125,117 @@ const emitWaitSlack = 50 * time.Millisecond
 
 // emitTx is one Emit transaction: its statements and the time it stamps.
 type emitTx struct {
-	insert *sqlx.Stmt // db.insertEvent bound to the transaction
-	mirror *mirrorWriter
-	queue  *outboxQueue
-	now    time.Time
-	stamp  string // now, canonical
+	db      *DB
+	tx      *sqlx.Tx
+	inserts [len(eventChunks)]*sqlx.Stmt // db.insertEventRows bound to tx, on first use
+	args    []any
+	mirror  *mirrorWriter
+	queue   *outboxQueue
+	now     time.Time
+	stamp   string // now, canonical
 }
 
-// emit processes one event of the batch, whose result is at index result;
-// its outbox rows are gathered for et.queue.flush.
-func (et *emitTx) emit(ctx context.Context, ev backstop.Event, routes []backstop.Route, result int) (backstop.EmitResult, error) {
-	if err := checkEvent(ev); err != nil {
-		return backstop.EmitResult{}, err
+// eventChunks are the row counts of the multi-row processed_events
+// inserts of insertEvents, largest first, as outboxChunks are the
+// outbox's.
+var eventChunks = outboxChunks
+
+// insertEventRowsSQL is insertEventSQL for n rows.
+func insertEventRowsSQL(n int) string {
+	head, tail, _ := strings.Cut(insertEventSQL, "VALUES ")
+	row, conflict, _ := strings.Cut(tail, "\n")
+	return head + "VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", n), ", ") + "\n" + conflict
+}
+
+// insertEvents inserts events, checked (checkEvent), into processed_events
+// in their order, by multi-row statements, and reports for each whether
+// it was inserted: an event whose id or dedup key is taken, by an earlier
+// commit or an event before it in the batch, is not (ON CONFLICT DO
+// NOTHING goes row by row). A statement that inserted all its rows needs
+// no more; where it did not (duplicates are the rare case), each of its
+// events is looked up: the rows it inserted took the rowids after the
+// table's highest, one each, up to the last one.
+func (et *emitTx) insertEvents(ctx context.Context, events []backstop.Event) ([]bool, error) {
+	inserted := make([]bool, len(events))
+	for start := 0; start < len(events); {
+		c := 0
+		for len(events)-start < eventChunks[c] {
+			c++
+		}
+		chunk := events[start : start+eventChunks[c]]
+		if et.inserts[c] == nil {
+			et.inserts[c] = et.tx.StmtxContext(ctx, et.db.insertEventRows[c])
+		}
+		et.args = et.args[:0]
+		for _, ev := range chunk {
+			createdAt := ev.CreatedAt
+			if createdAt.IsZero() {
+				createdAt = et.now
+			}
+			// An unknown type names no resource to fetch from: it is kept
+			// as it came, not queued for a fetch that could never succeed.
+			truncated := ev.Truncated && ev.Resource != ""
+			et.args = append(et.args, ev.ID, nullString(ev.DedupKey()), ev.Type, string(ev.Resource), ev.ObjectID, nullTime(ev.UpdatedAt),
+				string(ev.Origin), backstop.CanonicalTime(createdAt), et.stamp, truncated, dataText(ev.Data))
+		}
+		res, err := et.inserts[c].ExecContext(ctx, et.args...)
+		if err != nil {
+			return nil, fmt.Errorf("insert %d processed events: %w", len(chunk), err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return nil, fmt.Errorf("insert %d processed events: %w", len(chunk), err)
+		}
+		switch {
+		case int(n) == len(chunk):
+			for j := range chunk {
+				inserted[start+j] = true
+			}
+		case n > 0:
+			last, err := res.LastInsertId()
+			if err != nil {
+				return nil, fmt.Errorf("insert %d processed events: %w", len(chunk), err)
+			}
+			first := last - n + 1
+			for j, ev := range chunk {
+				var row struct {
+					RowID    int64          `db:"rowid"`
+					DedupKey sql.NullString `db:"dedup_key"`
+				}
+				err := et.tx.GetContext(ctx, &row, `SELECT rowid, dedup_key FROM processed_events WHERE event_id = ?`, ev.ID)
+				if errors.Is(err, sql.ErrNoRows) {
+					continue // its version came under another id
+				}
+				if err != nil {
+					return nil, fmt.Errorf("look up processed event %s: %w", ev.ID, err)
+				}
+				// Two events of one id and one version in the statement: the
+				// first took the row.
+				mine := row.RowID >= first && row.DedupKey.String == ev.DedupKey() && (j == 0 || !slices.ContainsFunc(chunk[:j], func(e backstop.Event) bool {
+					return e.ID == ev.ID && e.DedupKey() == ev.DedupKey()
+				}))
+				inserted[start+j] = mine
+			}
+		}
+		start += len(chunk)
 	}
-	if ev.CreatedAt.IsZero() {
-		ev.CreatedAt = et.now
-	}
-	// An unknown type names no resource to fetch from: it is kept as it came,
-	// not queued for a fetch that could never succeed.
-	truncated := ev.Truncated && ev.Resource != ""
-	res, err := et.insert.ExecContext(ctx,
-		ev.ID, nullString(ev.DedupKey()), ev.Type, string(ev.Resource), ev.ObjectID, nullTime(ev.UpdatedAt),
-		string(ev.Origin), backstop.CanonicalTime(ev.CreatedAt), et.stamp, truncated, dataText(ev.Data))
-	if err != nil {
-		return backstop.EmitResult{}, fmt.Errorf("insert processed event: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return backstop.EmitResult{}, fmt.Errorf("insert processed event: %w", err)
-	}
-	if n == 0 {
-		return et.duplicate(ctx, ev)
+	return inserted, nil
+}
+
+// emit processes one event of the batch, inserted into processed_events
+// or not (insertEvents), whose result is at index result; its outbox rows
+// are gathered for et.queue.flush. taken tells a duplicate whether its
+// version was processed before it.
+func (et *emitTx) emit(ctx context.Context, ev backstop.Event, routes []backstop.Route, result int, inserted bool, taken func(key string) (bool, error)) (backstop.EmitResult, error) {
+	if !inserted {
+		return et.duplicate(ctx, ev, taken)
 	}
 	r := backstop.EmitResult{Status: backstop.EmitAccepted}
-	if truncated {
+	if ev.Truncated && ev.Resource != "" {
 		return r, nil
 	}
 	if o, ok := ev.Object(); ok {
+		var err error
 		if r.MirrorWritten, err = et.mirror.writeJSON(ctx, o); err != nil {
 			return backstop.EmitResult{}, err
 		}
@@ -179,20 +254,19 @@ const processedVersionSQL = `SELECT EXISTS (SELECT 1 FROM processed_events WHERE
 // event. That repairs a mirror that lost the version (a row deleted by
 // hand, an object the mirror was cleared of): sync and reconcile, finding
 // it missing, emit it, and were otherwise told duplicate for good.
-func (et *emitTx) duplicate(ctx context.Context, ev backstop.Event) (backstop.EmitResult, error) {
+func (et *emitTx) duplicate(ctx context.Context, ev backstop.Event, taken func(key string) (bool, error)) (backstop.EmitResult, error) {
 	r := backstop.EmitResult{Status: backstop.EmitDuplicate}
 	o, ok := ev.Object()
 	if !ok {
 		return r, nil
 	}
-	var processed bool
-	if err := et.mirror.tx.QueryRowxContext(ctx, processedVersionSQL, ev.DedupKey()).Scan(&processed); err != nil {
+	processed, err := taken(ev.DedupKey())
+	if err != nil {
 		return backstop.EmitResult{}, fmt.Errorf("look up processed version: %w", err)
 	}
 	if !processed {
 		return r, nil
 	}
-	var err error
 	if r.MirrorWritten, err = et.mirror.writeJSON(ctx, o); err != nil {
 		return backstop.EmitResult{}, err
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -916,5 +917,73 @@ func TestEmitQueuesABatchInOrderAndCountsWhatWasQueuedAlready(t *testing.T) {
 	}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("outbox rows of the batch in id order:\n %v\nwant\n %v", got, want)
+	}
+}
+
+// One Emit of a batch decides each event as Emits of its events one at a
+// time would (its statements go row by row over the batch): the same
+// results and the same rows in processed_events, the mirror and the
+// outbox, for batches full of repeated ids, repeated versions under other
+// ids, older versions, unknown types and truncated events, on a store that
+// already holds some of them, and across the batch statements' sizes.
+func TestEmitOfABatchDecidesAsOneEventAtATime(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 21))
+	routes := testRoutes[:3]
+	pick := func(n int) []backstop.Event {
+		evs := make([]backstop.Event, n)
+		for i := range evs {
+			id := fmt.Sprintf("evt_%d", rng.IntN(40))
+			pay := fmt.Sprintf("pay_%d", rng.IntN(8))
+			at := fmt.Sprintf("2024-05-01T10:00:0%dZ", rng.IntN(5))
+			switch rng.IntN(10) {
+			case 0:
+				evs[i] = backstop.Event{ID: id, Type: "invoice.sent", Origin: backstop.OriginWebhook, CreatedAt: t0, Data: json.RawMessage(`{"n":1}`)}
+			case 1:
+				evs[i] = backstop.Event{ID: id, Type: "payment.failed", Resource: backstop.Payments, ObjectID: pay,
+					CreatedAt: t0, Origin: backstop.OriginWebhook, Data: json.RawMessage(`{"id":"` + pay + `"}`), Truncated: true}
+			default:
+				evs[i] = payment(t, id, pay, at)
+			}
+		}
+		return evs
+	}
+	for round := range 20 {
+		before, batch := pick(rng.IntN(10)), pick(1+rng.IntN(80))
+		one, _ := openTest(t)
+		all, _ := openTest(t)
+		for _, db := range []*DB{one, all} {
+			for _, ev := range before {
+				emit(t, db, routes, ev)
+			}
+		}
+		var want []backstop.EmitResult
+		for _, ev := range batch {
+			want = append(want, emit(t, one, routes, ev)...)
+		}
+		got := emit(t, all, routes, batch...)
+		for i := range batch {
+			if got[i] != want[i] {
+				t.Errorf("round %d, event %d (%s %s): batch %+v, one at a time %+v", round, i, batch[i].ID, batch[i].DedupKey(), got[i], want[i])
+			}
+		}
+		dump := func(db *DB) string {
+			var out []string
+			for _, q := range []string{
+				`SELECT event_id || ' ' || coalesce(dedup_key, '-') || ' ' || truncated FROM processed_events ORDER BY rowid`,
+				`SELECT id || ' ' || updated_at FROM payments ORDER BY id`,
+				`SELECT target || ' ' || event_id FROM outbox ORDER BY id`,
+			} {
+				var rows []string
+				if err := db.r.SelectContext(ctx, &rows, q); err != nil {
+					t.Fatal(err)
+				}
+				out = append(out, strings.Join(rows, "; "))
+			}
+			return strings.Join(out, "\n")
+		}
+		if g, w := dump(all), dump(one); g != w {
+			t.Errorf("round %d: the store after the batch:\n%s\nafter one at a time:\n%s", round, g, w)
+		}
 	}
 }

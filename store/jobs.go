@@ -706,18 +706,51 @@ func (db *DB) EmitPage(ctx context.Context, events []backstop.Event, routes []ba
 // for events inside tx.
 func (db *DB) emitInTx(ctx, sctx context.Context, tx *sqlx.Tx, now time.Time, stamp string, events []backstop.Event, routes []backstop.Route) ([]backstop.EmitResult, error) {
 	et := &emitTx{
-		insert: tx.StmtxContext(sctx, db.insertEvent),
+		db:     db,
+		tx:     tx,
 		mirror: db.mirrorWriter(tx, now),
 		queue:  db.outboxQueue(tx, stamp),
 		now:    now,
 		stamp:  stamp,
 	}
+	for i, ev := range events {
+		if err := checkEvent(ev); err != nil {
+			return nil, fmt.Errorf("event %d of %d (%s): %w", i+1, len(events), ev.ID, err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	inserted, err := et.insertEvents(sctx, events)
+	if err != nil {
+		return nil, err
+	}
+	// A duplicate's version was processed before it when an event before
+	// it in the batch was inserted with it, or when the store held it
+	// before the batch: not when an event after it was inserted with it.
+	var batchKeys map[string]int // the dedup keys inserted by the batch, at their event's index
 	out := make([]backstop.EmitResult, len(events))
 	for i, ev := range events {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		r, err := et.emit(sctx, ev, routes, i)
+		taken := func(key string) (bool, error) {
+			if batchKeys == nil {
+				batchKeys = make(map[string]int)
+				for j, ev := range events {
+					if k := ev.DedupKey(); inserted[j] && k != "" {
+						batchKeys[k] = j
+					}
+				}
+			}
+			if j, ok := batchKeys[key]; ok {
+				return j < i, nil
+			}
+			var processed bool
+			err := tx.QueryRowxContext(sctx, processedVersionSQL, key).Scan(&processed)
+			return processed, err
+		}
+		r, err := et.emit(sctx, ev, routes, i, inserted[i], taken)
 		if err != nil {
 			return nil, fmt.Errorf("event %d of %d (%s): %w", i+1, len(events), ev.ID, err)
 		}

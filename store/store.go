@@ -74,11 +74,12 @@ type DB struct {
 	// write transaction with tx.Stmtx, so a page does not re-prepare them.
 	upsert       map[backstop.Resource]*sqlx.Stmt
 	saveCursor   *sqlx.Stmt
-	insertEvent  *sqlx.Stmt // the dedup insert of the emit path
 	insertOutbox *sqlx.Stmt
 	// insertOutboxRows are the multi-row outbox inserts, one per outboxChunks.
 	insertOutboxRows [len(outboxChunks)]*sqlx.Stmt
-	delivery         *deliveryStmts
+	// insertEventRows are the multi-row dedup inserts, one per eventChunks.
+	insertEventRows [len(eventChunks)]*sqlx.Stmt
+	delivery        *deliveryStmts
 
 	// releaseOpen releases the store's open claim (openClaimName), held
 	// shared for as long as the DB is open.
@@ -221,15 +222,17 @@ func (db *DB) prepare(ctx context.Context) error {
 		return fmt.Errorf("prepare cursor save: %w", err)
 	}
 	db.saveCursor = st
-	if db.insertEvent, err = db.w.PreparexContext(ctx, insertEventSQL); err != nil {
-		return fmt.Errorf("prepare event insert: %w", err)
-	}
 	if db.insertOutbox, err = db.w.PreparexContext(ctx, insertOutboxSQL); err != nil {
 		return fmt.Errorf("prepare outbox insert: %w", err)
 	}
 	for i, n := range outboxChunks {
 		if db.insertOutboxRows[i], err = db.w.PreparexContext(ctx, insertOutboxRowsSQL(n)); err != nil {
 			return fmt.Errorf("prepare outbox insert of %d rows: %w", n, err)
+		}
+	}
+	for i, n := range eventChunks {
+		if db.insertEventRows[i], err = db.w.PreparexContext(ctx, insertEventRowsSQL(n)); err != nil {
+			return fmt.Errorf("prepare event insert of %d rows: %w", n, err)
 		}
 	}
 	return db.prepareDelivery(ctx)
@@ -243,7 +246,7 @@ func (db *DB) Close() error {
 		for _, st := range db.upsert {
 			errs = append(errs, st.Close())
 		}
-		for _, st := range append([]*sqlx.Stmt{db.saveCursor, db.insertEvent, db.insertOutbox}, db.insertOutboxRows[:]...) {
+		for _, st := range append(append([]*sqlx.Stmt{db.saveCursor, db.insertOutbox}, db.insertOutboxRows[:]...), db.insertEventRows[:]...) {
 			if st != nil {
 				errs = append(errs, st.Close())
 			}
