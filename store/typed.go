@@ -13,8 +13,9 @@ import (
 // The mirror's typed columns (status, amount, email, …) hold what
 // json_extract(data, '$.<column>') gives, and are written by backstop in the
 // same statement as data (migration 0022): SQLite computed them as
-// generated columns on every write, at 15% of an emitted event's cost on
-// the one writer, where reading and binding them here costs half that. The
+// generated columns on every write, at 14% of an emitted event's cost on
+// the one writer, where reading and binding them here costs a fifth of
+// that. The
 // column's declared type then converts the value as it did for the
 // generated column (SQLite applies a column's affinity to any value
 // stored), so that a number in a TEXT column is stored as its text.
