@@ -25,16 +25,6 @@ const insertEventSQL = `INSERT INTO processed_events
 	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 	ON CONFLICT DO NOTHING`
 
-// insertOutboxSQL queues one delivery of an event, due now. A (target,
-// event) pair is queued at most once. Payloads queued through the webhook
-// proxy (Enqueue) never conflict here: their event_id is in a space of its
-// own (proxyEventID), and the proxy_key left NULL is outside
-// outbox_proxy_key. The one time ?5 is bound once for its three columns.
-const insertOutboxSQL = `INSERT INTO outbox
-	(target, event_id, event_type, payload, status, attempts, next_attempt_at, created_at, updated_at)
-	VALUES (?1, ?2, ?3, ?4, 'pending', 0, ?5, ?5, ?5)
-	ON CONFLICT (target, event_id) DO NOTHING`
-
 // Emit processes events in one transaction on the writer connection, in
 // order: each event is inserted into processed_events, and an event whose
 // event_id or dedup key is already there (from an earlier commit or earlier
@@ -319,14 +309,12 @@ func checkRoutes(routes []backstop.Route) error {
 }
 
 // outboxQueue adds outbox rows inside one write transaction; Emit and
-// CompleteTruncated share it. CompleteTruncated adds one event's rows at
-// once (add); Emit gathers a batch's rows (queue) and inserts them
-// together before its commit (flush).
+// CompleteTruncated share it: it gathers the rows of a batch's events
+// (queue) and inserts them together before the commit (flush).
 type outboxQueue struct {
 	db    *DB
 	tx    *sqlx.Tx
 	stamp string
-	st    *sqlx.Stmt // db.insertOutbox bound to tx, on first use
 	rows  []queuedRow
 	args  []any
 	multi [len(outboxChunks)]*sqlx.Stmt // db.insertOutboxRows bound to tx, on first use
@@ -345,8 +333,12 @@ type queuedRow struct {
 // instructions per row than one statement per row.
 var outboxChunks = [...]int{32, 16, 8, 4, 2, 1}
 
-// insertOutboxRowsSQL is insertOutboxSQL for n rows: ?1 is the time, then
-// four parameters per row.
+// insertOutboxRowsSQL queues n deliveries, due now: ?1 is the time, bound
+// once for its three columns of every row, then four parameters per row.
+// A (target, event) pair is queued at most once. Payloads queued through
+// the webhook proxy (Enqueue) never conflict here: their event_id is in a
+// space of its own (proxyEventID), and the proxy_key left NULL is outside
+// outbox_proxy_key.
 func insertOutboxRowsSQL(n int) string {
 	var b strings.Builder
 	b.WriteString(`INSERT INTO outbox
@@ -444,34 +436,6 @@ func (q *outboxQueue) flush(ctx context.Context, out []backstop.EmitResult) erro
 // outboxQueue returns an outboxQueue for tx whose rows are created and due at stamp.
 func (db *DB) outboxQueue(tx *sqlx.Tx, stamp string) *outboxQueue {
 	return &outboxQueue{db: db, tx: tx, stamp: stamp}
-}
-
-// add queues ev to every route whose globs match its type and returns how
-// many rows it added. The envelope is built once, when a route matches.
-func (q *outboxQueue) add(ctx context.Context, ev backstop.Event, routes []backstop.Route) (int, error) {
-	var payload string
-	added := 0
-	for _, rt := range routes {
-		if !backstop.MatchEvents(rt.Events, ev.Type) {
-			continue
-		}
-		if payload == "" {
-			payload = string(envelope(ev))
-		}
-		if q.st == nil {
-			q.st = q.tx.StmtxContext(ctx, q.db.insertOutbox)
-		}
-		res, err := q.st.ExecContext(ctx, rt.Target, ev.ID, ev.Type, payload, q.stamp)
-		if err != nil {
-			return added, fmt.Errorf("queue for %s: %w", rt.Target, err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return added, fmt.Errorf("queue for %s: %w", rt.Target, err)
-		}
-		added += int(n)
-	}
-	return added, nil
 }
 
 // envelope is the JSON delivered for ev:

@@ -72,9 +72,8 @@ type DB struct {
 
 	// Statements prepared once on the writer connection and bound to each
 	// write transaction with tx.Stmtx, so a page does not re-prepare them.
-	upsert       map[backstop.Resource]*sqlx.Stmt
-	saveCursor   *sqlx.Stmt
-	insertOutbox *sqlx.Stmt
+	upsert     map[backstop.Resource]*sqlx.Stmt
+	saveCursor *sqlx.Stmt
 	// insertOutboxRows are the multi-row outbox inserts, one per outboxChunks.
 	insertOutboxRows [len(outboxChunks)]*sqlx.Stmt
 	// insertEventRows are the multi-row dedup inserts, one per eventChunks.
@@ -222,9 +221,6 @@ func (db *DB) prepare(ctx context.Context) error {
 		return fmt.Errorf("prepare cursor save: %w", err)
 	}
 	db.saveCursor = st
-	if db.insertOutbox, err = db.w.PreparexContext(ctx, insertOutboxSQL); err != nil {
-		return fmt.Errorf("prepare outbox insert: %w", err)
-	}
 	for i, n := range outboxChunks {
 		if db.insertOutboxRows[i], err = db.w.PreparexContext(ctx, insertOutboxRowsSQL(n)); err != nil {
 			return fmt.Errorf("prepare outbox insert of %d rows: %w", n, err)
@@ -246,7 +242,7 @@ func (db *DB) Close() error {
 		for _, st := range db.upsert {
 			errs = append(errs, st.Close())
 		}
-		for _, st := range append(append([]*sqlx.Stmt{db.saveCursor, db.insertOutbox}, db.insertOutboxRows[:]...), db.insertEventRows[:]...) {
+		for _, st := range append(append([]*sqlx.Stmt{db.saveCursor}, db.insertOutboxRows[:]...), db.insertEventRows[:]...) {
 			if st != nil {
 				errs = append(errs, st.Close())
 			}

@@ -318,9 +318,13 @@ func (db *DB) completeTruncated(ctx context.Context, eventID string, obj backsto
 	if res.MirrorWritten, err = db.mirrorWriter(tx, now).write(ctx, obj); err != nil {
 		return backstop.EmitResult{}, err
 	}
-	if res.Outbox, err = db.outboxQueue(tx, stamp).add(ctx, ev, routes); err != nil {
+	q := db.outboxQueue(tx, stamp)
+	res.Outbox = q.queue(ev, routes, 0)
+	out := []backstop.EmitResult{res}
+	if err := q.flush(ctx, out); err != nil {
 		return backstop.EmitResult{}, err
 	}
+	res = out[0]
 	if err := tx.Commit(); err != nil {
 		return backstop.EmitResult{}, fmt.Errorf("commit: %w", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/backstop-sync/backstop/internal/jsonvalid"
 )
 
 // The mirror's typed columns (status, amount, email, …) hold what
@@ -36,7 +38,7 @@ func typedValues(dst []any, data []byte, keys []string) []any {
 		dst = append(dst, nil)
 	}
 	vals := dst[start:]
-	i := skipSpace(data, 0)
+	i := jsonvalid.SkipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
 		return dst
 	}
@@ -44,18 +46,24 @@ func typedValues(dst []any, data []byte, keys []string) []any {
 	var set uint64 // the keys already found
 	all := uint64(1)<<len(keys) - 1
 	for set != all {
-		i = skipSpace(data, i)
+		i = jsonvalid.SkipSpace(data, i)
 		if i >= len(data) || data[i] == '}' {
 			break
 		}
 		if data[i] == ',' {
-			i = skipSpace(data, i+1)
+			i = jsonvalid.SkipSpace(data, i+1)
 		}
-		keyEnd := stringEnd(data, i)
+		keyEnd := jsonvalid.SkipString(data, i)
+		if keyEnd < 0 {
+			break // not valid JSON, which the caller checked
+		}
 		key := data[i+1 : keyEnd-1]
-		i = skipSpace(data, keyEnd) // the colon
-		i = skipSpace(data, i+1)
-		end := valueEnd(data, i)
+		i = jsonvalid.SkipSpace(data, keyEnd) // the colon
+		i = jsonvalid.SkipSpace(data, i+1)
+		end := jsonvalid.SkipValue(data, i)
+		if end < 0 {
+			break
+		}
 		for k, want := range keys {
 			if set&(1<<k) == 0 && labelIs(key, want) {
 				vals[k] = jsonValue(data[i:end])
@@ -226,7 +234,10 @@ func minify(v []byte) string {
 		case ' ', '\t', '\n', '\r':
 			i++
 		case '"':
-			end := stringEnd(v, i)
+			end := jsonvalid.SkipString(v, i)
+			if end < 0 {
+				end = len(v)
+			}
 			out = append(out, v[i:end]...)
 			i = end
 		default:
@@ -235,62 +246,4 @@ func minify(v []byte) string {
 		}
 	}
 	return string(out)
-}
-
-// skipSpace returns the index of the first byte at or after i that is not
-// JSON whitespace.
-func skipSpace(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
-// stringEnd returns the index just past the closing quote of the JSON
-// string that opens at i.
-func stringEnd(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
-	return len(b)
-}
-
-// valueEnd returns the index just past the JSON value that starts at i.
-func valueEnd(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return stringEnd(b, i)
-	case '{', '[':
-		depth := 0
-		for ; i < len(b); i++ {
-			switch b[i] {
-			case '"':
-				i = stringEnd(b, i) - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return i + 1
-				}
-			}
-		}
-		return len(b)
-	}
-	for ; i < len(b); i++ {
-		switch b[i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return i
-		}
-	}
-	return i
 }

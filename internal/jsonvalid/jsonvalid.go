@@ -105,14 +105,8 @@ func member(b []byte, i int) int {
 	return skipSpace(b, i+1)
 }
 
-// skipSpace returns the index of the first byte of b at or after i that is
-// not JSON whitespace.
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\r' || b[i] == '\t') {
-		i++
-	}
-	return i
-}
+// skipSpace is SkipSpace.
+func skipSpace(b []byte, i int) int { return SkipSpace(b, i) }
 
 // plain marks the bytes a string holds as they are: not the closing
 // quote, not a backslash, not a control character.

@@ -249,7 +249,7 @@ func nestedDuplicate(data []byte) (string, error) {
 				stack[n-1].expectKey = false
 			}
 		case '"':
-			end := skipString(data, i)
+			end := jsonvalid.SkipString(data, i)
 			if end < 0 {
 				return "", nil
 			}
@@ -397,11 +397,11 @@ func scanMembers(obj []byte, member func(key []byte, val json.RawMessage)) (ok b
 	type span struct{ key, val []byte }
 	var buf [16]span
 	spans := buf[:0]
-	i := skipSpace(obj, 0)
+	i := jsonvalid.SkipSpace(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
 		return false, ""
 	}
-	i = skipSpace(obj, i+1)
+	i = jsonvalid.SkipSpace(obj, i+1)
 	if i < len(obj) && obj[i] == '}' {
 		return true, ""
 	}
@@ -409,7 +409,7 @@ func scanMembers(obj []byte, member func(key []byte, val json.RawMessage)) (ok b
 		if i >= len(obj) || obj[i] != '"' {
 			return false, ""
 		}
-		end := skipString(obj, i)
+		end := jsonvalid.SkipString(obj, i)
 		if end < 0 {
 			return false, ""
 		}
@@ -417,17 +417,17 @@ func scanMembers(obj []byte, member func(key []byte, val json.RawMessage)) (ok b
 		if bytes.IndexByte(key, '\\') >= 0 {
 			return false, ""
 		}
-		i = skipSpace(obj, end)
+		i = jsonvalid.SkipSpace(obj, end)
 		if i >= len(obj) || obj[i] != ':' {
 			return false, ""
 		}
-		i = skipSpace(obj, i+1)
-		end = skipValue(obj, i)
+		i = jsonvalid.SkipSpace(obj, i+1)
+		end = jsonvalid.SkipValue(obj, i)
 		if end < 0 {
 			return false, ""
 		}
 		spans = append(spans, span{key, obj[i:end]})
-		i = skipSpace(obj, end)
+		i = jsonvalid.SkipSpace(obj, end)
 		if i >= len(obj) {
 			return false, ""
 		}
@@ -437,7 +437,7 @@ func scanMembers(obj []byte, member func(key []byte, val json.RawMessage)) (ok b
 		if obj[i] != ',' {
 			return false, ""
 		}
-		i = skipSpace(obj, i+1)
+		i = jsonvalid.SkipSpace(obj, i+1)
 	}
 	var kbuf [16][]byte
 	keys := kbuf[:0]
@@ -453,86 +453,18 @@ func scanMembers(obj []byte, member func(key []byte, val json.RawMessage)) (ok b
 	return true, ""
 }
 
-// skipSpace returns the index of the first byte of b at or after i that is
-// not JSON whitespace.
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index just past the JSON string starting at b[i]
-// (a '"'), or -1.
-func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
-	return -1
-}
-
-// skipValue returns the index just past the JSON value starting at b[i] in
-// a valid document, or -1.
-func skipValue(b []byte, i int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for ; i < len(b); i++ {
-			switch b[i] {
-			case '"':
-				end := skipString(b, i)
-				if end < 0 {
-					return -1
-				}
-				i = end - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-		}
-		return -1
-	}
-	// A number or a literal runs to the next delimiter.
-	start := i
-	for i < len(b) {
-		switch b[i] {
-		case ',', '}', ']', ' ', '\t', '\r', '\n':
-			if i == start {
-				return -1
-			}
-			return i
-		}
-		i++
-	}
-	return -1
-}
-
 // scanData returns how deep b, valid JSON, nests objects and arrays
 // (counting up to limit+1 and stopping there) and the first number in it
-// too large for a float64 (1e999), or "": SQLite's json_extract, which the
-// mirror's columns use, reads one as Infinity, and a target's parser
-// refuses it or does the same, so the event would mean different things
-// in different places.
+// too large for a float64 (1e999), or "": SQLite's json_extract, whose
+// answers the mirror's typed columns hold, reads one as Infinity, and a
+// target's parser refuses it or does the same, so the event would mean
+// different things in different places.
 func scanData(b []byte, limit int) (deepest int, hugeNumber string) {
 	depth := 0
 	for i := 0; i < len(b); i++ {
 		switch b[i] {
 		case '"':
-			end := skipString(b, i)
+			end := jsonvalid.SkipString(b, i)
 			if end < 0 {
 				return deepest, ""
 			}
