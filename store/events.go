@@ -292,8 +292,14 @@ func checkEvent(ev backstop.Event) error {
 			}
 		}
 	}
-	if len(ev.Data) > 0 && !jsonvalid.Valid(ev.Data) {
-		return errors.New("data is not valid JSON")
+	if len(ev.Data) > 0 {
+		if _, ok := ev.Object(); ok {
+			// Written to the mirror (a truncated event's data is not).
+			return checkMirrorJSON(ev.Data)
+		}
+		if !jsonvalid.Valid(ev.Data) {
+			return errors.New("data is not valid JSON")
+		}
 	}
 	return nil
 }
@@ -365,6 +371,11 @@ func (q *outboxQueue) queue(ev backstop.Event, routes []backstop.Route, result i
 	n := 0
 	for _, rt := range routes {
 		if !backstop.MatchEvents(rt.Events, ev.Type) {
+			continue
+		}
+		// Two routes to one target queue one delivery, as the pair's
+		// uniqueness would have it.
+		if slices.ContainsFunc(q.rows[len(q.rows)-n:], func(r queuedRow) bool { return r.target == rt.Target }) {
 			continue
 		}
 		if payload == "" {

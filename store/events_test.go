@@ -987,3 +987,22 @@ func TestEmitOfABatchDecidesAsOneEventAtATime(t *testing.T) {
 		}
 	}
 }
+
+// Two routes to one target queue one delivery of an event and count one.
+func TestEmitTwoRoutesToOneTargetQueueOnce(t *testing.T) {
+	db, _ := openTest(t)
+	routes := []backstop.Route{
+		{Target: "billing", Events: []string{"payment.*"}},
+		{Target: "audit", Events: []string{"*"}},
+		{Target: "billing", Events: []string{"*"}},
+	}
+	evs := []backstop.Event{payment(t, "evt_1", "pay_1", "2024-05-01T10:00:00Z"), payment(t, "evt_2", "pay_2", "2024-05-01T10:00:00Z")}
+	for i, r := range emit(t, db, routes, evs...) {
+		if r != accepted(true, 2) {
+			t.Errorf("event %d: %+v, want accepted with 2 deliveries", i, r)
+		}
+	}
+	if rows := outboxRows(t, db, "billing"); len(rows) != 2 {
+		t.Errorf("billing has %d rows, want 2", len(rows))
+	}
+}

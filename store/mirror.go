@@ -12,7 +12,6 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/backstop-sync/backstop"
-	"github.com/backstop-sync/backstop/internal/jsonvalid"
 )
 
 // table is the mirror table of one resource and the SQL that touches it.
@@ -268,14 +267,16 @@ func (mw *mirrorWriter) apply(ctx context.Context, objs []backstop.Object) (back
 // and reports whether it wrote. It fails on an unknown resource or an object
 // without id or data, or whose data is not JSON.
 func (m *mirrorWriter) write(ctx context.Context, o backstop.Object) (bool, error) {
-	if len(o.Data) > 0 && !jsonvalid.Valid(o.Data) {
-		return false, fmt.Errorf("write %s %s: data is not valid JSON", o.Resource, o.ID)
+	if len(o.Data) > 0 {
+		if err := checkMirrorJSON(o.Data); err != nil {
+			return false, fmt.Errorf("write %s %s: %w", o.Resource, o.ID, err)
+		}
 	}
 	return m.writeJSON(ctx, o)
 }
 
-// writeJSON is write for an object whose data has been checked to be JSON
-// (an event's, by checkEvent).
+// writeJSON is write for an object whose data has been checked
+// (checkMirrorJSON; an event's, by checkEvent).
 func (m *mirrorWriter) writeJSON(ctx context.Context, o backstop.Object) (bool, error) {
 	if err := checkObject(o); err != nil {
 		return false, err
@@ -445,8 +446,8 @@ func (db *DB) insertBatch(ctx context.Context, objs []backstop.Object) error {
 				if err := checkObject(o); err != nil {
 					return err
 				}
-				if !jsonvalid.Valid(o.Data) {
-					return fmt.Errorf("%s %s: data is not valid JSON", o.Resource, o.ID)
+				if err := checkMirrorJSON(o.Data); err != nil {
+					return fmt.Errorf("%s %s: %w", o.Resource, o.ID, err)
 				}
 				args = append(args, o.ID, backstop.CanonicalTime(o.UpdatedAt), string(o.Data), synced)
 				args = typedValues(args, o.Data, t.columns)

@@ -1,10 +1,11 @@
 package store
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
@@ -23,6 +24,24 @@ import (
 // stored), so that a number in a TEXT column is stored as its text.
 // TestTypedValuesAsJSONExtract and FuzzTypedValues hold the two to the
 // same answers.
+
+// sqliteMaxDepth is how deep SQLite's JSON functions read a document
+// (JSON_MAX_DEPTH): json_extract fails on one nested deeper, and so did
+// every write of such an object while the typed columns were generated.
+const sqliteMaxDepth = 1000
+
+// checkMirrorJSON tells why data cannot be an object's in the mirror, or
+// nil: it is not JSON, or nests deeper than SQLite's JSON functions read,
+// so that the mirror holds nothing a query of it could not read.
+func checkMirrorJSON(data []byte) error {
+	if jsonvalid.ValidDepth(data, sqliteMaxDepth) {
+		return nil
+	}
+	if jsonvalid.Valid(data) {
+		return fmt.Errorf("data nests deeper than %d levels, more than SQLite's JSON functions read", sqliteMaxDepth)
+	}
+	return errors.New("data is not valid JSON")
+}
 
 // typedValues appends to dst, for each of keys, the value json_extract
 // gives for the member of that name at the top of data: a string
@@ -129,20 +148,70 @@ func resolveNumbers(ctx context.Context, q sqlx.QueryerContext, args []any) erro
 }
 
 // labelIs reports whether the raw (still escaped) member name key names
-// want, a name without a zero byte. A name with escapes is compared as
-// SQLite compares it, character by character up to the first zero: a
-// \u0000 ends it.
+// want, an ASCII name. A name with escapes is compared as SQLite compares
+// it: character by character, its escapes read as characters and its
+// other bytes as SQLite reads UTF-8 (sqliteRune), up to the first zero
+// character (a \u0000 ends it).
 func labelIs(key []byte, want string) bool {
-	for _, c := range key {
-		if c == '\\' {
-			name := unescape(key)
-			if end := strings.IndexByte(name, 0); end >= 0 {
-				name = name[:end]
-			}
-			return name == want
+	if bytes.IndexByte(key, '\\') < 0 {
+		return string(key) == want
+	}
+	for i, w := 0, 0; ; w++ {
+		var c rune // 0 once key ends
+		switch {
+		case i >= len(key):
+		case key[i] == '\\':
+			var n int
+			c, n = unescapeOne(key[i:])
+			i += n
+		case key[i] >= 0xc0:
+			var n int
+			c, n = sqliteRune(key[i:])
+			i += n
+		default:
+			c = rune(key[i])
+			i++
+		}
+		var r rune
+		if w < len(want) {
+			r = rune(want[w])
+		}
+		if c != r {
+			return false
+		}
+		if c == 0 {
+			return true
 		}
 	}
-	return string(key) == want
+}
+
+// sqliteRune reads one character from b, whose first byte is 0xc0 or
+// more, as SQLite's sqlite3Utf8ReadLimited does: the lead byte's bits,
+// then as many continuation bytes as follow, three at most, whatever the
+// lead byte announced and whether or not the sequence is the shortest.
+// It returns the character and the bytes it took.
+func sqliteRune(b []byte) (rune, int) {
+	c := rune(b[0])
+	switch {
+	case c < 0xe0:
+		c -= 0xc0
+	case c < 0xf0:
+		c -= 0xe0
+	case c < 0xf8:
+		c -= 0xf0
+	case c < 0xfc:
+		c -= 0xf8
+	case c < 0xfe:
+		c -= 0xfc
+	default:
+		c = 0
+	}
+	i := 1
+	for i < len(b) && i < 4 && b[i]&0xc0 == 0x80 {
+		c = c<<6 + rune(b[i]&0x3f)
+		i++
+	}
+	return c, i
 }
 
 // unescape is the JSON string body s (between its quotes) with its
@@ -151,51 +220,51 @@ func labelIs(key []byte, want string) bool {
 // \u0000 as a zero byte, and the other bytes are kept as they are, valid
 // UTF-8 or not.
 func unescape(s []byte) string {
-	i := 0
-	for i < len(s) && s[i] != '\\' {
-		i++
-	}
-	if i == len(s) {
+	i := bytes.IndexByte(s, '\\')
+	if i < 0 {
 		return string(s)
 	}
 	out := make([]byte, i, len(s))
 	copy(out, s[:i])
 	for i < len(s) {
-		c := s[i]
-		if c != '\\' {
-			out = append(out, c)
+		if s[i] != '\\' {
+			out = append(out, s[i])
 			i++
 			continue
 		}
-		switch s[i+1] {
-		case 'u':
-			v := hex4(s[i+2:])
-			i += 6
-			if v&0xfc00 == 0xd800 && i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
-				if lo := hex4(s[i+2:]); lo&0xfc00 == 0xdc00 {
-					v = (v&0x3ff)<<10 + lo&0x3ff + 0x10000
-					i += 6
-				}
-			}
-			out = appendCodePoint(out, v)
-			continue
-		case 'b':
-			c = '\b'
-		case 'f':
-			c = '\f'
-		case 'n':
-			c = '\n'
-		case 'r':
-			c = '\r'
-		case 't':
-			c = '\t'
-		default: // '"', '\\', '/'
-			c = s[i+1]
-		}
-		out = append(out, c)
-		i += 2
+		c, n := unescapeOne(s[i:])
+		out = appendCodePoint(out, c)
+		i += n
 	}
 	return string(out)
+}
+
+// unescapeOne reads the escape that starts s (valid JSON), as SQLite's
+// jsonUnescapeOneChar does: a \u escape of a high surrogate followed by
+// one of a low surrogate is one character. It returns the character and
+// the bytes it took.
+func unescapeOne(s []byte) (rune, int) {
+	switch s[1] {
+	case 'u':
+		v := hex4(s[2:])
+		if v&0xfc00 == 0xd800 && len(s) >= 12 && s[6] == '\\' && s[7] == 'u' {
+			if lo := hex4(s[8:]); lo&0xfc00 == 0xdc00 {
+				return (v&0x3ff)<<10 + lo&0x3ff + 0x10000, 12
+			}
+		}
+		return v, 6
+	case 'b':
+		return '\b', 2
+	case 'f':
+		return '\f', 2
+	case 'n':
+		return '\n', 2
+	case 'r':
+		return '\r', 2
+	case 't':
+		return '\t', 2
+	}
+	return rune(s[1]), 2 // '"', '\\', '/'
 }
 
 // appendCodePoint appends v in UTF-8's form, a surrogate's too (which

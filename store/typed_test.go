@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"strings"
 	"testing"
 
+	"github.com/backstop-sync/backstop"
 	"github.com/backstop-sync/backstop/internal/jsonvalid"
 )
 
@@ -51,6 +53,12 @@ var typedDocs = []string{
 	`{"a\u0000":"not a","b":"x","a":"real"}`,
 	`{"a\u0000b":"a NUL b","b\u0000\u0000":"b NUL NUL","a":"real","b":"real"}`,
 	`{"\u0000a":"NUL a","a":"real","b":"x"}`,
+	// SQLite reads the bytes of a name with escapes as UTF-8 without
+	// checking it: an overlong 'a', a zero in two bytes, a lead byte with
+	// more continuation bytes than it announces.
+	"{\"\xc1\xa1\\u0000\":\"overlong a\",\"b\xc0\x80\\n\":\"b then an overlong NUL\",\"a\":1,\"b\":2}",
+	"{\"\xc1\xa1\xa1\\n\":\"three\",\"\xe1\\u0000\":\"lead alone\",\"a\":1,\"b\":2}",
+	"{\"\xff\\u0061\":\"ff\",\"\x80b\\n\":\"continuation\",\"a\":1,\"b\":2}",
 	` { "a" : "spaced" , "b" : 7 } `,
 	"{\n\t\"a\"\r\n:\n\"newlines\",\n\"b\":\n8\n}",
 	`["a","b"]`,
@@ -138,4 +146,38 @@ func FuzzTypedValues(f *testing.F) {
 		}
 		checkTyped(t, db, data)
 	})
+}
+
+// An object nested deeper than SQLite's JSON functions read (1,000 levels)
+// is refused, as its write was while the typed columns were generated,
+// with a message that says so; one at the limit is mirrored.
+func TestMirrorRefusesDataSQLiteCannotRead(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openTest(t)
+	nested := func(levels int) []byte {
+		return []byte(`{"id":"pay_deep","updated_at":"2024-05-01T10:00:00Z","x":` +
+			strings.Repeat("[", levels-1) + strings.Repeat("]", levels-1) + `}`)
+	}
+	deep := backstop.Object{Resource: backstop.Payments, ID: "pay_deep", UpdatedAt: t0, Data: nested(1001)}
+	cur := backstop.Cursor{Resource: backstop.Payments, Kind: backstop.CursorSync}
+	if _, err := db.ApplyPage(ctx, []backstop.Object{deep}, cur); err == nil || !strings.Contains(err.Error(), "deeper than 1000 levels") {
+		t.Errorf("ApplyPage of 1,001 levels: %v, want it refused for its depth", err)
+	}
+	ev := backstop.Event{ID: "evt_deep", Type: "payment.succeeded", Resource: backstop.Payments, ObjectID: "pay_deep",
+		UpdatedAt: t0, CreatedAt: t0, Origin: backstop.OriginSync, Data: nested(1001)}
+	if _, err := db.Emit(ctx, []backstop.Event{ev}, testRoutes); err == nil || !strings.Contains(err.Error(), "event 1 of 1 (evt_deep)") ||
+		!strings.Contains(err.Error(), "deeper than 1000 levels") {
+		t.Errorf("Emit of 1,001 levels: %v, want it refused naming the event and its depth", err)
+	}
+	if n := countProcessed(t, db); n != 0 {
+		t.Errorf("%d events stored, want none", n)
+	}
+	deep.Data = nested(1000)
+	if _, err := db.ApplyPage(ctx, []backstop.Object{deep}, cur); err != nil {
+		t.Fatalf("ApplyPage of 1,000 levels: %v", err)
+	}
+	var n int
+	if err := db.r.GetContext(ctx, &n, `SELECT json_array_length(data, '$.x') FROM payments WHERE id = 'pay_deep'`); err != nil || n != 1 {
+		t.Errorf("json_array_length of the mirrored object = %d, %v; want 1", n, err)
+	}
 }

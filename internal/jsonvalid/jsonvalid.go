@@ -16,6 +16,13 @@ const maxDepth = 10000
 // invalid bytes when it decodes), and nesting deeper than 10,000 levels is
 // refused.
 func Valid(b []byte) bool {
+	return ValidDepth(b, maxDepth)
+}
+
+// ValidDepth is Valid for documents nested at most depth levels deep (an
+// object or array in another is two): SQLite's JSON functions, for one,
+// read no deeper than 1,000.
+func ValidDepth(b []byte, depth int) bool {
 	var buf [32]byte
 	stack := buf[:0] // the open containers, '{' or '['
 	i := skipSpace(b, 0)
@@ -26,7 +33,7 @@ func Valid(b []byte) bool {
 		}
 		switch c := b[i]; c {
 		case '{', '[':
-			if len(stack) >= maxDepth {
+			if len(stack) >= depth {
 				return false
 			}
 			end := byte('}')
