@@ -242,21 +242,31 @@ func (b *browser) open(path string) {
 	b.do("open "+path, chromedp.Navigate(b.base+path), chromedp.WaitVisible(chromedp.CSS("main h1")))
 }
 
-// waitLocation waits until the tab's URL contains substr (after a form
-// submission navigated it).
+// waitLocation waits until the tab's document is at a URL containing
+// substr (after a form submission navigated it) and has loaded: a page
+// measured or photographed while its stylesheet is still on the way has
+// no layout yet, or is replaced under the screenshot. The URL and the
+// state are read in one evaluation, in the document that holds them; one
+// that fails while the tab moves from page to page is tried again.
 func (b *browser) waitLocation(substr string) string {
 	b.t.Helper()
 	deadline := time.Now().Add(stepTimeout)
 	for {
-		loc := get(b, "read location", chromedp.Location())
-		if strings.Contains(loc, substr) {
+		type docState struct {
+			Href  string `json:"href"`
+			Ready string `json:"ready"`
+		}
+		ctx, cancel := context.WithTimeout(b.ctx, stepTimeout)
+		state, err := chromedp.Run(ctx, chromedp.Evaluate[docState](`({href: location.href, ready: document.readyState})`))
+		cancel()
+		if err == nil && strings.Contains(state.Href, substr) && state.Ready == "complete" {
 			b.do("wait for the page", chromedp.WaitVisible(chromedp.CSS("main h1")))
-			return loc
+			return state.Href
 		}
 		if time.Now().After(deadline) {
-			b.t.Fatalf("the browser is at %s, not at a URL containing %q", loc, substr)
+			b.t.Fatalf("the browser is at %s (%s, %v), not at a loaded page whose URL contains %q", state.Href, state.Ready, err, substr)
 		}
-		time.Sleep(50 * time.Millisecond) // polling the tab's URL, with a deadline
+		time.Sleep(50 * time.Millisecond) // polling the tab's document, with a deadline
 	}
 }
 
