@@ -18,12 +18,37 @@ import (
 
 var _ backstop.EventLog = (*DB)(nil)
 
-// insertEventSQL is the dedup insert: it changes no row when event_id or
-// dedup_key is already taken (ON CONFLICT without a target covers both).
-const insertEventSQL = `INSERT INTO processed_events
+// insertEventRowsSQL is the dedup insert of n events: it changes no row
+// whose event_id or dedup_key is already taken (ON CONFLICT without a
+// target covers both), going row by row, so that an event is refused for
+// one before it in the same statement too.
+func insertEventRowsSQL(n int) string {
+	return `INSERT INTO processed_events
 	(event_id, dedup_key, type, resource, object_id, updated_at, origin, created_at, received_at, truncated, data)
-	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	VALUES ` + rowsSQL("("+placeholders(11)+")", n) + `
 	ON CONFLICT DO NOTHING`
+}
+
+// rowsSQL is n copies of one row of a VALUES list, comma-separated.
+func rowsSQL(row string, n int) string {
+	return strings.TrimSuffix(strings.Repeat(row+", ", n), ", ")
+}
+
+// chunks are the row counts of the emit path's multi-row inserts, largest
+// first: a batch's rows go in as few statements as these add up to. A
+// multi-row insert takes about a third fewer instructions per row than
+// one statement per row.
+var chunks = [...]int{32, 16, 8, 4, 2, 1}
+
+// chunkFor returns the index in chunks of the largest statement that n
+// rows still to insert fill.
+func chunkFor(n int) int {
+	c := 0
+	for chunks[c] > n {
+		c++
+	}
+	return c
+}
 
 // Emit processes events in one transaction on the writer connection, in
 // order: each event is inserted into processed_events, and an event whose
@@ -117,24 +142,12 @@ const emitWaitSlack = 50 * time.Millisecond
 type emitTx struct {
 	db      *DB
 	tx      *sqlx.Tx
-	inserts [len(eventChunks)]*sqlx.Stmt // db.insertEventRows bound to tx, on first use
+	inserts [len(chunks)]*sqlx.Stmt // db.insertEventRows bound to tx, on first use
 	args    []any
 	mirror  *mirrorWriter
 	queue   *outboxQueue
 	now     time.Time
 	stamp   string // now, canonical
-}
-
-// eventChunks are the row counts of the multi-row processed_events
-// inserts of insertEvents, largest first, as outboxChunks are the
-// outbox's.
-var eventChunks = outboxChunks
-
-// insertEventRowsSQL is insertEventSQL for n rows.
-func insertEventRowsSQL(n int) string {
-	head, tail, _ := strings.Cut(insertEventSQL, "VALUES ")
-	row, conflict, _ := strings.Cut(tail, "\n")
-	return head + "VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", n), ", ") + "\n" + conflict
 }
 
 // insertEvents inserts events, checked (checkEvent), into processed_events
@@ -148,11 +161,8 @@ func insertEventRowsSQL(n int) string {
 func (et *emitTx) insertEvents(ctx context.Context, events []backstop.Event) ([]bool, error) {
 	inserted := make([]bool, len(events))
 	for start := 0; start < len(events); {
-		c := 0
-		for len(events)-start < eventChunks[c] {
-			c++
-		}
-		chunk := events[start : start+eventChunks[c]]
+		c := chunkFor(len(events) - start)
+		chunk := events[start : start+chunks[c]]
 		if et.inserts[c] == nil {
 			et.inserts[c] = et.tx.StmtxContext(ctx, et.db.insertEventRows[c])
 		}
@@ -323,7 +333,7 @@ type outboxQueue struct {
 	stamp string
 	rows  []queuedRow
 	args  []any
-	multi [len(outboxChunks)]*sqlx.Stmt // db.insertOutboxRows bound to tx, on first use
+	multi [len(chunks)]*sqlx.Stmt // db.insertOutboxRows bound to tx, on first use
 }
 
 // queuedRow is one outbox row queue gathered, for the event whose result
@@ -332,12 +342,6 @@ type queuedRow struct {
 	target, eventID, eventType, payload string
 	result                              int
 }
-
-// outboxChunks are the row counts of the multi-row outbox inserts that
-// flush uses, largest first: a batch's rows go in as few statements as
-// these add up to. A multi-row insert takes about a third fewer
-// instructions per row than one statement per row.
-var outboxChunks = [...]int{32, 16, 8, 4, 2, 1}
 
 // insertOutboxRowsSQL queues n deliveries, due now: ?1 is the time, bound
 // once for its three columns of every row, then four parameters per row.
@@ -401,10 +405,8 @@ func (q *outboxQueue) flush(ctx context.Context, out []backstop.EmitResult) erro
 	added := 0
 	var lastID int64 // the id of the last row inserted
 	for rows := q.rows; len(rows) > 0; {
-		c := 0
-		for rows := len(rows); outboxChunks[c] > rows; c++ {
-		}
-		chunk := rows[:outboxChunks[c]]
+		c := chunkFor(len(rows))
+		chunk := rows[:chunks[c]]
 		rows = rows[len(chunk):]
 		if q.multi[c] == nil {
 			q.multi[c] = q.tx.StmtxContext(ctx, q.db.insertOutboxRows[c])

@@ -296,7 +296,7 @@ func (m *mirrorWriter) writeJSON(ctx context.Context, o backstop.Object) (bool, 
 	// The typed columns are read out of data before the statement, as
 	// SQLite did for its generated columns (migration 0022).
 	m.args = append(m.args[:0], o.ID, backstop.CanonicalTime(o.UpdatedAt), string(o.Data), m.synced)
-	m.args = typedValues(m.args, o.Data, typedColumns[o.Resource])
+	m.args = typedValues(m.args, o.Data, tables[o.Resource].columns)
 	if err := resolveNumbers(ctx, m.tx, m.args); err != nil {
 		return false, fmt.Errorf("write %s %s: %w", o.Resource, o.ID, err)
 	}
@@ -478,14 +478,6 @@ func (db *DB) insertBatch(ctx context.Context, objs []backstop.Object) error {
 
 // insertSQL is a multi-row INSERT OR REPLACE of n objects into t.
 func insertSQL(t *table, n int) string {
-	var b strings.Builder
-	b.WriteString(`INSERT OR REPLACE INTO ` + t.name + ` (id, updated_at, data, synced_at, ` + strings.Join(t.columns, ", ") + `) VALUES `)
-	row := "(" + placeholders(4+len(t.columns)) + ")"
-	for i := range n {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(row)
-	}
-	return b.String()
+	return `INSERT OR REPLACE INTO ` + t.name + ` (id, updated_at, data, synced_at, ` + strings.Join(t.columns, ", ") + `) VALUES ` +
+		rowsSQL("("+placeholders(4+len(t.columns))+")", n)
 }

@@ -74,11 +74,11 @@ type DB struct {
 	// write transaction with tx.Stmtx, so a page does not re-prepare them.
 	upsert     map[backstop.Resource]*sqlx.Stmt
 	saveCursor *sqlx.Stmt
-	// insertOutboxRows are the multi-row outbox inserts, one per outboxChunks.
-	insertOutboxRows [len(outboxChunks)]*sqlx.Stmt
-	// insertEventRows are the multi-row dedup inserts, one per eventChunks.
-	insertEventRows [len(eventChunks)]*sqlx.Stmt
-	delivery        *deliveryStmts
+	// insertOutboxRows and insertEventRows are the emit path's multi-row
+	// inserts, one of each per size in chunks.
+	insertOutboxRows [len(chunks)]*sqlx.Stmt
+	insertEventRows  [len(chunks)]*sqlx.Stmt
+	delivery         *deliveryStmts
 
 	// releaseOpen releases the store's open claim (openClaimName), held
 	// shared for as long as the DB is open.
@@ -221,12 +221,10 @@ func (db *DB) prepare(ctx context.Context) error {
 		return fmt.Errorf("prepare cursor save: %w", err)
 	}
 	db.saveCursor = st
-	for i, n := range outboxChunks {
+	for i, n := range chunks {
 		if db.insertOutboxRows[i], err = db.w.PreparexContext(ctx, insertOutboxRowsSQL(n)); err != nil {
 			return fmt.Errorf("prepare outbox insert of %d rows: %w", n, err)
 		}
-	}
-	for i, n := range eventChunks {
 		if db.insertEventRows[i], err = db.w.PreparexContext(ctx, insertEventRowsSQL(n)); err != nil {
 			return fmt.Errorf("prepare event insert of %d rows: %w", n, err)
 		}
